@@ -1,0 +1,40 @@
+# Governor: the two set-up commands are `make run` and `make test`.
+PY ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench models protos check-protos clean
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(VPY)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# Runs the daemon against the embedded simulated fleet (Ctrl-C stops everything).
+run: $(STAMP)
+	$(VENV)/bin/governor run --demo
+
+# Installs what the tests need (including Debian's prometheus) and runs the whole suite.
+test: $(STAMP)
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  echo "installing Debian's prometheus package for the end-to-end tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
+	  || { echo "could not install prometheus (need root and Debian's package index)"; exit 1; }; }
+	$(VPY) protos/generate.py --check
+	$(VPY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(VENV)/bin/governor bench all
+
+models: $(STAMP)
+	$(VENV)/bin/governor fit --defaults
+
+protos: $(STAMP)
+	$(VPY) protos/generate.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

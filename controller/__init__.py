@@ -1,0 +1,3 @@
+"""Governor: a control plane for LLM inference fleets."""
+
+__version__ = "0.1.0"

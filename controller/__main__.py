@@ -1,0 +1,3 @@
+from controller.cli import main
+import sys
+sys.exit(main())

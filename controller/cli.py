@@ -1,0 +1,166 @@
+"""The `governor` command line: argument parsing and dispatch only.
+
+Each command's work lives in the package that owns it; the handler is imported
+only when its command runs, so `governor --help` stays fast and a command's
+heavy dependencies load only when needed. Handlers take the parsed arguments
+and return a process exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from controller import __version__
+
+EPILOG = """\
+examples:
+  governor run --demo                       simulated fleet + daemon + live view
+  governor run --config governor.yaml       the daemon against a real fleet
+  governor config validate governor.yaml    check a config file
+  governor sim scenarios/azure-conv.yaml    serve a simulated fleet on loopback
+  governor bench policies --scenario scenarios/azure-conv.yaml
+  governor status                           ask a running daemon what it is doing
+  governor explain d-00000042               why was that decision made?
+"""
+
+
+def _handler(target: str):
+    module, func = target.split(":")
+
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), func)(args)
+
+    return run
+
+
+def _api_client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api", default=None, help="PolicyService address host:port (default: from --config, else 127.0.0.1:50051)")
+    p.add_argument("--config", default=None, help="daemon config file, to find the API address and token")
+    p.add_argument("--token", default=None, help="bearer token (default: $GOVERNOR_API_TOKEN or the config's)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="governor",
+        description="Governor: a control plane for LLM inference fleets. It reads fleet telemetry, "
+        "decides replicas, routing, batching and admission every tick, and sends the decisions over gRPC.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"governor {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    # ---- run
+    p = sub.add_parser("run", help="run the daemon (or the embedded demo with --demo)",
+                       description="Run the Governor daemon: read telemetry, decide every tick, actuate.")
+    p.add_argument("--config", default=None, help="YAML config file (see deploy/governor.example.yaml)")
+    p.add_argument("--demo", action="store_true", help="start a small simulated fleet on loopback and govern it")
+    p.add_argument("--for", dest="for_s", type=float, default=None, metavar="SECONDS", help="stop after SECONDS (wall time)")
+    p.add_argument("--once", action="store_true", help="run one tick and exit")
+    p.add_argument("--mode", choices=["active", "shadow", "paused"], default=None, help="override the configured mode")
+    p.add_argument("--headless", action="store_true", help="print JSON lines instead of the live view")
+    p.set_defaults(func=_handler("controller.runtime.main:cmd_run"))
+
+    # ---- sim
+    p = sub.add_parser("sim", help="serve a simulated fleet on loopback (metrics + control gRPC)",
+                       description="Run a scenario in real time (or faster) and serve /metrics per replica, per node and "
+                       "for the router, plus RouterControl and AutoscalerControl over gRPC.")
+    p.add_argument("scenario", help="scenario YAML file (see scenarios/ and docs/SIMULATOR.md)")
+    p.add_argument("--for", dest="for_s", type=float, default=None, metavar="SECONDS", help="stop after SECONDS of wall time")
+    p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second (default 1)")
+    p.add_argument("--host", default="127.0.0.1", help="loopback address to listen on")
+    p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.set_defaults(func=_handler("controller.sim.live:cmd_sim"))
+
+    # ---- bench
+    p = sub.add_parser("bench", help="benchmarks: simulator speed, policies side by side, models, tick overhead")
+    bsub = p.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+    b = bsub.add_parser("sim-speed", help="simulated seconds per wall second and peak memory")
+    b.add_argument("--scenario", required=True)
+    b.add_argument("--seed", type=int, default=None)
+    b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    b.set_defaults(func=_handler("controller.bench.sim_speed:cmd_bench_sim_speed"))
+    b = bsub.add_parser("policies", help="replay a scenario once per policy and compare")
+    b.add_argument("--scenario", required=True)
+    b.add_argument("--policies", default=None, help="comma-separated policy names (default: all)")
+    b.add_argument("--seed", type=int, default=None)
+    b.add_argument("--out", default=None, help="directory for the JSON and PNG (default bench-out/)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=_handler("controller.bench.policies:cmd_bench_policies"))
+    b = bsub.add_parser("tick", help="tick overhead (read + step + actuate) for a large fleet")
+    b.add_argument("--pools", type=int, default=10)
+    b.add_argument("--replicas", type=int, default=200)
+    b.add_argument("--ticks", type=int, default=200)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=_handler("controller.bench.tick:cmd_bench_tick"))
+    b = bsub.add_parser("all", help="every shipped scenario: sim speed and policies")
+    b.add_argument("--out", default=None)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=_handler("controller.bench.all:cmd_bench_all"))
+
+    # ---- config
+    p = sub.add_parser("config", help="validate a config file or print its JSON schema")
+    csub = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    c = csub.add_parser("validate", help="exit 0 if FILE is valid, else name the bad field")
+    c.add_argument("file")
+    c.set_defaults(func=_handler("controller.config:cmd_validate"))
+    c = csub.add_parser("schema", help="print the config's JSON schema")
+    c.set_defaults(func=_handler("controller.config:cmd_schema"))
+
+    # ---- operator commands against a running daemon
+    p = sub.add_parser("status", help="mode, last tick, health of sources and actuators, pools")
+    _api_client_args(p)
+    p.set_defaults(func=_handler("controller.api.client:cmd_status"))
+    p = sub.add_parser("decisions", help="list recent decisions")
+    _api_client_args(p)
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--pool", default="")
+    p.add_argument("--since", default=None, help="Unix seconds or HH:MM (today, local time)")
+    p.set_defaults(func=_handler("controller.api.client:cmd_decisions"))
+    p = sub.add_parser("explain", help="explain one decision: inputs, predictions, constraints, overrides")
+    _api_client_args(p)
+    p.add_argument("decision_id")
+    p.set_defaults(func=_handler("controller.api.client:cmd_explain"))
+    p = sub.add_parser("override", help="set, list or delete operator overrides")
+    _api_client_args(p)
+    osub = p.add_subparsers(dest="override_command", metavar="ACTION", required=True)
+    o = osub.add_parser("set", help="set an override with a TTL")
+    o.add_argument("kind", choices=["pin", "min", "max", "freeze", "admission", "slo-ttft", "slo-tpot", "profile"])
+    o.add_argument("--pool", default="")
+    o.add_argument("--class", dest="priority_class", default="")
+    o.add_argument("--value", default=None, help="number (or profile name for 'profile')")
+    o.add_argument("--ttl", required=True, help="time to live, e.g. 900, 15m, 2h")
+    o.add_argument("--author", default=None, help="who sets it (default: $USER)")
+    o.add_argument("--reason", default="")
+    o.set_defaults(func=_handler("controller.api.client:cmd_override_set"))
+    o = osub.add_parser("list", help="list active overrides")
+    o.add_argument("--all", action="store_true", help="include expired ones")
+    o.set_defaults(func=_handler("controller.api.client:cmd_override_list"))
+    o = osub.add_parser("delete", help="delete an override by id")
+    o.add_argument("override_id")
+    o.add_argument("--author", default=None)
+    o.set_defaults(func=_handler("controller.api.client:cmd_override_delete"))
+    p = sub.add_parser("mode", help="switch the daemon between active, shadow and paused")
+    _api_client_args(p)
+    p.add_argument("mode", choices=["active", "shadow", "paused"])
+    p.add_argument("--author", default=None)
+    p.add_argument("--reason", default="")
+    p.set_defaults(func=_handler("controller.api.client:cmd_mode"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

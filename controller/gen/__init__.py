@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code (protos/generate.py). Never edited by hand."""

@@ -1,0 +1,291 @@
+"""Scenario files: what fleet to simulate, with what traffic, SLOs, tasks and faults.
+
+A scenario is YAML validated by the pydantic models below; `load_scenario` turns
+any problem into a ScenarioError naming the file, the line and the field. The
+format is documented in docs/SIMULATOR.md. Relative trace paths are resolved
+against the scenario file's directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from controller.types import PRIORITY_CLASSES
+
+SKUS = ("a100-80gb", "h100-80gb")
+MODELS = ("llama-3-8b", "llama-3-70b")
+
+
+class ScenarioError(ValueError):
+    """A scenario (or the trace it names) is malformed. The message names file, line and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SurgeSpec(_Strict):
+    """Multiply the arrival rate by `factor` from `at_s` (after time scaling), ramping over `ramp_s`."""
+
+    at_s: float = Field(ge=0)
+    factor: float = Field(default=5.0, gt=1.0, le=50.0)
+    ramp_s: float = Field(default=60.0, ge=0)
+    duration_s: float = Field(default=300.0, gt=0)
+
+
+class SyntheticPrefixSpec(_Strict):
+    """Shared prefixes for traces without hash_ids: each request draws a prefix group
+    (Zipf-distributed popularity) whose first `prefix_tokens` tokens are shared."""
+
+    groups: int = Field(default=64, ge=1)
+    zipf_a: float = Field(default=1.2, gt=1.0)
+    prefix_tokens: int = Field(default=1024, ge=0)  # capped at each prompt's length
+
+
+class ServeGenSpec(_Strict):
+    """How to turn the ServeGen per-window rate shape into arrivals."""
+
+    tier: Literal["m-large", "m-mid", "m-small"] = "m-mid"
+    mean_rps: float = Field(default=5.0, gt=0)  # rates are rescaled so the mean over the chosen days is this
+    days: float = Field(default=1.0, gt=0, le=14)
+    start_day: float = Field(default=0.0, ge=0, lt=14)
+    prompt_tokens_mean: int = Field(default=1024, ge=1)
+    output_tokens_mean: int = Field(default=200, ge=1)
+
+
+class TraceSpec(_Strict):
+    path: str
+    format: Literal["auto", "azure", "mooncake", "servegen", "jsonl", "csv"] = "auto"
+    start_s: float = Field(default=0.0, ge=0)  # window of the original trace, in trace seconds
+    duration_s: float | None = Field(default=None, gt=0)
+    time_scale: float = Field(default=1.0, gt=0)  # >1 compresses time: arrival_s /= time_scale
+    rate_scale: float = Field(default=1.0, gt=0, le=100)  # <1 thins, >1 adds resampled requests (seeded)
+    hash_block_tokens: int = Field(default=512, ge=16)  # tokens per hash block (Mooncake: 512)
+    prefixes: SyntheticPrefixSpec | None = None
+    servegen: ServeGenSpec | None = None
+    surge: SurgeSpec | None = None
+
+
+class EngineSpec(_Strict):
+    max_num_seqs: int = Field(default=256, ge=1, le=4096)
+    max_num_batched_tokens: int = Field(default=8192, ge=16, le=262144)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.1, le=0.99)
+    block_size: int = Field(default=16, ge=1)
+    enable_prefix_caching: bool = True
+
+
+class PoolSpecModel(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    model: Literal["llama-3-8b", "llama-3-70b"]
+    sku: Literal["a100-80gb", "h100-80gb"]
+    tp: int = Field(default=1, ge=1, le=8)
+    engine: EngineSpec = EngineSpec()
+    replicas: int = Field(default=2, ge=0, le=512)  # initial serving replicas
+    min_replicas: int = Field(default=0, ge=0)
+    max_replicas: int = Field(default=64, ge=1, le=1024)
+    warm_standby: int = Field(default=0, ge=0)
+    startup_warm_s: float = Field(default=30.0, ge=0)  # weights on the node
+    startup_cold_s: float = Field(default=180.0, ge=0)  # weights pulled from remote storage
+    usd_per_gpu_hour: float | None = Field(default=None, gt=0)  # None: the SKU's default price
+    role: Literal["mixed", "prefill", "decode"] = "mixed"
+    group: str = "default"  # route group; traffic of a group is split across its pools
+    traffic_weight: float = Field(default=1.0, ge=0)
+    region: str = ""
+    node_gpus: int = Field(default=8, ge=1)  # GPUs per node (for the DCGM exporter view)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolSpecModel:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
+        if not (self.min_replicas <= self.replicas <= self.max_replicas):
+            raise ValueError(
+                f"replicas ({self.replicas}) must be within [min_replicas, max_replicas] = "
+                f"[{self.min_replicas}, {self.max_replicas}]"
+            )
+        if self.tp > self.node_gpus:
+            raise ValueError(f"tp ({self.tp}) must be <= node_gpus ({self.node_gpus})")
+        return self
+
+
+class AdmissionSpec(_Strict):
+    rate_limit_rps: float = Field(default=0.0, ge=0)  # 0 = unlimited
+    queue_budget: int = Field(default=-1, ge=-1)  # -1 = unlimited
+    shed_frac: float = Field(default=0.0, ge=0, le=1)
+
+
+class RouterSpec(_Strict):
+    prefix_weight: float = Field(default=3.0, ge=0)
+    queue_weight: float = Field(default=2.0, ge=0)
+    kv_weight: float = Field(default=2.0, ge=0)
+    inflight_cap: int = Field(default=0, ge=0)  # per replica; 0 = no cap
+    admission: dict[str, AdmissionSpec] = Field(default_factory=dict)
+    kv_transfer_gbps: float = Field(default=100.0, gt=0)  # prefill→decode link when disaggregated
+    hold_timeout_s: float = Field(default=600.0, gt=0)  # max time a request is held for a pool at zero
+
+    @model_validator(mode="after")
+    def _classes(self) -> RouterSpec:
+        unknown = set(self.admission) - set(PRIORITY_CLASSES)
+        if unknown:
+            raise ValueError(f"admission: unknown priority class {sorted(unknown)}; allowed: {list(PRIORITY_CLASSES)}")
+        return self
+
+
+class ClassSpec(_Strict):
+    share: float = Field(ge=0, le=1)  # fraction of tasks in this class
+    ttft_slo_s: float = Field(gt=0)
+    tpot_slo_s: float = Field(gt=0)
+
+
+def _default_classes() -> dict[str, ClassSpec]:
+    return {
+        "critical": ClassSpec(share=0.2, ttft_slo_s=2.5, tpot_slo_s=0.1),
+        "standard": ClassSpec(share=0.6, ttft_slo_s=5.0, tpot_slo_s=0.15),
+        "sheddable": ClassSpec(share=0.2, ttft_slo_s=10.0, tpot_slo_s=0.3),
+    }
+
+
+class TaskSpec(_Strict):
+    """How trace requests are grouped into tasks.
+
+    single: one request per task. session: consecutive requests of a conversation
+    (Mooncake requests sharing their first hash block, or `steps` consecutive
+    requests otherwise) sent one after another with think time. workflow: steps
+    min..max requests; step i+1 is sent when step i returns.
+    """
+
+    kind: Literal["single", "session", "workflow"] = "single"
+    steps_min: int = Field(default=1, ge=1, le=64)
+    steps_max: int = Field(default=1, ge=1, le=64)
+    think_time_s: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _steps(self) -> TaskSpec:
+        if self.steps_min > self.steps_max:
+            raise ValueError(f"steps_min ({self.steps_min}) must be <= steps_max ({self.steps_max})")
+        return self
+
+
+class ClientSpec(_Strict):
+    timeout_s: float = Field(default=120.0, gt=0)  # client gives up (and may retry) after this
+    max_retries: int = Field(default=2, ge=0, le=10)  # per request, only before any token streamed
+    retry_backoff_s: float = Field(default=1.0, ge=0)
+    retry_on_shed: bool = True
+
+
+class FaultSpec(_Strict):
+    kind: Literal["crash", "preempt", "slow"]
+    pool: str
+    at_s: float | None = Field(default=None, ge=0)  # scheduled once at this time, or...
+    rate_per_hour: float | None = Field(default=None, gt=0)  # ...Poisson at this rate per replica
+    count: int = Field(default=1, ge=1)  # replicas hit at at_s
+    duration_s: float = Field(default=300.0, gt=0)  # slow: how long
+    factor: float = Field(default=3.0, gt=1)  # slow: iteration time multiplier
+
+    @model_validator(mode="after")
+    def _when(self) -> FaultSpec:
+        if (self.at_s is None) == (self.rate_per_hour is None):
+            raise ValueError("exactly one of at_s or rate_per_hour must be set")
+        return self
+
+
+class Scenario(_Strict):
+    name: str
+    description: str = ""
+    seed: int = 0
+    duration_s: float | None = Field(default=None, gt=0)  # stop after this (simulated); default: end of trace + drain
+    trace: TraceSpec
+    pools: list[PoolSpecModel] = Field(min_length=1)
+    router: RouterSpec = RouterSpec()
+    classes: dict[str, ClassSpec] = Field(default_factory=_default_classes)
+    tasks: TaskSpec = TaskSpec()
+    clients: ClientSpec = ClientSpec()
+    faults: list[FaultSpec] = Field(default_factory=list)
+    base_dir: str = Field(default=".", exclude=True)  # directory of the file; set by load_scenario
+
+    @model_validator(mode="after")
+    def _cross(self) -> Scenario:
+        names = [p.name for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"pools: duplicate pool name(s) {dupes}")
+        unknown = set(self.classes) - set(PRIORITY_CLASSES)
+        if unknown:
+            raise ValueError(f"classes: unknown priority class {sorted(unknown)}; allowed: {list(PRIORITY_CLASSES)}")
+        total = sum(c.share for c in self.classes.values())
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"classes: shares must sum to 1 (got {total:g})")
+        for f in self.faults:
+            if f.pool not in names:
+                raise ValueError(f"faults: unknown pool {f.pool!r}; pools are {names}")
+        groups: dict[str, set[str]] = {}
+        for p in self.pools:
+            groups.setdefault(p.group, set()).add(p.role)
+        for g, roles in groups.items():
+            if ("prefill" in roles) != ("decode" in roles):
+                raise ValueError(f"pools: group {g!r} has a prefill pool without a decode pool (or the reverse)")
+        return self
+
+    def trace_path(self) -> Path:
+        p = Path(self.trace.path)
+        return p if p.is_absolute() else (Path(self.base_dir) / p).resolve()
+
+    def pool(self, name: str) -> PoolSpecModel:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[str | int, ...]) -> int | None:
+    """Walk a composed YAML node along a pydantic error location; return the 1-based line."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = next((v for k, v in node.value if getattr(k, "value", None) == str(key)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            nxt = node.value[key]
+        else:
+            nxt = None
+        if nxt is None:
+            break
+        node = nxt
+        line = node.start_mark.line + 1
+    return line
+
+
+def parse_scenario(text: str, source: str = "<string>", base_dir: str | Path = ".") -> Scenario:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ScenarioError(f"{source}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: a scenario must be a YAML mapping, got {type(data).__name__}")
+    data = {**data, "base_dir": str(base_dir)}
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+            line = _line_of(node, loc)
+            field = ".".join(str(x) for x in loc) or "(top level)"
+            bad = err.get("input")
+            shown = "" if isinstance(bad, (dict, list)) or bad is None else f" (got {bad!r})"
+            lines.append(f"{source}:{line or '?'}: {field}: {err['msg']}{shown}")
+        raise ScenarioError("\n".join(lines)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario: {exc.strerror}") from None
+    return parse_scenario(text, source=str(path), base_dir=path.resolve().parent)

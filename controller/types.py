@@ -1,0 +1,272 @@
+"""Values that cross a boundary: observations in, decisions out, the policy contract.
+
+Everything here is a frozen dataclass or a Protocol. No I/O, no clock, no
+defaults that depend on the environment. Units live in names (_s, _rps, _frac,
+_usd, _tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+import numpy as np
+
+PRIORITY_CLASSES: tuple[str, ...] = ("critical", "standard", "sheddable")
+"""Tenant priority classes, most protected first."""
+
+
+class Mode(StrEnum):
+    ACTIVE = "active"  # decisions are sent to the actuators
+    SHADOW = "shadow"  # decisions are computed and recorded, nothing is sent
+    PAUSED = "paused"  # no decisions are made
+
+
+class SignalStatus(StrEnum):
+    OK = "ok"
+    MISSING = "missing"  # the series is absent (no target, no samples in the window)
+    NAN = "nan"  # the series exists but its value is NaN (e.g. histogram_quantile of nothing)
+    STALE = "stale"  # the newest sample is older than the staleness limit
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One telemetry value and how much it can be trusted.
+
+    A missing or stale series is a Reading, never an exception: the core decides
+    what to do with it (DESIGN.md §5).
+    """
+
+    value: float
+    status: SignalStatus = SignalStatus.OK
+    age_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status is SignalStatus.OK
+
+    def or_default(self, default: float) -> float:
+        return self.value if self.ok else default
+
+    @staticmethod
+    def of(value: float | None, age_s: float = 0.0, stale_after_s: float = math.inf) -> Reading:
+        """Classify a raw value: None → MISSING, NaN → NAN, too old → STALE."""
+        if value is None:
+            return Reading(math.nan, SignalStatus.MISSING, age_s)
+        if math.isnan(value):
+            return Reading(math.nan, SignalStatus.NAN, age_s)
+        if age_s > stale_after_s:
+            return Reading(value, SignalStatus.STALE, age_s)
+        return Reading(float(value), SignalStatus.OK, age_s)
+
+    @staticmethod
+    def missing() -> Reading:
+        return Reading(math.nan, SignalStatus.MISSING)
+
+
+MISSING = Reading.missing()
+
+
+# --------------------------------------------------------------------------- fleet spec
+
+
+@dataclass(frozen=True, slots=True)
+class SloSpec:
+    """Latency budget of one priority class (TTFT: time to first token; TPOT: time per output token)."""
+
+    ttft_s: float
+    tpot_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """What the controller knows statically about one pool of identical replicas."""
+
+    name: str
+    model: str
+    sku: str
+    engine: str = "vllm"  # vllm | sglang
+    gpus_per_replica: int = 1
+    usd_per_replica_hour: float = 0.0
+    min_replicas: int = 0
+    max_replicas: int = 64
+    startup_warm_s: float = 30.0
+    startup_cold_s: float = 180.0
+    role: str = "mixed"  # mixed | prefill | decode
+    group: str = "default"  # route group: pools that can serve the same traffic
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    pools: tuple[PoolSpec, ...]
+    slos: Mapping[str, SloSpec]
+
+    def pool(self, name: str) -> PoolSpec:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------- observations
+
+
+@dataclass(frozen=True, slots=True)
+class PoolObservation:
+    """Windowed telemetry of one pool (rates and quantiles over the last window)."""
+
+    pool: str
+    replicas_ready: Reading = MISSING  # replicas exporting engine metrics
+    replicas_starting: Reading = MISSING  # from the autoscaler's state, when known
+    replicas_draining: Reading = MISSING
+    arrival_rps: Reading = MISSING  # requests/s sent to the pool
+    running: Reading = MISSING  # sum of requests in running batches
+    waiting: Reading = MISSING  # sum of requests queued in the engines
+    kv_usage_frac: Reading = MISSING  # mean KV-cache usage, 0..1
+    hit_rate: Reading = MISSING  # prefix-cache hit rate (tokens), 0..1
+    ttft_p50_s: Reading = MISSING
+    ttft_p95_s: Reading = MISSING
+    tpot_p50_s: Reading = MISSING  # inter-token latency
+    tpot_p95_s: Reading = MISSING
+    prompt_tokens_rps: Reading = MISSING
+    generation_tokens_rps: Reading = MISSING
+    preemptions_rps: Reading = MISSING
+    gpu_util_frac: Reading = MISSING  # DCGM GPU utilisation, 0..1
+
+
+@dataclass(frozen=True, slots=True)
+class ClassObservation:
+    """Router-side telemetry of one priority class."""
+
+    priority_class: str
+    arrival_rps: Reading = MISSING
+    admitted_rps: Reading = MISSING
+    shed_rps: Reading = MISSING
+    queue_depth: Reading = MISSING  # requests held at the router
+    ttft_p95_s: Reading = MISSING
+    tpot_p95_s: Reading = MISSING
+    retry_rps: Reading = MISSING
+
+
+@dataclass(frozen=True, slots=True)
+class FleetObservation:
+    at_s: float
+    pools: Mapping[str, PoolObservation]
+    classes: Mapping[str, ClassObservation] = field(default_factory=dict)
+    source: str = ""
+    errors: tuple[str, ...] = ()  # transport/parse problems seen while reading
+
+    @property
+    def all_stale(self) -> bool:
+        """True when no pool has a single fresh core signal: the controller must freeze."""
+        for p in self.pools.values():
+            for r in (p.replicas_ready, p.arrival_rps, p.ttft_p95_s, p.running, p.waiting):
+                if r.ok:
+                    return False
+        return True
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True, slots=True)
+class ClassAdmission:
+    """Router admission for one priority class."""
+
+    rate_limit_rps: float = 0.0  # 0 = unlimited
+    queue_budget: int = -1  # max requests held at the router; -1 = unlimited
+    shed_frac: float = 0.0  # fraction of arrivals rejected at once (HTTP 429)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDecision:
+    replicas: int
+    warm_standby: int = 0
+    inflight_cap: int = 0  # per replica, enforced by the router; 0 = no cap
+    traffic_weight: float = 1.0  # share of the route group's traffic
+    prefix_weight: float = 3.0  # router scorer weights (cache affinity is prefix_weight)
+    queue_weight: float = 2.0
+    kv_weight: float = 2.0
+    max_num_seqs: int = 0  # engine batch cap; 0 = leave unchanged
+    max_num_batched_tokens: int = 0  # 0 = leave unchanged
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """A machine-readable reason attached to a decision."""
+
+    code: str  # e.g. "slo_breach", "scale_down_stabilised", "override_pin", "missing_data_hold"
+    message: str
+    pool: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    decision_id: str
+    generation: int
+    at_s: float
+    valid_until_s: float
+    pools: Mapping[str, PoolDecision]
+    admission: Mapping[str, ClassAdmission] = field(default_factory=dict)
+    reasons: tuple[Reason, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """An operator override, active while created_s <= now < expires_s."""
+
+    override_id: str
+    kind: str  # pin_replicas | min_replicas | max_replicas | freeze | admission | slo_ttft | slo_tpot | profile
+    value: float = 0.0
+    pool: str = ""
+    priority_class: str = ""
+    text: str = ""
+    author: str = ""
+    reason: str = ""
+    created_s: float = 0.0
+    expires_s: float = math.inf
+
+    def active(self, now_s: float) -> bool:
+        return self.created_s <= now_s < self.expires_s
+
+
+# --------------------------------------------------------------------------- policy contract
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyInput:
+    now_s: float
+    observation: FleetObservation
+    fleet: FleetSpec
+    current: Decision | None  # what is in force (last decision applied), None at start
+    overrides: tuple[Override, ...] = ()
+    profile: str = "balanced"
+    tick_s: float = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyOutput:
+    pools: Mapping[str, PoolDecision]
+    admission: Mapping[str, ClassAdmission] = field(default_factory=dict)
+    reasons: tuple[Reason, ...] = ()
+    diagnostics: Mapping[str, Any] = field(default_factory=dict)  # predictions, objective terms, binding constraints
+
+
+class Policy(Protocol):
+    """A planner: the first policy, the baselines and the MPC all implement this.
+
+    Pure: state in, state out; time arrives in PolicyInput.now_s; randomness only
+    from the Generator passed in.
+    """
+
+    name: str
+
+    def initial_state(self) -> Any: ...
+
+    def decide(self, state: Any, inp: PolicyInput, rng: np.random.Generator) -> tuple[Any, PolicyOutput]: ...
