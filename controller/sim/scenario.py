@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from controller.types import PRIORITY_CLASSES
 
 SKUS = ("a100-80gb", "h100-80gb")
-MODELS = ("llama-3-8b", "llama-3-70b")
+MODELS = ("llama-3-8b", "llama-3-70b", "llama-2-7b", "llama-2-70b")
 
 
 class ScenarioError(ValueError):
@@ -80,7 +80,7 @@ class EngineSpec(_Strict):
 
 class PoolSpecModel(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
-    model: Literal["llama-3-8b", "llama-3-70b"]
+    model: Literal["llama-3-8b", "llama-3-70b", "llama-2-7b", "llama-2-70b"]
     sku: Literal["a100-80gb", "h100-80gb"]
     tp: int = Field(default=1, ge=1, le=8)
     engine: EngineSpec = EngineSpec()
