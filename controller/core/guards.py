@@ -1,0 +1,199 @@
+"""Guardrails: applied after every policy, never bypassed (pure).
+
+Order of application, each adjustment recorded as a Reason with a `guard_` code:
+
+1. telemetry freeze: when every series is stale the last safe decision is held;
+2. missing data: a pool whose signals are missing or partial is never scaled down;
+3. operator overrides: freeze (hold the pool), pin, min, max, forced admission;
+4. the pool's min/max replicas;
+5. max step up / down per tick;
+6. scale-down stabilisation: the target never drops below the highest proposal
+   of the last `scale_down_stabilization_s` (as the Kubernetes HPA does);
+7. budget cap in $/hour: scale-ups are trimmed, most expensive pool first, until
+   the fleet's hourly cost fits (scale-downs and pins are kept).
+
+Removal itself is a drain on the actuator side (the simulator and adapters finish
+running streams before a replica goes); guardrails only decide how many.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from controller.types import (
+    ClassAdmission,
+    FleetObservation,
+    FleetSpec,
+    Override,
+    PoolDecision,
+    PoolObservation,
+    Reason,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GuardConfig:
+    max_step_up: int | None = None  # replicas added per pool per tick; None = unlimited
+    max_step_down: int | None = None  # replicas removed per pool per tick; None = unlimited
+    scale_down_stabilization_s: float = 0.0
+    budget_usd_per_hour: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GuardState:
+    # per pool: (time, proposed replicas) within the stabilisation window
+    proposals: Mapping[str, tuple[tuple[float, int], ...]] = ()  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.proposals, Mapping):
+            object.__setattr__(self, "proposals", {})
+
+
+@dataclass(frozen=True, slots=True)
+class GuardResult:
+    pools: Mapping[str, PoolDecision]
+    admission: Mapping[str, ClassAdmission]
+    adjustments: tuple[Reason, ...]
+    frozen: bool
+    state: GuardState
+
+
+def pool_telemetry_status(obs: PoolObservation | None) -> str:
+    """ok | partial | missing | stale, from the signals scaling depends on."""
+    if obs is None:
+        return "missing"
+    core = (obs.replicas_ready, obs.arrival_rps, obs.ttft_p95_s, obs.running, obs.waiting)
+    statuses = [r.status.value for r in core]
+    # No traffic in the window: a latency quantile of nothing is NaN, and that is not missing data.
+    idle = obs.arrival_rps.ok and obs.arrival_rps.value <= 1e-9
+    if idle and statuses[2] == "nan":
+        statuses[2] = "ok"
+    if all(s == "ok" for s in statuses):
+        return "ok"
+    if all(s == "stale" for s in statuses):
+        return "stale"
+    if all(s in ("missing", "nan", "stale") for s in statuses):
+        return "missing"
+    return "partial"
+
+
+def _active(overrides: tuple[Override, ...], now_s: float) -> list[Override]:
+    return [o for o in overrides if o.active(now_s)]
+
+
+def apply_guards(
+    *,
+    now_s: float,
+    fleet: FleetSpec,
+    proposal: Mapping[str, PoolDecision],
+    admission: Mapping[str, ClassAdmission],
+    current: Mapping[str, PoolDecision] | None,
+    observation: FleetObservation,
+    overrides: tuple[Override, ...],
+    config: GuardConfig,
+    state: GuardState,
+) -> GuardResult:
+    adjustments: list[Reason] = []
+    current = current or {}
+    active = _active(overrides, now_s)
+
+    # 1. everything stale: hold the last safe decision as a whole.
+    if observation.all_stale and current:
+        adjustments.append(Reason("guard_telemetry_frozen", "all telemetry is stale or missing: holding the last safe decision"))
+        return GuardResult(dict(current), dict(admission), tuple(adjustments), True, state)
+
+    out: dict[str, PoolDecision] = {}
+    proposals = dict(state.proposals)
+    for spec in fleet.pools:
+        name = spec.name
+        base = current.get(name)
+        want = proposal.get(name) or base or PoolDecision(replicas=spec.min_replicas)
+        cur_n = base.replicas if base is not None else None
+        n = want.replicas
+
+        def adjust(new_n: int, code: str, msg: str, **data) -> int:
+            if new_n != n:
+                adjustments.append(Reason(code, msg, pool=name, data={"from": n, "to": new_n, **data}))
+            return new_n
+
+        # 2. never scale down on missing or partial data.
+        status = pool_telemetry_status(observation.pools.get(name))
+        if cur_n is not None and n < cur_n and status != "ok":
+            n = adjust(cur_n, "guard_missing_data_hold", f"telemetry {status}: not scaling down", telemetry=status)
+
+        # 3. overrides (freeze wins over everything for this pool).
+        pool_ovr = [o for o in active if o.pool == name]
+        if any(o.kind == "freeze" for o in pool_ovr) and base is not None:
+            o = next(o for o in pool_ovr if o.kind == "freeze")
+            adjustments.append(Reason("guard_override_freeze", f"frozen by {o.author}: {o.reason or 'no reason given'}",
+                                      pool=name, data={"override_id": o.override_id}))
+            out[name] = base
+            proposals[name] = tuple(p for p in proposals.get(name, ()) if now_s - p[0] < config.scale_down_stabilization_s)
+            continue
+        for o in pool_ovr:
+            v = int(round(o.value))
+            if o.kind == "pin_replicas":
+                n = adjust(v, "guard_override_pin", f"pinned to {v} by {o.author}", override_id=o.override_id)
+            elif o.kind == "min_replicas" and n < v:
+                n = adjust(v, "guard_override_min", f"floor {v} set by {o.author}", override_id=o.override_id)
+            elif o.kind == "max_replicas" and n > v:
+                n = adjust(v, "guard_override_max", f"ceiling {v} set by {o.author}", override_id=o.override_id)
+        pinned = any(o.kind == "pin_replicas" for o in pool_ovr)
+
+        # 4. pool bounds (a pin may not leave them either).
+        if n < spec.min_replicas:
+            n = adjust(spec.min_replicas, "guard_min_replicas", f"raised to the pool minimum {spec.min_replicas}")
+        if n > spec.max_replicas:
+            n = adjust(spec.max_replicas, "guard_max_replicas", f"capped at the pool maximum {spec.max_replicas}")
+
+        # 5. step limits (pins are operator intent and still step gradually).
+        if cur_n is not None:
+            if config.max_step_up is not None and n > cur_n + config.max_step_up:
+                n = adjust(cur_n + config.max_step_up, "guard_max_step_up", f"at most +{config.max_step_up} per tick")
+            if config.max_step_down is not None and n < cur_n - config.max_step_down:
+                n = adjust(cur_n - config.max_step_down, "guard_max_step_down", f"at most -{config.max_step_down} per tick")
+
+        # 6. scale-down stabilisation over the policy's proposals (not over pins).
+        window = config.scale_down_stabilization_s
+        hist = [p for p in proposals.get(name, ()) if now_s - p[0] < window] if window > 0 else []
+        hist.append((now_s, n))
+        proposals[name] = tuple(hist)
+        if window > 0 and cur_n is not None and n < cur_n and not pinned:
+            highest = max(v for _, v in hist)
+            floor = min(cur_n, highest)
+            if n < floor:
+                n = adjust(floor, "guard_scale_down_stabilisation",
+                           f"highest proposal in the last {window:g} s is {highest}", window_s=window)
+        out[name] = replace(want, replicas=n)
+
+    # 7. budget cap: trim scale-ups, most expensive replica first.
+    if config.budget_usd_per_hour is not None:
+        prices = {p.name: p.usd_per_replica_hour for p in fleet.pools}
+        total = sum(prices[p] * d.replicas for p, d in out.items())
+        if total > config.budget_usd_per_hour + 1e-9:
+            for name in sorted(out, key=lambda p: -prices[p]):
+                cur_n = current[name].replicas if name in current else fleet.pool(name).min_replicas
+                extra = out[name].replicas - cur_n
+                if extra <= 0 or prices[name] <= 0:
+                    continue
+                over = total - config.budget_usd_per_hour
+                cut = min(extra, math.ceil(over / prices[name] - 1e-9))
+                new_n = out[name].replicas - cut
+                adjustments.append(Reason("guard_budget_cap", f"scale-up trimmed to stay within ${config.budget_usd_per_hour:g}/h",
+                                          pool=name, data={"from": out[name].replicas, "to": new_n}))
+                out[name] = replace(out[name], replicas=new_n)
+                total -= cut * prices[name]
+                if total <= config.budget_usd_per_hour + 1e-9:
+                    break
+
+    # forced admission levels.
+    adm = dict(admission)
+    for o in active:
+        if o.kind == "admission" and o.priority_class:
+            prev = adm.get(o.priority_class, ClassAdmission())
+            adm[o.priority_class] = replace(prev, shed_frac=min(1.0, max(0.0, o.value)))
+            adjustments.append(Reason("guard_override_admission", f"{o.priority_class} shed fraction forced to {o.value:g} by {o.author}",
+                                      data={"override_id": o.override_id, "class": o.priority_class}))
+    return GuardResult(out, adm, tuple(adjustments), False, GuardState(proposals))

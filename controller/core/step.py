@@ -1,0 +1,242 @@
+"""The controller's one pure step: observation in, decision and its explanation out.
+
+`Controller.step(state, tick_input) -> (state, TickResult)` is what the daemon,
+the offline bench and the tests all drive. It does no I/O, reads no clock (time
+is `tick_input.now_s`) and draws randomness only from a Generator seeded by
+(seed, generation), so a replay with the same inputs gives the same decisions.
+
+A tick: apply SLO/profile overrides to what the policy sees → run the policy →
+apply the guardrails (core/guards.py) → number the decision (generation, id,
+validity deadline) → explain it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from controller.core.guards import GuardConfig, GuardState, apply_guards, pool_telemetry_status
+from controller.types import (
+    ClassAdmission,
+    Decision,
+    FleetObservation,
+    FleetSpec,
+    Mode,
+    Override,
+    Policy,
+    PolicyInput,
+    PoolDecision,
+    Reason,
+    SloSpec,
+)
+
+PROFILES = ("cost", "balanced", "latency", "throughput")
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerState:
+    generation: int = 0  # last generation issued (persisted by the edge so it never goes backwards)
+    current: Decision | None = None  # the decision in force (the last safe one)
+    policy_state: Any = None
+    guard_state: GuardState = field(default_factory=GuardState)
+
+
+@dataclass(frozen=True, slots=True)
+class TickInput:
+    now_s: float
+    observation: FleetObservation
+    mode: Mode = Mode.ACTIVE
+    overrides: tuple[Override, ...] = ()
+    profile: str = "balanced"
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    decision: Decision | None  # None when paused
+    mode: Mode
+    changed: bool  # the decision differs from the one in force
+    frozen: bool  # telemetry stale as a whole: the last safe decision is held
+    policy_reasons: tuple[Reason, ...]
+    guard_adjustments: tuple[Reason, ...]
+    telemetry: Mapping[str, str]  # per pool: ok | partial | missing | stale
+    diagnostics: Mapping[str, Any]
+    overrides: tuple[Override, ...]  # overrides active at this tick
+    explanation: str
+
+    def record(self) -> dict[str, Any]:
+        """A JSON-ready account of the tick, stored for `governor explain`."""
+        d = self.decision
+        obs = self.diagnostics.get("observation", {})
+        return {
+            "decision_id": d.decision_id if d else None,
+            "generation": d.generation if d else None,
+            "at_s": d.at_s if d else None,
+            "valid_until_s": d.valid_until_s if d else None,
+            "mode": self.mode.value,
+            "changed": self.changed,
+            "frozen": self.frozen,
+            "summary": self.explanation.splitlines()[0] if self.explanation else "",
+            "pools": {p: asdict(pd) for p, pd in (d.pools.items() if d else ())},
+            "admission": {c: asdict(a) for c, a in (d.admission.items() if d else ())},
+            "inputs": obs,
+            "telemetry": dict(self.telemetry),
+            "reasons": [_reason_dict(r) for r in self.policy_reasons],
+            "guard_adjustments": [_reason_dict(r) for r in self.guard_adjustments],
+            "overrides": [asdict(o) for o in self.overrides],
+            "diagnostics": {k: v for k, v in self.diagnostics.items() if k != "observation"},
+            "policy": self.diagnostics.get("policy"),
+            "explanation": self.explanation,
+        }
+
+
+def _reason_dict(r: Reason) -> dict[str, Any]:
+    return {"code": r.code, "message": r.message, "pool": r.pool, "data": _jsonable(dict(r.data))}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (np.floating, np.integer)):
+        return _jsonable(v.item())
+    return v
+
+
+def observation_summary(obs: FleetObservation) -> dict[str, Any]:
+    """The inputs a decision was made from, compact and JSON-ready."""
+    out: dict[str, Any] = {"at_s": obs.at_s, "source": obs.source, "errors": list(obs.errors), "pools": {}, "classes": {}}
+    for name, p in obs.pools.items():
+        out["pools"][name] = {
+            f: (_jsonable(getattr(p, f).value) if getattr(p, f).ok else getattr(p, f).status.value)
+            for f in ("replicas_ready", "replicas_starting", "arrival_rps", "running", "waiting", "kv_usage_frac",
+                      "hit_rate", "ttft_p95_s", "tpot_p95_s", "gpu_util_frac")
+        }
+    for name, c in obs.classes.items():
+        out["classes"][name] = {
+            f: (_jsonable(getattr(c, f).value) if getattr(c, f).ok else getattr(c, f).status.value)
+            for f in ("arrival_rps", "shed_rps", "queue_depth", "ttft_p95_s")
+        }
+    return out
+
+
+class Controller:
+    """Pure: holds only configuration; all mutable state travels in ControllerState."""
+
+    def __init__(self, fleet: FleetSpec, policy: Policy, *, guards: GuardConfig | None = None,
+                 decision_validity_s: float = 120.0, seed: int = 0, tick_s: float = 15.0) -> None:
+        if decision_validity_s <= 0:
+            raise ValueError(f"decision_validity_s must be > 0 (got {decision_validity_s})")
+        self.fleet = fleet
+        self.policy = policy
+        self.guards = guards or GuardConfig()
+        self.decision_validity_s = decision_validity_s
+        self.seed = seed
+        self.tick_s = tick_s
+
+    def initial_state(self, generation: int = 0, current: Decision | None = None) -> ControllerState:
+        return ControllerState(generation=generation, current=current, policy_state=self.policy.initial_state())
+
+    def _effective_fleet(self, overrides: tuple[Override, ...]) -> FleetSpec:
+        slos = dict(self.fleet.slos)
+        for o in overrides:
+            if o.kind in ("slo_ttft", "slo_tpot") and o.priority_class in slos:
+                s = slos[o.priority_class]
+                slos[o.priority_class] = SloSpec(ttft_s=o.value, tpot_s=s.tpot_s) if o.kind == "slo_ttft" else SloSpec(s.ttft_s, o.value)
+        return replace(self.fleet, slos=slos)
+
+    def _observed_current(self, obs: FleetObservation, prior: Decision | None) -> Decision | None:
+        """In shadow mode nothing is applied, so the policy starts from what the fleet really runs."""
+        pools: dict[str, PoolDecision] = {}
+        for spec in self.fleet.pools:
+            p = obs.pools.get(spec.name)
+            base = prior.pools.get(spec.name) if prior else None
+            if p is None or not p.replicas_ready.ok:
+                if base is not None:
+                    pools[spec.name] = base
+                continue
+            n = int(round(p.replicas_ready.value + p.replicas_starting.or_default(0.0)))
+            pools[spec.name] = replace(base, replicas=n) if base else PoolDecision(replicas=n)
+        if not pools:
+            return prior
+        return Decision(decision_id=prior.decision_id if prior else "observed", generation=prior.generation if prior else 0,
+                        at_s=obs.at_s, valid_until_s=obs.at_s, pools=pools,
+                        admission=prior.admission if prior else {})
+
+    def step(self, state: ControllerState, tick: TickInput) -> tuple[ControllerState, TickResult]:
+        now_s = tick.now_s
+        active = tuple(o for o in tick.overrides if o.active(now_s))
+        telemetry = {p.name: pool_telemetry_status(tick.observation.pools.get(p.name)) for p in self.fleet.pools}
+        inputs = observation_summary(tick.observation)
+        if tick.mode is Mode.PAUSED:
+            return state, TickResult(None, tick.mode, False, False, (), (), telemetry,
+                                     {"observation": inputs, "policy": self.policy.name}, active,
+                                     "paused: no decision made; actuators keep their settings until they expire")
+
+        profile = next((o.text for o in reversed(active) if o.kind == "profile" and o.text in PROFILES), tick.profile)
+        fleet = self._effective_fleet(active)
+        current = self._observed_current(tick.observation, state.current) if tick.mode is Mode.SHADOW else state.current
+        generation = state.generation + 1
+        rng = np.random.default_rng([self.seed, generation])
+        inp = PolicyInput(now_s=now_s, observation=tick.observation, fleet=fleet, current=current,
+                          overrides=active, profile=profile, tick_s=self.tick_s)
+        policy_state, out = self.policy.decide(state.policy_state, inp, rng)
+
+        guarded = apply_guards(
+            now_s=now_s, fleet=fleet, proposal=out.pools, admission=out.admission,
+            current=current.pools if current else None, observation=tick.observation,
+            overrides=active, config=self.guards, state=state.guard_state,
+        )
+        decision = Decision(
+            decision_id=f"d-{generation:08d}",
+            generation=generation,
+            at_s=now_s,
+            valid_until_s=now_s + self.decision_validity_s,
+            pools=dict(guarded.pools),
+            admission={c: a for c, a in guarded.admission.items() if a != ClassAdmission()} if guarded.admission else {},
+            reasons=tuple(out.reasons) + guarded.adjustments,
+        )
+        changed = current is None or dict(current.pools) != dict(decision.pools) or dict(current.admission) != dict(decision.admission)
+        diagnostics = {"observation": inputs, "policy": self.policy.name, "profile": profile,
+                       **{k: _jsonable(v) for k, v in out.diagnostics.items()}}
+        text = explain(decision, current, tuple(out.reasons), guarded.adjustments, telemetry, active, guarded.frozen, tick.mode)
+        new_state = ControllerState(generation=generation, current=decision, policy_state=policy_state, guard_state=guarded.state)
+        return new_state, TickResult(decision, tick.mode, changed, guarded.frozen, tuple(out.reasons), guarded.adjustments,
+                                     telemetry, diagnostics, active, text)
+
+
+def explain(decision: Decision, current: Decision | None, reasons: tuple[Reason, ...], adjustments: tuple[Reason, ...],
+            telemetry: Mapping[str, str], overrides: tuple[Override, ...], frozen: bool, mode: Mode) -> str:
+    """A readable account: first line is the summary (what changed), then per pool the why."""
+    changes = []
+    for name, pd in decision.pools.items():
+        before = current.pools[name].replicas if current and name in current.pools else None
+        if before is None:
+            changes.append(f"{name}={pd.replicas}")
+        elif before != pd.replicas:
+            changes.append(f"{name} {before}→{pd.replicas}")
+    head = ("hold (telemetry frozen)" if frozen else ("scale " + ", ".join(changes) if changes else "no change"))
+    lines = [f"{decision.decision_id} [{mode.value}] {head}"]
+    for name, pd in decision.pools.items():
+        why = [r for r in reasons if r.pool == name]
+        adj = [r for r in adjustments if r.pool == name]
+        parts = [f"  {name}: {pd.replicas} replicas (telemetry {telemetry.get(name, '?')})"]
+        parts += [f"    because {r.code}: {r.message}" for r in why]
+        parts += [f"    guardrail {r.code}: {r.message}" for r in adj]
+        lines += parts
+    for r in list(reasons) + list(adjustments):
+        if r.pool is None:
+            lines.append(f"  {r.code}: {r.message}")
+    if decision.admission:
+        lines.append("  admission: " + ", ".join(f"{c} shed {a.shed_frac:.0%}" + (f" rate≤{a.rate_limit_rps:g}/s" if a.rate_limit_rps else "")
+                                               for c, a in decision.admission.items()))
+    if overrides:
+        lines.append("  overrides: " + ", ".join(f"{o.kind}{'(' + o.pool + ')' if o.pool else ''}={o.text or o.value:g} by {o.author}"
+                                               if not o.text else f"{o.kind}={o.text} by {o.author}" for o in overrides))
+    return "\n".join(lines)
