@@ -1,0 +1,96 @@
+"""The daemon's own metrics (`governor_*`), on a registry of its own, served at /metrics.
+
+Built once in the composition root and passed down; nothing registers on
+prometheus_client's global default registry. (OpenTelemetry's Prometheus reader
+registers on that global registry, which is why plain prometheus_client is used.)
+The runtime turns each TickResult's diagnostics into these series; the Grafana
+dashboards read them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from wsgiref.simple_server import WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+
+from controller.types import Mode
+
+TICK_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class DaemonMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.ticks = Counter("governor_ticks", "Ticks run, by result (decided, paused, skipped, error)", ["result"], registry=r)
+        self.tick_duration = Histogram("governor_tick_duration_seconds", "Time per tick phase", ["phase"],
+                                       buckets=TICK_BUCKETS_S, registry=r)
+        self.decisions = Counter("governor_decisions", "Decisions by actuation outcome", ["outcome"], registry=r)
+        self.actuation = Counter("governor_actuation_calls", "Actuation results per target", ["target", "status"], registry=r)
+        self.generation = Gauge("governor_generation", "Generation of the last decision", registry=r)
+        self.mode = Gauge("governor_mode", "1 for the current mode", ["mode"], registry=r)
+        self.frozen = Gauge("governor_telemetry_frozen", "1 when all telemetry is stale and the last safe decision is held", registry=r)
+        self.telemetry = Gauge("governor_telemetry_status", "1 for the pool's current telemetry status", ["pool", "status"], registry=r)
+        self.source_errors = Counter("governor_telemetry_errors", "Telemetry read problems", registry=r)
+        self.replicas_desired = Gauge("governor_replicas_desired", "Replica target decided", ["pool"], registry=r)
+        self.replicas_ready = Gauge("governor_replicas_ready", "Replicas observed ready", ["pool"], registry=r)
+        self.replicas_starting = Gauge("governor_replicas_starting", "Replicas observed starting", ["pool"], registry=r)
+        self.arrival_rps = Gauge("governor_pool_arrival_rps", "Observed request rate per pool", ["pool"], registry=r)
+        self.ttft_p95 = Gauge("governor_pool_ttft_p95_seconds", "Observed p95 time to first token", ["pool"], registry=r)
+        self.slo_ttft = Gauge("governor_slo_ttft_seconds", "TTFT SLO of the tightest class", registry=r)
+        self.hit_rate = Gauge("governor_pool_hit_rate", "Observed prefix-cache hit rate", ["pool"], registry=r)
+        self.kv_usage = Gauge("governor_pool_kv_usage", "Observed mean KV-cache usage", ["pool"], registry=r)
+        self.shed = Gauge("governor_admission_shed_fraction", "Shed fraction decided per class", ["priority"], registry=r)
+        self.guard_adjustments = Counter("governor_guard_adjustments", "Guardrail adjustments by code", ["code"], registry=r)
+        self.reasons = Counter("governor_decision_reasons", "Policy reasons by code", ["code"], registry=r)
+        self.overrides_active = Gauge("governor_overrides_active", "Operator overrides in force", registry=r)
+        self._server: WSGIServer | None = None
+
+    def set_mode(self, mode: Mode) -> None:
+        for m in Mode:
+            self.mode.labels(m.value).set(1 if m is mode else 0)
+
+    def observe_tick(self, result, observation) -> None:
+        """Turn one TickResult (controller.core.step) and its observation into series."""
+        self.set_mode(result.mode)
+        self.frozen.set(1 if result.frozen else 0)
+        self.overrides_active.set(len(result.overrides))
+        for pool, status in result.telemetry.items():
+            for s in ("ok", "partial", "missing", "stale"):
+                self.telemetry.labels(pool, s).set(1 if s == status else 0)
+        for pool, p in observation.pools.items():
+            for gauge, reading in ((self.replicas_ready, p.replicas_ready), (self.replicas_starting, p.replicas_starting),
+                                   (self.arrival_rps, p.arrival_rps), (self.ttft_p95, p.ttft_p95_s),
+                                   (self.hit_rate, p.hit_rate), (self.kv_usage, p.kv_usage_frac)):
+                gauge.labels(pool).set(reading.value if reading.ok else math.nan)
+        if observation.errors:
+            self.source_errors.inc(len(observation.errors))
+        d = result.decision
+        if d is None:
+            return
+        self.generation.set(d.generation)
+        for pool, pd in d.pools.items():
+            self.replicas_desired.labels(pool).set(pd.replicas)
+        for cls in ("critical", "standard", "sheddable"):
+            a = d.admission.get(cls)
+            self.shed.labels(cls).set(a.shed_frac if a else 0.0)
+        for r in result.guard_adjustments:
+            self.guard_adjustments.labels(r.code).inc()
+        for r in result.policy_reasons:
+            self.reasons.labels(r.code).inc()
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve /metrics on host:port (port 0 = any free port); returns the bound port."""
+        app = make_wsgi_app(self.registry)
+        server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_SilentHandler)
+        threading.Thread(target=server.serve_forever, name="governor-metrics", daemon=True).start()
+        self._server = server
+        return server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,182 @@
+"""One daemon tick, end to end: read telemetry → Controller.step → record → actuate → report.
+
+`Daemon` holds the edges (telemetry source, actuators, state store, metrics,
+logger, clock) and the controller state between ticks. It is also the
+`DaemonHandle` the PolicyService serves (status, mode). It does not schedule
+itself: `runtime/loop.py` calls `tick()`; tests and `--once` call it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from controller.api.server import ComponentHealthView, PoolStatusView, StatusView
+from controller.clock import Clock
+from controller.core.step import Controller, ControllerState, TickInput, TickResult
+from controller.obs.metrics import DaemonMetrics
+from controller.types import FleetObservation, Mode, PoolObservation, Reading
+
+
+@dataclass(frozen=True, slots=True)
+class TickReport:
+    """What one tick produced, for the live view and the headless JSON lines."""
+
+    result: TickResult
+    observation: FleetObservation
+    outcome: Any  # ActuationOutcome, or None when paused
+    durations_ms: dict[str, float]
+
+
+class Daemon:
+    def __init__(self, *, controller: Controller, source, actuator, shadow, store, metrics: DaemonMetrics,
+                 clock: Clock, logger: logging.Logger, mode: Mode, profile: str = "balanced",
+                 on_tick: Callable[[TickReport], None] | None = None) -> None:
+        self.controller = controller
+        self.source = source
+        self.actuator = actuator  # None when no actuator is configured (shadow only)
+        self.shadow = shadow
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.log = logger
+        self.on_tick = on_tick
+        self._lock = threading.RLock()
+        stored_mode = store.get_mode() if hasattr(store, "get_mode") else None
+        self.mode = Mode(stored_mode) if stored_mode else mode
+        self.profile = (store.get_profile() if hasattr(store, "get_profile") else None) or profile
+        self.state: ControllerState = controller.initial_state(generation=store.peek_generation())
+        self.last_report: TickReport | None = None
+        self.last_tick_s: float = 0.0
+        metrics.set_mode(self.mode)
+
+    # ------------------------------------------------------------------ tick
+
+    def _merge_fleet_state(self, obs: FleetObservation) -> FleetObservation:
+        """Replica phases that only the autoscaler knows (starting, draining) join the telemetry."""
+        state = self.actuator.fleet_state() if self.actuator is not None else None
+        if not state:
+            return obs
+        pools = dict(obs.pools)
+        for name, ps in state.pools.items():
+            p = pools.get(name) or PoolObservation(pool=name)
+            pools[name] = replace(p, replicas_starting=Reading(float(ps.starting)), replicas_draining=Reading(float(ps.draining)))
+        return replace(obs, pools=pools)
+
+    def tick(self) -> TickReport:
+        with self._lock:
+            clock = self.clock
+            t0 = clock.monotonic_s()
+            now_s = clock.now_s()
+            obs = self._merge_fleet_state(self.source.read(now_s))
+            t1 = clock.monotonic_s()
+            overrides = tuple(self.store.list_overrides(now_s=now_s))
+            self.state, result = self.controller.step(
+                self.state, TickInput(now_s=now_s, observation=obs, mode=self.mode, overrides=overrides, profile=self.profile))
+            t2 = clock.monotonic_s()
+            outcome = None
+            d = result.decision
+            if d is not None:
+                self.store.set_generation(d.generation)  # persisted before sending: a restart never goes backwards
+                if self.mode is Mode.ACTIVE and self.actuator is not None:
+                    outcome = self.actuator.apply(d)
+                else:
+                    outcome = self.shadow.apply(d)
+            t3 = clock.monotonic_s()
+            durations = {"read_ms": (t1 - t0) * 1e3, "step_ms": (t2 - t1) * 1e3, "actuate_ms": (t3 - t2) * 1e3}
+            record = result.record()
+            record["outcome"] = outcome.status if outcome is not None else "paused"
+            record["outcome_detail"] = getattr(outcome, "detail", "")
+            record["durations_ms"] = durations
+            if d is not None:
+                self.store.record_decision(record)
+            self._report_metrics(result, obs, outcome, durations)
+            self._log_tick(result, outcome, durations)
+            report = TickReport(result, obs, outcome, durations)
+            self.last_report = report
+            self.last_tick_s = now_s
+        if self.on_tick is not None:
+            self.on_tick(report)
+        return report
+
+    def _report_metrics(self, result: TickResult, obs: FleetObservation, outcome, durations: dict[str, float]) -> None:
+        m = self.metrics
+        m.observe_tick(result, obs)
+        m.ticks.labels("paused" if result.decision is None else "decided").inc()
+        for phase, ms in durations.items():
+            m.tick_duration.labels(phase.removesuffix("_ms")).observe(ms / 1e3)
+        if outcome is not None:
+            m.decisions.labels(outcome.status).inc()
+            for target, status in (getattr(outcome, "targets", None) or {}).items():
+                m.actuation.labels(target, str(status)).inc()
+        slos = self.controller.fleet.slos
+        if slos:
+            m.slo_ttft.set(min(s.ttft_s for s in slos.values()))
+
+    def _log_tick(self, result: TickResult, outcome, durations: dict[str, float]) -> None:
+        d = result.decision
+        level = logging.WARNING if result.frozen or (outcome is not None and outcome.status == "failed") else logging.INFO
+        self.log.log(level, result.explanation.splitlines()[0] if result.explanation else "tick", extra={
+            "event": "tick",
+            "decision_id": d.decision_id if d else None,
+            "generation": d.generation if d else None,
+            "mode": result.mode.value,
+            "changed": result.changed,
+            "frozen": result.frozen,
+            "replicas": {p: pd.replicas for p, pd in d.pools.items()} if d else {},
+            "telemetry": dict(result.telemetry),
+            "reasons": sorted({r.code for r in result.policy_reasons}),
+            "guards": sorted({r.code for r in result.guard_adjustments}),
+            "outcome": outcome.status if outcome is not None else "paused",
+            **{k: round(v, 2) for k, v in durations.items()},
+        })
+
+    # ------------------------------------------------------- DaemonHandle
+
+    def pool_names(self) -> list[str]:
+        return [p.name for p in self.controller.fleet.pools]
+
+    def set_mode(self, mode: Mode, author: str, reason: str) -> Mode:
+        with self._lock:
+            previous, self.mode = self.mode, Mode(mode)
+            if hasattr(self.store, "set_mode"):
+                self.store.set_mode(self.mode.value)
+            self.metrics.set_mode(self.mode)
+        self.log.warning(f"mode {previous.value} → {self.mode.value}", extra={"event": "mode", "author": author, "reason": reason})
+        return previous
+
+    def on_overrides_changed(self) -> None:
+        self.log.info("overrides changed; they apply from the next tick", extra={"event": "overrides"})
+
+    def status(self) -> StatusView:
+        rep = self.last_report
+        pools = []
+        slo = min((s.ttft_s for s in self.controller.fleet.slos.values()), default=float("nan"))
+        for spec in self.controller.fleet.pools:
+            p = rep.observation.pools.get(spec.name) if rep else None
+            d = rep.result.decision.pools.get(spec.name) if rep and rep.result.decision else None
+            pools.append(PoolStatusView(
+                pool=spec.name,
+                replicas_desired=d.replicas if d else -1,
+                replicas_ready=int(p.replicas_ready.value) if p and p.replicas_ready.ok else -1,
+                ttft_p95_s=p.ttft_p95_s.value if p and p.ttft_p95_s.ok else float("nan"),
+                slo_ttft_s=slo,
+                hit_rate=p.hit_rate.value if p and p.hit_rate.ok else float("nan"),
+                telemetry=rep.result.telemetry.get(spec.name, "missing") if rep else "missing",
+            ))
+        components = []
+        ok, detail = self.source.health()
+        components.append(ComponentHealthView(f"telemetry:{self.source.name}", ok, detail, self.last_tick_s if ok else 0.0))
+        if self.actuator is not None:
+            ok, detail = self.actuator.health()
+            components.append(ComponentHealthView("actuator:grpc", ok, detail, self.last_tick_s if ok else 0.0))
+        d = rep.result.decision if rep else None
+        return StatusView(
+            mode=self.mode, profile=self.profile, policy=self.controller.policy.name,
+            last_tick_s=self.last_tick_s, last_decision_id=d.decision_id if d else "",
+            generation=self.state.generation, components=tuple(components), pools=tuple(pools),
+            telemetry_frozen=bool(rep and rep.result.frozen),
+        )

@@ -1,0 +1,81 @@
+"""The tick loop: APScheduler runs `Daemon.tick` every interval, one at a time.
+
+An overrunning tick is never stacked: APScheduler refuses a second concurrent
+run (max_instances=1) and we log it as skipped. SIGTERM/SIGINT let the running
+tick finish and then stop; SIGHUP calls the reload callback. `stop_after_s`
+bounds the run (the demo's --for).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+
+class TickLoop:
+    def __init__(self, tick: Callable[[], object], interval_s: float, logger: logging.Logger,
+                 on_skipped: Callable[[], None] | None = None, on_error: Callable[[BaseException], None] | None = None) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"tick interval must be > 0 s (got {interval_s})")
+        self._tick = tick
+        self.interval_s = interval_s
+        self.log = logger
+        self._on_skipped = on_skipped
+        self._on_error = on_error
+        self._stop = threading.Event()
+        self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(1)},
+                                              job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
+        self._scheduler.add_listener(self._on_event, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED | EVENT_JOB_ERROR)
+
+    def _on_event(self, event: JobExecutionEvent) -> None:
+        if event.code in (EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED):
+            self.log.warning("tick skipped: the previous tick is still running", extra={"event": "tick_skipped"})
+            if self._on_skipped:
+                self._on_skipped()
+        elif event.code == EVENT_JOB_ERROR:
+            self.log.error(f"tick failed: {event.exception!r}", extra={"event": "tick_error"})
+            if self._on_error:
+                self._on_error(event.exception)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, *, stop_after_s: float | None = None, reload: Callable[[], None] | None = None,
+            install_signals: bool = True) -> None:
+        """Block until stopped (signal, stop(), or stop_after_s). The first tick runs at once."""
+        previous = {}
+        if install_signals and threading.current_thread() is threading.main_thread():
+            def _term(signum, _frame):
+                self.log.info(f"signal {signal.Signals(signum).name}: finishing the current tick and stopping",
+                              extra={"event": "shutdown"})
+                self._stop.set()
+
+            def _hup(_signum, _frame):
+                if reload is not None:
+                    try:
+                        reload()
+                    except Exception as exc:  # noqa: BLE001 - a bad reload keeps the running config
+                        self.log.error(f"config reload failed, keeping the running config: {exc}", extra={"event": "reload"})
+
+            for sig, handler in ((signal.SIGTERM, _term), (signal.SIGINT, _term), (signal.SIGHUP, _hup)):
+                previous[sig] = signal.signal(sig, handler)
+        self._scheduler.add_job(self._tick, "interval", seconds=self.interval_s, id="tick", next_run_time=_now())
+        self._scheduler.start()
+        try:
+            self._stop.wait(timeout=stop_after_s)
+        finally:
+            self._scheduler.shutdown(wait=True)  # lets a running tick finish
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _now():
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)

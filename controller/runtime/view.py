@@ -1,0 +1,125 @@
+"""What an operator sees while the daemon runs: a live rich table, or JSON lines.
+
+`LiveView` (a terminal) redraws per pool: replicas ready/desired, starting,
+load, p95 TTFT against the SLO, hit rate, telemetry status and the last reason,
+with the last decisions scrolling underneath. `JsonLines` (not a terminal, or
+--headless) prints one JSON object per pool per tick on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+from collections import deque
+from typing import Any, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from controller.runtime.daemon import TickReport
+
+
+def _num(v: float, fmt: str = "{:.2f}") -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def pool_rows(report: TickReport, slo_ttft_s: float) -> list[dict[str, Any]]:
+    """Per pool: the figures both views show (JSON-ready; NaN → None)."""
+    rows = []
+    d = report.result.decision
+    for name, p in report.observation.pools.items():
+        reasons = [r for r in report.result.policy_reasons + report.result.guard_adjustments if r.pool == name]
+        reason = reasons[-1] if reasons else None
+
+        def val(r):
+            return r.value if r.ok else None
+
+        rows.append({
+            "pool": name,
+            "replicas_desired": d.pools[name].replicas if d and name in d.pools else None,
+            "replicas_ready": int(p.replicas_ready.value) if p.replicas_ready.ok else None,
+            "replicas_starting": int(p.replicas_starting.value) if p.replicas_starting.ok else None,
+            "arrival_rps": val(p.arrival_rps),
+            "ttft_p95_s": val(p.ttft_p95_s),
+            "slo_ttft_s": slo_ttft_s,
+            "hit_rate": val(p.hit_rate),
+            "kv_usage_frac": val(p.kv_usage_frac),
+            "telemetry": report.result.telemetry.get(name, "missing"),
+            "reason": reason.code if reason else "steady",
+            "reason_text": reason.message if reason else "",
+        })
+    return rows
+
+
+class JsonLines:
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self._lock = threading.Lock()
+
+    def emit(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self.stream.write(json.dumps(event, default=_jsonable) + "\n")
+            self.stream.flush()
+
+    def on_tick(self, report: TickReport, slo_ttft_s: float) -> None:
+        d = report.result.decision
+        for row in pool_rows(report, slo_ttft_s):
+            self.emit({"event": "tick", "at_s": report.observation.at_s,
+                       "decision_id": d.decision_id if d else None, "mode": report.result.mode.value,
+                       "outcome": report.outcome.status if report.outcome is not None else "paused", **row})
+
+
+def _jsonable(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return str(v)
+
+
+class LiveView:
+    def __init__(self, title: str, console: Console | None = None, history: int = 8) -> None:
+        self.title = title
+        self.console = console or Console()
+        self.decisions: deque[str] = deque(maxlen=history)
+        self._live = Live(Text("waiting for the first tick…"), console=self.console, refresh_per_second=4, transient=False)
+        self._header = ""
+
+    def __enter__(self) -> LiveView:
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._live.__exit__(*exc)
+
+    def set_header(self, text: str) -> None:
+        self._header = text
+
+    def on_tick(self, report: TickReport, slo_ttft_s: float) -> None:
+        table = Table(title=self.title, expand=False)
+        for col in ("pool", "ready/desired", "starting", "load rps", "p95 TTFT", "SLO", "hit rate", "KV", "telemetry", "last reason"):
+            table.add_column(col)
+        for row in pool_rows(report, slo_ttft_s):
+            ttft = row["ttft_p95_s"]
+            breach = ttft is not None and ttft > slo_ttft_s
+            table.add_row(
+                row["pool"],
+                f"{_num(row['replicas_ready'], '{}')}/{_num(row['replicas_desired'], '{}')}",
+                _num(row["replicas_starting"], "{}"),
+                _num(row["arrival_rps"], "{:.1f}"),
+                Text(_num(ttft, "{:.2f}s"), style="bold red" if breach else "green"),
+                f"{slo_ttft_s:.2f}s",
+                _num(row["hit_rate"], "{:.0%}"),
+                _num(row["kv_usage_frac"], "{:.0%}"),
+                Text(row["telemetry"], style="green" if row["telemetry"] == "ok" else "yellow"),
+                f"{row['reason']}: {row['reason_text']}"[:70],
+            )
+        first = report.result.explanation.splitlines()[0] if report.result.explanation else ""
+        outcome = report.outcome.status if report.outcome is not None else "paused"
+        if report.result.changed or not self.decisions:
+            self.decisions.appendleft(f"{first}  → {outcome}")
+        body = Group(Text(self._header, style="dim"), table, Text("recent decisions:", style="bold"),
+                     *[Text("  " + line) for line in self.decisions])
+        self._live.update(body)
