@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.api.server import ComponentHealthView, PoolStatusView, StatusView
+from controller.api.server import ComponentStatus, PoolStatusView, StatusView
 from controller.clock import Clock
 from controller.core.step import Controller, ControllerState, TickInput, TickResult
 from controller.obs.metrics import DaemonMetrics
@@ -45,9 +45,10 @@ class Daemon:
         self.log = logger
         self.on_tick = on_tick
         self._lock = threading.RLock()
-        stored_mode = store.get_mode() if hasattr(store, "get_mode") else None
+        # A mode or profile set through the API survives a restart; otherwise the configured one applies.
+        stored_mode = store.get_mode()
         self.mode = Mode(stored_mode) if stored_mode else mode
-        self.profile = (store.get_profile() if hasattr(store, "get_profile") else None) or profile
+        self.profile = store.get_profile() or profile
         self.state: ControllerState = controller.initial_state(generation=store.peek_generation())
         self.last_report: TickReport | None = None
         self.last_tick_s: float = 0.0
@@ -73,14 +74,15 @@ class Daemon:
             now_s = clock.now_s()
             obs = self._merge_fleet_state(self.source.read(now_s))
             t1 = clock.monotonic_s()
-            overrides = tuple(self.store.list_overrides(now_s=now_s))
+            self.store.expire_overrides(now_s)
+            overrides = self.store.active_overrides(now_s)
             self.state, result = self.controller.step(
                 self.state, TickInput(now_s=now_s, observation=obs, mode=self.mode, overrides=overrides, profile=self.profile))
             t2 = clock.monotonic_s()
             outcome = None
             d = result.decision
             if d is not None:
-                self.store.set_generation(d.generation)  # persisted before sending: a restart never goes backwards
+                self.store.advance_generation_to(d.generation)  # persisted before sending: a restart never goes backwards
                 if self.mode is Mode.ACTIVE and self.actuator is not None:
                     outcome = self.actuator.apply(d)
                 else:
@@ -110,8 +112,8 @@ class Daemon:
             m.tick_duration.labels(phase.removesuffix("_ms")).observe(ms / 1e3)
         if outcome is not None:
             m.decisions.labels(outcome.status).inc()
-            for target, status in (getattr(outcome, "targets", None) or {}).items():
-                m.actuation.labels(target, str(status)).inc()
+            for target, r in outcome.targets.items():
+                m.actuation.labels(target, r.status).inc()
         slos = self.controller.fleet.slos
         if slos:
             m.slo_ttft.set(min(s.ttft_s for s in slos.values()))
@@ -139,14 +141,12 @@ class Daemon:
     def pool_names(self) -> list[str]:
         return [p.name for p in self.controller.fleet.pools]
 
-    def set_mode(self, mode: Mode, author: str, reason: str) -> Mode:
+    def set_mode(self, mode: Mode, author: str, reason: str) -> None:
+        """Switch mode from the next tick on (the API server persists it with an audit entry)."""
         with self._lock:
             previous, self.mode = self.mode, Mode(mode)
-            if hasattr(self.store, "set_mode"):
-                self.store.set_mode(self.mode.value)
             self.metrics.set_mode(self.mode)
         self.log.warning(f"mode {previous.value} → {self.mode.value}", extra={"event": "mode", "author": author, "reason": reason})
-        return previous
 
     def on_overrides_changed(self) -> None:
         self.log.info("overrides changed; they apply from the next tick", extra={"event": "overrides"})
@@ -169,10 +169,10 @@ class Daemon:
             ))
         components = []
         ok, detail = self.source.health()
-        components.append(ComponentHealthView(f"telemetry:{self.source.name}", ok, detail, self.last_tick_s if ok else 0.0))
+        components.append(ComponentStatus(f"telemetry:{self.source.name}", ok, detail, self.last_tick_s if ok else 0.0))
         if self.actuator is not None:
             ok, detail = self.actuator.health()
-            components.append(ComponentHealthView("actuator:grpc", ok, detail, self.last_tick_s if ok else 0.0))
+            components.append(ComponentStatus("actuator:grpc", ok, detail, self.last_tick_s if ok else 0.0))
         d = rep.result.decision if rep else None
         return StatusView(
             mode=self.mode, profile=self.profile, policy=self.controller.policy.name,

@@ -1,0 +1,326 @@
+"""Sends decisions to the fleet over gRPC: RoutingPolicy to RouterControl, ScalingPlan to AutoscalerControl.
+
+Each decision becomes at most two commands, each carrying CommandMeta (decision id,
+generation, validity deadline, issuer). A call has a deadline; UNAVAILABLE and
+DEADLINE_EXCEEDED are retried a bounded number of times with exponential backoff
+(waits go through the injected Clock, so a virtual clock never really sleeps);
+an ack (APPLIED, REPLAY, STALE_GENERATION, INVALID) is final and never retried.
+Every `apply` returns exactly one ActuationOutcome and never raises for
+transport problems.
+
+This module must not decide anything: it maps a Decision field by field and
+reports what the fleet said.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from controller.actuation.outcome import (
+    APPLIED,
+    FAILED,
+    INVALID,
+    REPLAY,
+    SKIPPED,
+    STALE,
+    ActuationOutcome,
+    FleetStateView,
+    PoolStateView,
+    TargetHealth,
+    TargetResult,
+    combine_status,
+)
+from controller.clock import Clock
+from controller.gen.governor.v1 import control_pb2, control_pb2_grpc
+from controller.types import PRIORITY_CLASSES, ClassAdmission, Decision
+
+ROUTER = "router"
+AUTOSCALER = "autoscaler"
+
+# Only these codes say "the call may not have reached the target": retrying is safe because a
+# repeat of the same generation and decision id is an idempotent replay on the target's side.
+RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+_ACK_STATUS = {
+    control_pb2.ACK_STATUS_APPLIED: APPLIED,
+    control_pb2.ACK_STATUS_REPLAY: REPLAY,
+    control_pb2.ACK_STATUS_STALE_GENERATION: STALE,
+    control_pb2.ACK_STATUS_INVALID: INVALID,
+}
+
+# gRPC's own transparent retries are off so that `attempts` counts real calls; reconnection
+# backoff is kept short so a restarted fleet adapter is reached again within a tick.
+_CHANNEL_OPTIONS = (
+    ("grpc.enable_retries", 0),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 5000),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTls:
+    """TLS for the channels to the fleet. ca_file verifies the server; cert_file + key_file give mTLS."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None  # overrides the name checked against the server certificate
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("tls: cert_file and key_file must be given together (client certificate for mTLS)")
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.ca_file, "tls.ca_file"),
+            private_key=_read(self.key_file, "tls.key_file"),
+            certificate_chain=_read(self.cert_file, "tls.cert_file"),
+        )
+
+
+def _read(path: str | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from exc
+
+
+def make_channel(address: str, tls: ClientTls | None = None) -> grpc.Channel:
+    options = list(_CHANNEL_OPTIONS)
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.secure_channel(address, tls.credentials(), options=options)
+
+
+# --------------------------------------------------------------------------- Decision → proto
+
+
+def command_meta(decision: Decision, issuer: str) -> control_pb2.CommandMeta:
+    return control_pb2.CommandMeta(
+        decision_id=decision.decision_id,
+        generation=decision.generation,
+        valid_until_unix_s=decision.valid_until_s,
+        issuer=issuer,
+    )
+
+
+def _admission_classes(decision: Decision) -> list[str]:
+    # Every known class is sent, defaults included, so that the router's admission state is the whole
+    # desired state (a class the core dropped because it returned to default is reset, not left shedding).
+    extra = sorted(c for c in decision.admission if c not in PRIORITY_CLASSES)
+    return [*PRIORITY_CLASSES, *extra]
+
+
+def routing_policy_for(decision: Decision, issuer: str) -> control_pb2.RoutingPolicy:
+    """RoutingPolicy: one PoolRouting per pool of the decision, one ClassAdmission per priority class."""
+    pools = [
+        control_pb2.PoolRouting(
+            pool=name,
+            traffic_weight=pd.traffic_weight,
+            inflight_cap=pd.inflight_cap,
+            weights=control_pb2.ScorerWeights(prefix=pd.prefix_weight, queue=pd.queue_weight, kv_usage=pd.kv_weight),
+        )
+        for name, pd in decision.pools.items()
+    ]
+    admission = []
+    for cls in _admission_classes(decision):
+        a = decision.admission.get(cls, ClassAdmission())
+        admission.append(control_pb2.ClassAdmission(
+            priority_class=cls, rate_limit_rps=a.rate_limit_rps, queue_budget=a.queue_budget, shed_fraction=a.shed_frac,
+        ))
+    return control_pb2.RoutingPolicy(meta=command_meta(decision, issuer), pools=pools, admission=admission)
+
+
+def scaling_plan_for(decision: Decision, issuer: str) -> control_pb2.ScalingPlan:
+    """ScalingPlan: one PoolScaling per pool of the decision."""
+    pools = [
+        control_pb2.PoolScaling(
+            pool=name,
+            replicas=pd.replicas,
+            warm_standby=pd.warm_standby,
+            max_num_seqs=pd.max_num_seqs,
+            max_num_batched_tokens=pd.max_num_batched_tokens,
+        )
+        for name, pd in decision.pools.items()
+    ]
+    return control_pb2.ScalingPlan(meta=command_meta(decision, issuer), pools=pools)
+
+
+def fleet_state_view(msg: control_pb2.FleetState) -> FleetStateView:
+    pools = {
+        p.pool: PoolStateView(
+            pool=p.pool, target_replicas=p.target_replicas, ready=p.ready, starting=p.starting,
+            draining=p.draining, standby=p.standby, max_num_seqs=p.max_num_seqs,
+            max_num_batched_tokens=p.max_num_batched_tokens,
+        )
+        for p in msg.pools
+    }
+    return FleetStateView(applied_generation=msg.applied_generation, applied_decision_id=msg.applied_decision_id,
+                          fallback_active=msg.fallback_active, pools=pools)
+
+
+# --------------------------------------------------------------------------- the actuator
+
+
+class GrpcActuator:
+    """Actuator over gRPC to a router adapter and an autoscaler adapter (either may be absent: None)."""
+
+    def __init__(self, router_address: str | None, autoscaler_address: str | None, *, clock: Clock,
+                 call_timeout_s: float = 2.0, retries: int = 3, backoff_s: float = 0.2,
+                 tls: ClientTls | None = None, issuer: str = "governor", token: str | None = None) -> None:
+        """`retries` is the number of re-sends after the first call: at most retries + 1 calls per target.
+
+        Backoff before re-send k (1-based) is backoff_s * 2**(k-1): with 0.2 s and 3 retries the waits are
+        0.2, 0.4 and 0.8 s, so a target that is down costs 4 calls and 1.4 s of waiting (plus call time).
+        """
+        if call_timeout_s <= 0:
+            raise ValueError(f"call_timeout_s must be > 0 (got {call_timeout_s})")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0 (got {retries})")
+        if backoff_s < 0:
+            raise ValueError(f"backoff_s must be >= 0 (got {backoff_s})")
+        self._clock = clock
+        self._call_timeout_s = float(call_timeout_s)
+        self._retries = int(retries)
+        self._backoff_s = float(backoff_s)
+        self._issuer = issuer
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._addresses = {ROUTER: router_address, AUTOSCALER: autoscaler_address}
+        self._channels: dict[str, grpc.Channel] = {}
+        self._router: control_pb2_grpc.RouterControlStub | None = None
+        self._autoscaler: control_pb2_grpc.AutoscalerControlStub | None = None
+        if router_address:
+            self._channels[ROUTER] = make_channel(router_address, tls)
+            self._router = control_pb2_grpc.RouterControlStub(self._channels[ROUTER])
+        if autoscaler_address:
+            self._channels[AUTOSCALER] = make_channel(autoscaler_address, tls)
+            self._autoscaler = control_pb2_grpc.AutoscalerControlStub(self._channels[AUTOSCALER])
+        self._lock = threading.Lock()
+        self._last: dict[str, TargetResult] = {}
+        self._last_ok_s: dict[str, float] = {}
+
+    @property
+    def issuer(self) -> str:
+        return self._issuer
+
+    def apply(self, decision: Decision) -> ActuationOutcome:
+        started_s = self._clock.monotonic_s()
+        results: list[TargetResult] = []
+        if self._router is not None:
+            results.append(self._send(ROUTER, self._router.ApplyRoutingPolicy,
+                                      lambda: routing_policy_for(decision, self._issuer), decision))
+        else:
+            results.append(TargetResult(ROUTER, SKIPPED, detail="no router address configured"))
+        if self._autoscaler is not None:
+            results.append(self._send(AUTOSCALER, self._autoscaler.ApplyScalingPlan,
+                                      lambda: scaling_plan_for(decision, self._issuer), decision))
+        else:
+            results.append(TargetResult(AUTOSCALER, SKIPPED, detail="no autoscaler address configured"))
+        self._remember(results)
+        status = combine_status([r.status for r in results])
+        detail = "; ".join(f"{r.target}: {r.status}" + (f" ({r.detail})" if r.detail else "") for r in results)
+        return ActuationOutcome(
+            decision_id=decision.decision_id, generation=decision.generation, status=status, detail=detail,
+            attempts=sum(r.attempts for r in results), duration_s=self._clock.monotonic_s() - started_s,
+            targets={r.target: r for r in results},
+        )
+
+    def _send(self, target: str, method: Callable, build: Callable, decision: Decision) -> TargetResult:
+        try:
+            request = build()
+        except (ValueError, TypeError) as exc:  # e.g. a replica count outside int32
+            return TargetResult(target, INVALID, 0, detail=f"cannot encode the command: {exc}")
+        attempts = 0
+        last_code = ""
+        last_error = ""
+        while True:
+            if self._clock.now_s() >= decision.valid_until_s:
+                why = f"validity deadline {decision.valid_until_s:.3f} passed before delivery"
+                return TargetResult(target, FAILED, attempts, detail=why + (f"; last error {last_code}: {last_error}" if last_code else ""),
+                                    code=last_code or "DEADLINE_PASSED")
+            attempts += 1
+            try:
+                ack = method(request, timeout=self._call_timeout_s, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
+                last_code = code.name
+                last_error = (exc.details() if callable(getattr(exc, "details", None)) else str(exc)) or ""
+                if code in RETRYABLE_CODES and attempts <= self._retries:
+                    self._clock.sleep(self._backoff_s * 2 ** (attempts - 1))
+                    continue
+                return TargetResult(target, FAILED, attempts, code=last_code,
+                                    detail=f"{last_code} after {attempts} attempt(s): {last_error}")
+            except ValueError as exc:  # the channel was closed under us (shutdown)
+                return TargetResult(target, FAILED, attempts, code="CLOSED", detail=f"actuator closed: {exc}")
+            return self._from_ack(target, ack, attempts, retried=bool(last_code))
+
+    @staticmethod
+    def _from_ack(target: str, ack: control_pb2.Ack, attempts: int, *, retried: bool) -> TargetResult:
+        status = _ACK_STATUS.get(ack.status)
+        if status is None:
+            return TargetResult(target, FAILED, attempts, ack.applied_generation, code="UNKNOWN_ACK",
+                                detail=f"the target answered with an unknown ack status {ack.status}: {ack.message}")
+        detail = ack.message
+        if status == REPLAY and retried:
+            # An earlier attempt reached the target but its answer was lost (deadline or dropped connection):
+            # the command is in force, applied by that attempt.
+            status = APPLIED
+            detail = "applied by an earlier attempt whose answer was lost (replay ack)" + (f": {ack.message}" if ack.message else "")
+        return TargetResult(target, status, attempts, ack.applied_generation, detail=detail)
+
+    def _remember(self, results: list[TargetResult]) -> None:
+        now_s = self._clock.now_s()
+        with self._lock:
+            for r in results:
+                if r.status == SKIPPED:
+                    continue
+                self._last[r.target] = r
+                if r.status in (APPLIED, REPLAY):
+                    self._last_ok_s[r.target] = now_s
+
+    def fleet_state(self) -> FleetStateView | None:
+        if self._autoscaler is None:
+            return None
+        try:
+            msg = self._autoscaler.GetFleetState(control_pb2.GetFleetStateRequest(), timeout=self._call_timeout_s,
+                                                 metadata=self._metadata)
+        except grpc.RpcError:
+            return None
+        return fleet_state_view(msg)
+
+    def components(self) -> tuple[TargetHealth, ...]:
+        """Per configured target: healthy when its last command was applied or replayed (or none was sent yet)."""
+        out = []
+        with self._lock:
+            for target, address in self._addresses.items():
+                if not address:
+                    continue
+                last = self._last.get(target)
+                if last is None:
+                    out.append(TargetHealth(f"actuator:{target}", True, f"{address}: no command sent yet"))
+                    continue
+                healthy = last.status in (APPLIED, REPLAY)
+                detail = f"{address}: {last.status}" + (f" ({last.detail})" if last.detail and not healthy else "")
+                if last.applied_generation:
+                    detail += f", applied generation {last.applied_generation}"
+                out.append(TargetHealth(f"actuator:{target}", healthy, detail, self._last_ok_s.get(target, 0.0)))
+        return tuple(out)
+
+    def health(self) -> tuple[bool, str]:
+        parts = self.components()
+        if not parts:
+            return False, "no router or autoscaler address configured"
+        return all(p.healthy for p in parts), "; ".join(f"{p.name.split(':', 1)[1]} {p.detail}" for p in parts)
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+        self._channels.clear()

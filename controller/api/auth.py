@@ -1,0 +1,145 @@
+"""Authentication for Governor's gRPC servers: bearer token interceptor, TLS/mTLS credentials, listen safety.
+
+- `BearerTokenInterceptor` requires `authorization: Bearer <token>` metadata on every call except gRPC
+  health and reflection, and answers UNAUTHENTICATED otherwise (constant-time compare).
+- `TlsConfig` builds server credentials; with `client_ca_file` set, clients must present a certificate
+  signed by that CA (mTLS).
+- `check_listen_safe` refuses a non-loopback listen address unless the callers are authenticated.
+
+This module must not log or echo tokens.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+# Health checks and reflection carry no secrets and must answer for probes (kubelet, grpcurl) without a token.
+EXEMPT_METHOD_PREFIXES: tuple[str, ...] = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+
+
+class InsecureListenError(ValueError):
+    """Listening beyond loopback without any authentication was requested."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """Server TLS. client_ca_file set → mutual TLS: a client certificate signed by that CA is required."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+
+    @property
+    def mutual(self) -> bool:
+        return self.client_ca_file is not None
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        key = _read(self.key_file, "tls.key_file")
+        cert = _read(self.cert_file, "tls.cert_file")
+        ca = _read(self.client_ca_file, "tls.client_ca_file") if self.client_ca_file else None
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from exc
+
+
+def split_host_port(listen: str) -> tuple[str, str]:
+    """'127.0.0.1:50051' → ('127.0.0.1', '50051'); '[::1]:0' → ('::1', '0'); ':50051' → ('', '50051')."""
+    if listen.startswith("["):
+        host, sep, rest = listen[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise ValueError(f"listen address {listen!r}: expected [IPv6]:port")
+        return host, rest[1:]
+    host, sep, port = listen.rpartition(":")
+    if not sep:
+        raise ValueError(f"listen address {listen!r}: expected host:port")
+    return host, port
+
+
+def is_loopback_address(listen: str) -> bool:
+    """True only for addresses reachable from this host alone: 127.0.0.0/8, ::1, localhost, unix sockets."""
+    if listen.startswith(("unix:", "unix-abstract:")):
+        return True
+    host, _ = split_host_port(listen)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name (or "" / "*" = every interface): reachable from elsewhere
+
+
+def check_listen_safe(listen: str, token: str | None, tls: TlsConfig | None) -> None:
+    """Raise InsecureListenError for a non-loopback address without a token (or mTLS, which authenticates too)."""
+    if is_loopback_address(listen):
+        return
+    if token or (tls is not None and tls.mutual):
+        return
+    raise InsecureListenError(
+        f"refusing to listen on {listen!r} without authentication: anyone who can reach it could change the "
+        "fleet. Set an API token (api.token / $GOVERNOR_API_TOKEN), configure mTLS, or listen on 127.0.0.1."
+    )
+
+
+def bearer_token_ok(metadata, token: str) -> bool:
+    """Constant-time check of `authorization: Bearer <token>` among the call's metadata."""
+    expected = token.encode()
+    ok = False
+    for key, value in metadata or ():
+        if key.lower() != "authorization":
+            continue
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        scheme, _, given = value.partition(" ")
+        if scheme.lower() == "bearer":
+            # compare_digest on every candidate: no early exit that would leak timing.
+            ok |= hmac.compare_digest(given.strip().encode(), expected)
+    return ok
+
+
+class BearerTokenInterceptor(grpc.ServerInterceptor):
+    def __init__(self, token: str, exempt_prefixes: tuple[str, ...] = EXEMPT_METHOD_PREFIXES) -> None:
+        if not token:
+            raise ValueError("BearerTokenInterceptor needs a non-empty token")
+        self._token = token
+        self._exempt = exempt_prefixes
+
+    def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
+        method = handler_call_details.method or ""
+        if method.startswith(self._exempt) or bearer_token_ok(handler_call_details.invocation_metadata, self._token):
+            return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None  # unknown method: let gRPC answer UNIMPLEMENTED
+        return _denying_handler(handler)
+
+
+def _deny(request_or_iterator, context: grpc.ServicerContext):
+    context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                  "missing or invalid credentials: send metadata 'authorization: Bearer <token>'")
+
+
+def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that rejects the call."""
+    kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(_deny, **kwargs)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(_deny, **kwargs)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(_deny, **kwargs)
+    return grpc.stream_stream_rpc_method_handler(_deny, **kwargs)
