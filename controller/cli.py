@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ticks", type=int, default=200)
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=_handler("controller.bench.tick:cmd_bench_tick"))
+    b = bsub.add_parser("models", help="accuracy, fit time and bulk-predict time of the learned models")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=_handler("controller.bench.models:cmd_bench_models"))
     b = bsub.add_parser("all", help="every shipped scenario: sim speed and policies")
     b.add_argument("--out", default=None)
     b.add_argument("--json", action="store_true")
@@ -110,6 +114,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_handler("controller.config:cmd_validate"))
     c = csub.add_parser("schema", help="print the config's JSON schema")
     c.set_defaults(func=_handler("controller.config:cmd_schema"))
+
+    # ---- learned models
+    p = sub.add_parser("record", help="record observations from a live or simulated fleet to a file (training data)")
+    p.add_argument("--scenario", default=None, help="simulate this scenario in-process (virtual clock) and record it")
+    p.add_argument("--config", default=None, help="record from the fleet a daemon config points at (wall clock)")
+    p.add_argument("--for", dest="for_s", type=float, default=None, metavar="SECONDS", help="how long to record")
+    p.add_argument("--tick", type=float, default=15.0, help="seconds between observations")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--out", required=True, help="output file (JSON lines)")
+    p.set_defaults(func=_handler("controller.learning.cli:cmd_record"))
+    p = sub.add_parser("fit", help="fit the learned models offline from recorded observations")
+    p.add_argument("files", nargs="*", help="recordings made by `governor record`")
+    p.add_argument("--defaults", action="store_true", help="fit the shipped prior models on the shared traces (make models)")
+    p.add_argument("--out", default="models", help="directory for the skops artifacts and manifests")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_handler("controller.learning.cli:cmd_fit"))
 
     # ---- operator commands against a running daemon
     p = sub.add_parser("status", help="mode, last tick, health of sources and actuators, pools")

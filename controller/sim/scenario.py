@@ -29,7 +29,10 @@ class _Strict(BaseModel):
 
 
 class SurgeSpec(_Strict):
-    """Multiply the arrival rate by `factor` from `at_s` (after time scaling), ramping over `ramp_s`."""
+    """Multiply the arrival rate by `factor` from `at_s` (after time scaling), ramping over `ramp_s`.
+
+    The multiplier rises linearly from 1 to `factor` over [at_s, at_s + ramp_s], holds, and drops
+    back to 1 at at_s + duration_s (duration_s includes the ramp)."""
 
     at_s: float = Field(ge=0)
     factor: float = Field(default=5.0, gt=1.0, le=50.0)
@@ -51,10 +54,17 @@ class ServeGenSpec(_Strict):
 
     tier: Literal["m-large", "m-mid", "m-small"] = "m-mid"
     mean_rps: float = Field(default=5.0, gt=0)  # rates are rescaled so the mean over the chosen days is this
+    # (in trace seconds, before trace.time_scale: mean_rps 0.8 with time_scale 24 gives 19.2 req/s)
     days: float = Field(default=1.0, gt=0, le=14)
     start_day: float = Field(default=0.0, ge=0, lt=14)
     prompt_tokens_mean: int = Field(default=1024, ge=1)
     output_tokens_mean: int = Field(default=200, ge=1)
+
+    @model_validator(mode="after")
+    def _span(self) -> ServeGenSpec:
+        if self.start_day + self.days > 14 + 1e-9:
+            raise ValueError(f"start_day + days ({self.start_day:g} + {self.days:g}) must be <= 14 (the file's span)")
+        return self
 
 
 class TraceSpec(_Strict):
@@ -151,10 +161,12 @@ def _default_classes() -> dict[str, ClassSpec]:
 class TaskSpec(_Strict):
     """How trace requests are grouped into tasks.
 
-    single: one request per task. session: consecutive requests of a conversation
-    (Mooncake requests sharing their first hash block, or `steps` consecutive
-    requests otherwise) sent one after another with think time. workflow: steps
-    min..max requests; step i+1 is sent when step i returns.
+    single: one request per task. session: the turns of a conversation, sent one
+    after another with think time; on a trace with its own hash ids (Mooncake) turns
+    are found by prefix reuse (every Mooncake request shares block 0, so that block
+    is not the key; see controller/sim/workload.py), otherwise steps_min..steps_max
+    consecutive requests. workflow: steps_min..steps_max consecutive requests; step
+    i+1 is sent think_time_s after step i returns.
     """
 
     kind: Literal["single", "session", "workflow"] = "single"

@@ -1,0 +1,46 @@
+"""Telemetry in: turn what the fleet exposes into FleetObservations (an edge of the daemon).
+
+- `source.py`: the `TelemetrySource` protocol and `ScrapeTarget`;
+- `promql.py`: the named default PromQL queries (vLLM V1, SGLang, DCGM, llm-d router);
+- `prometheus.py`: `PrometheusSource`, through the Prometheus HTTP API;
+- `scrape.py`: `ScrapeSource`, straight from /metrics endpoints;
+- `window.py`: `FamiliesWindow`, rates/quantiles/gauges from scraped families (no HTTP;
+  the in-process bench feeds it the simulator's collectors).
+
+`build_source(settings, clock)` picks and builds the configured source. Sources
+are imported lazily so that `controller.config` (which imports `promql`) stays
+light. Nothing here may be imported by `controller.core`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from controller.telemetry.source import ScrapeTarget, TelemetrySource
+
+if TYPE_CHECKING:
+    from controller.clock import Clock
+    from controller.config import Settings
+
+
+def build_source(settings: Settings, clock: Clock) -> TelemetrySource:
+    """The telemetry source the config asks for (Prometheus or direct scrape)."""
+    tel = settings.telemetry
+    pools = tuple(p.name for p in settings.pools)
+    if tel.source == "prometheus":
+        from controller.telemetry.prometheus import PrometheusSource
+
+        prom = tel.prometheus
+        return PrometheusSource(pools, url=prom.url, timeout_s=prom.timeout_s, pool_label=prom.pool_label,
+                                window_s=tel.window_s, stale_after_s=tel.stale_after_s, queries=prom.queries,
+                                clock=clock)
+    if tel.source == "scrape":
+        from controller.telemetry.scrape import ScrapeSource
+
+        targets = [ScrapeTarget(url=t.url, pool=t.pool or "", kind=t.kind) for t in tel.scrape.targets]
+        return ScrapeSource(pools, targets=targets, discovery_url=tel.scrape.discovery_url,
+                            timeout_s=tel.scrape.timeout_s, window_s=tel.window_s, stale_after_s=tel.stale_after_s)
+    raise ValueError(f"telemetry.source: {tel.source!r} is not one of ['prometheus', 'scrape']")
+
+
+__all__ = ["ScrapeTarget", "TelemetrySource", "build_source"]
