@@ -1,0 +1,105 @@
+"""Policy names and construction from configuration: `build_policy(name, fleet, params)`.
+
+The composition root (daemon, bench, tests) names a policy and passes its
+parameters as a mapping (from YAML or code); this module checks the name and the
+parameter names against the policy's constructor and the fleet (pool names, SLO
+classes) and raises ValueError naming what is wrong and what is allowed — nothing
+is half-built. It must not do I/O or import telemetry/actuation/api/runtime/gen,
+grpc or prometheus clients.
+
+Adding a policy (the MPC is registered here by the lead): add its name to
+POLICY_NAMES and a line to `_policy_classes()`; its constructor's keyword
+arguments become its parameters.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from controller.policies.common import RoutingWeights
+from controller.policies.hpa import HpaPolicy
+from controller.policies.kpa import KpaPolicy
+from controller.policies.scorer_kpa import ScorerKpaPolicy
+from controller.policies.sla_planner import SlaPlannerPolicy
+from controller.policies.slo_feedback import SloFeedbackPolicy
+from controller.policies.static import StaticPolicy
+from controller.types import FleetSpec, Policy
+
+POLICY_NAMES: tuple[str, ...] = ("static", "hpa", "kpa", "sla_planner", "scorer_kpa", "slo_feedback")
+# "mpc" goes here (and in _policy_classes) once the MPC policy exists.
+
+
+def _policy_classes() -> dict[str, type]:
+    return {
+        "static": StaticPolicy,
+        "hpa": HpaPolicy,
+        "kpa": KpaPolicy,
+        "sla_planner": SlaPlannerPolicy,
+        "scorer_kpa": ScorerKpaPolicy,
+        "slo_feedback": SloFeedbackPolicy,
+        # "mpc": MpcPolicy,
+    }
+
+
+def policy_params(name: str) -> dict[str, Any]:
+    """The parameters a policy accepts and their defaults (inspect.Parameter.empty = required)."""
+    cls = _lookup(name)
+    sig = inspect.signature(cls.__init__)
+    return {p.name: p.default for p in sig.parameters.values() if p.name != "self"}
+
+
+def _lookup(name: str) -> type:
+    classes = _policy_classes()
+    if name not in POLICY_NAMES or name not in classes:
+        raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(POLICY_NAMES)}")
+    return classes[name]
+
+
+def _check_pool_keys(name: str, param: str, given: Any, fleet: FleetSpec) -> None:
+    if not isinstance(given, Mapping):
+        raise ValueError(f"policy {name}: {param} must be a mapping pool -> value (got {type(given).__name__})")
+    pools = [p.name for p in fleet.pools]
+    unknown = sorted(set(map(str, given)) - set(pools))
+    missing = [p for p in pools if p not in given]
+    if unknown:
+        raise ValueError(f"policy {name}: {param} names unknown pool(s) {unknown}; fleet pools: {pools}")
+    if missing:
+        raise ValueError(f"policy {name}: {param} has no entry for pool(s) {missing}; fleet pools: {pools}")
+
+
+def build_policy(name: str, fleet: FleetSpec, params: Mapping[str, Any] | None = None) -> Policy:
+    """Build the named policy for `fleet` from `params` (constructor keyword arguments).
+
+    Raises ValueError for an unknown name, unknown or missing parameters, parameters
+    that name pools or SLO classes the fleet does not have, and bad values.
+    """
+    params = dict(params or {})
+    cls = _lookup(name)
+    accepted = policy_params(name)
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"policy {name}: unknown parameter(s) {unknown}; valid parameters: {sorted(accepted)}")
+    required = [k for k, v in accepted.items() if v is inspect.Parameter.empty and k not in params]
+    if required:
+        raise ValueError(f"policy {name}: missing required parameter(s) {required}; valid parameters: {sorted(accepted)}")
+    if "routing" in params and isinstance(params["routing"], Mapping):
+        allowed = {"prefix_weight", "queue_weight", "kv_weight"}
+        bad = sorted(set(params["routing"]) - allowed)
+        if bad or set(params["routing"]) != allowed:
+            raise ValueError(f"policy {name}: routing needs exactly {sorted(allowed)} (got {sorted(params['routing'])})")
+        params["routing"] = RoutingWeights(**{k: float(v) for k, v in params["routing"].items()})
+    if name == "static":
+        _check_pool_keys(name, "replicas", params["replicas"], fleet)
+    if name == "sla_planner":
+        _check_pool_keys(name, "capacity", params["capacity"], fleet)
+    slo_class = params.get("slo_class")
+    if slo_class is not None and slo_class not in fleet.slos:
+        raise ValueError(f"policy {name}: slo_class {slo_class!r} is not a fleet SLO class; classes: {sorted(fleet.slos)}")
+    try:
+        return cls(**params)
+    except ValueError as e:
+        raise ValueError(f"policy {name}: {e}") from None
+    except TypeError as e:
+        raise ValueError(f"policy {name}: bad parameters: {e}") from None
