@@ -27,7 +27,7 @@ from controller.policies.slo_feedback import SloFeedbackPolicy
 from controller.policies.static import StaticPolicy
 from controller.types import FleetSpec, Policy
 
-POLICY_NAMES: tuple[str, ...] = ("static", "hpa", "kpa", "sla_planner", "scorer_kpa", "slo_feedback")
+POLICY_NAMES: tuple[str, ...] = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa", "slo-feedback")
 # "mpc" goes here (and in _policy_classes) once the MPC policy exists.
 
 
@@ -36,9 +36,9 @@ def _policy_classes() -> dict[str, type]:
         "static": StaticPolicy,
         "hpa": HpaPolicy,
         "kpa": KpaPolicy,
-        "sla_planner": SlaPlannerPolicy,
-        "scorer_kpa": ScorerKpaPolicy,
-        "slo_feedback": SloFeedbackPolicy,
+        "sla-planner": SlaPlannerPolicy,
+        "scorer-kpa": ScorerKpaPolicy,
+        "slo-feedback": SloFeedbackPolicy,
         # "mpc": MpcPolicy,
     }
 
@@ -92,7 +92,7 @@ def build_policy(name: str, fleet: FleetSpec, params: Mapping[str, Any] | None =
         params["routing"] = RoutingWeights(**{k: float(v) for k, v in params["routing"].items()})
     if name == "static":
         _check_pool_keys(name, "replicas", params["replicas"], fleet)
-    if name == "sla_planner":
+    if name == "sla-planner":
         _check_pool_keys(name, "capacity", params["capacity"], fleet)
     slo_class = params.get("slo_class")
     if slo_class is not None and slo_class not in fleet.slos:

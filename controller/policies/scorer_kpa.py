@@ -68,7 +68,7 @@ class ScorerKpaState:
 class ScorerKpaPolicy:
     """Scorer routing (prefix 3, queue 2, kv 2) + AIBrix-style KPA on KV-cache usage."""
 
-    name = "scorer_kpa"
+    name = "scorer-kpa"
 
     def __init__(self, *, target_kv_usage: float = 0.5, stable_window_s: float = 180.0, panic_window_s: float = 60.0,
                  panic_threshold: float = 2.0, max_scale_up_rate: float = 2.0, max_scale_down_rate: float = 2.0,

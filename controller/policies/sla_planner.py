@@ -303,7 +303,7 @@ def _mean(xs: Sequence[float]) -> float | None:
 class SlaPlannerPolicy:
     """Dynamo-style SLA planner: interval forecasts → replicas per pool; KV-aware routing; sheddable load shedding."""
 
-    name = "sla_planner"
+    name = "sla-planner"
 
     def __init__(self, capacity: Mapping[str, ReplicaCapacity | Mapping[str, Any]], *,
                  adjustment_interval_s: float = 180.0, forecaster: str = "holt", window_size: int = 50,

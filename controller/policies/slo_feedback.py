@@ -87,7 +87,7 @@ class FeedbackState:
 class SloFeedbackPolicy:
     """Scale on max(p95 TTFT / SLO, queue per replica / target), cold-start aware, HPA-style damping."""
 
-    name = "slo_feedback"
+    name = "slo-feedback"
 
     def __init__(self, *, slo_class: str | None = None, queue_target_per_replica: float = 2.0,
                  tolerance: float = 0.1, scale_down_stabilization_s: float = 300.0, trend_window_s: float = 60.0,

@@ -12,9 +12,9 @@ MINIMAL = {
     "static": {"replicas": {"a": 2, "b": 3}},
     "hpa": {},
     "kpa": {},
-    "sla_planner": {"capacity": {"a": ReplicaCapacity(rps=4.0), "b": {"rps": 2.0}}},
-    "scorer_kpa": {},
-    "slo_feedback": {},
+    "sla-planner": {"capacity": {"a": ReplicaCapacity(rps=4.0), "b": {"rps": 2.0}}},
+    "scorer-kpa": {},
+    "slo-feedback": {},
 }
 
 
@@ -29,17 +29,17 @@ def test_every_name_builds_and_decides(name):
 
 # label, name, params, message fragment
 ERROR_ROWS = [
-    ("unknown policy lists the valid ones", "mpc2", {}, "valid policies: static, hpa, kpa, sla_planner"),
+    ("unknown policy lists the valid ones", "mpc2", {}, "valid policies: static, hpa, kpa, sla-planner"),
     ("unknown parameter lists the valid ones", "hpa", {"targte": 0.5}, "unknown parameter(s) ['targte']; valid parameters"),
     ("missing required parameter", "static", {}, "missing required parameter(s) ['replicas']"),
     ("static: unknown pool", "static", {"replicas": {"a": 1, "b": 1, "c": 1}}, "unknown pool(s) ['c']"),
     ("static: a pool without a count", "static", {"replicas": {"a": 1}}, "no entry for pool(s) ['b']"),
-    ("sla_planner: a pool without capacity", "sla_planner", {"capacity": {"a": {"rps": 1.0}}}, "no entry for pool(s) ['b']"),
-    ("sla_planner: bad capacity field", "sla_planner", {"capacity": {"a": {"rps": 1.0}, "b": {"qps": 1}}},
+    ("sla_planner: a pool without capacity", "sla-planner", {"capacity": {"a": {"rps": 1.0}}}, "no entry for pool(s) ['b']"),
+    ("sla_planner: bad capacity field", "sla-planner", {"capacity": {"a": {"rps": 1.0}, "b": {"qps": 1}}},
      "unknown field(s) ['qps']"),
-    ("unknown SLO class", "slo_feedback", {"slo_class": "gold"}, "slo_class 'gold' is not a fleet SLO class"),
+    ("unknown SLO class", "slo-feedback", {"slo_class": "gold"}, "slo_class 'gold' is not a fleet SLO class"),
     ("bad value is named", "hpa", {"target": -1}, "policy hpa: hpa.target must be"),
-    ("bad choice is named", "sla_planner", {"capacity": MINIMAL["sla_planner"]["capacity"], "forecaster": "arima"},
+    ("bad choice is named", "sla-planner", {"capacity": MINIMAL["sla-planner"]["capacity"], "forecaster": "arima"},
      "forecaster must be one of ['holt', 'constant']"),
     ("routing needs all three weights", "kpa", {"routing": {"prefix_weight": 1}}, "routing needs exactly"),
 ]
