@@ -52,6 +52,8 @@ class Daemon:
         self.state: ControllerState = controller.initial_state(generation=store.peek_generation())
         self.last_report: TickReport | None = None
         self.last_tick_s: float = 0.0
+        self.applied_replicas: dict[str, int] = {}  # last replica targets sent in active mode (served to KEDA)
+        self.after_tick: list[Callable[[], None]] = []
         metrics.set_mode(self.mode)
 
     # ------------------------------------------------------------------ tick
@@ -85,7 +87,9 @@ class Daemon:
                 self.store.advance_generation_to(d.generation)  # persisted before sending: a restart never goes backwards
                 if self.mode is Mode.ACTIVE and self.actuator is not None:
                     outcome = self.actuator.apply(d)
-                else:
+                if self.mode is Mode.ACTIVE:
+                    self.applied_replicas = {p: pd.replicas for p, pd in d.pools.items()}
+                if outcome is None:
                     outcome = self.shadow.apply(d)
             t3 = clock.monotonic_s()
             durations = {"read_ms": (t1 - t0) * 1e3, "step_ms": (t2 - t1) * 1e3, "actuate_ms": (t3 - t2) * 1e3}
@@ -100,9 +104,34 @@ class Daemon:
             report = TickReport(result, obs, outcome, durations)
             self.last_report = report
             self.last_tick_s = now_s
+        for hook in self.after_tick:
+            hook()
         if self.on_tick is not None:
             self.on_tick(report)
         return report
+
+    def keda_targets(self) -> dict[str, int]:
+        """Replica targets for KEDA: what was decided in active mode; before that (or in shadow/paused
+        mode) what the fleet already runs, so KEDA changes nothing until Governor is active."""
+        with self._lock:
+            if self.applied_replicas:
+                return dict(self.applied_replicas)
+            rep = self.last_report
+            out = {}
+            if rep is not None:
+                for name, p in rep.observation.pools.items():
+                    if p.replicas_ready.ok:
+                        out[name] = int(p.replicas_ready.value + p.replicas_starting.or_default(0.0))
+            return out
+
+    def reload(self, controller: Controller) -> None:
+        """Swap in a controller built from a reloaded config; the controller state carries over
+        (generation, decision in force); the policy's own state restarts if the policy changed."""
+        with self._lock:
+            same_policy = controller.policy.name == self.controller.policy.name
+            self.controller = controller
+            if not same_policy:
+                self.state = replace(self.state, policy_state=controller.policy.initial_state())
 
     def _report_metrics(self, result: TickResult, obs: FleetObservation, outcome, durations: dict[str, float]) -> None:
         m = self.metrics

@@ -1,0 +1,266 @@
+"""Composition root of the daemon: build every object once from the config and run the loop.
+
+`governor run --config FILE` governs a real fleet; `governor run --demo` first
+starts the simulator's live mode on loopback (scenarios/demo.yaml) and points a
+daemon at it by direct scrape, with the live terminal view. Nothing here
+decides anything: it wires the edges to the pure core and starts the servers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controller.actuation.grpc_actuator import ClientTls, GrpcActuator
+from controller.actuation.keda import KedaScalerServer
+from controller.actuation.shadow import ShadowActuator
+from controller.api.auth import TlsConfig
+from controller.api.server import PolicyServer
+from controller.api.store import StateStore
+from controller.clock import Clock, WallClock
+from controller.config import ConfigError, Settings, load_settings
+from controller.core.guards import GuardConfig
+from controller.core.step import Controller
+from controller.obs.logs import setup_logging
+from controller.obs.metrics import DaemonMetrics
+from controller.policies.registry import build_policy
+from controller.runtime.daemon import Daemon, TickReport
+from controller.runtime.loop import TickLoop
+from controller.sim.paths import PROJECT_ROOT
+from controller.telemetry import build_source
+from controller.types import Mode
+
+DEMO_SCENARIO = PROJECT_ROOT / "scenarios" / "demo.yaml"
+
+
+@dataclass
+class Services:
+    """Everything the daemon started, so it can all be stopped."""
+
+    settings: Settings
+    daemon: Daemon
+    store: StateStore
+    api: PolicyServer
+    api_port: int
+    metrics: DaemonMetrics
+    metrics_url: str | None
+    keda: KedaScalerServer | None = None
+    keda_port: int | None = None
+    closers: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        for c in reversed(self.closers):
+            try:
+                c()
+            except Exception:  # noqa: BLE001 - shutting down: keep closing the rest
+                logging.getLogger("governor").exception("error while shutting down")
+
+
+def _host_port(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def build_controller(settings: Settings) -> Controller:
+    fleet = settings.fleet_spec()
+    g = settings.guards
+    return Controller(
+        fleet, build_policy(settings.policy, fleet, settings.policy_params),
+        guards=GuardConfig(max_step_up=g.max_step_up, max_step_down=g.max_step_down,
+                           scale_down_stabilization_s=g.scale_down_stabilization_s,
+                           budget_usd_per_hour=g.budget_usd_per_hour),
+        decision_validity_s=settings.actuators.decision_validity_s, seed=settings.seed,
+        tick_s=settings.tick_interval_s)
+
+
+def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, on_tick=None) -> Services:
+    """Build and start the servers (API, KEDA, metrics); the tick loop is started by the caller."""
+    state_dir = Path(settings.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    store = StateStore(state_dir / "governor.db")
+    closers: list[Any] = [store.close]
+    try:
+        controller = build_controller(settings)
+        source = build_source(settings, clock)
+        acts = settings.actuators
+        actuator = None
+        if acts.router.address or acts.autoscaler.address:
+            t = acts.autoscaler.tls if acts.autoscaler.address else acts.router.tls
+            tls = ClientTls(ca_file=t.ca, cert_file=t.cert, key_file=t.key) if (t.ca or t.cert) else None
+            actuator = GrpcActuator(acts.router.address, acts.autoscaler.address, clock=clock,
+                                    call_timeout_s=max(acts.router.timeout_s, acts.autoscaler.timeout_s),
+                                    retries=max(acts.router.retries, acts.autoscaler.retries),
+                                    backoff_s=max(acts.router.backoff_s, acts.autoscaler.backoff_s), tls=tls)
+            closers.append(actuator.close)
+        metrics = DaemonMetrics()
+        daemon = Daemon(controller=controller, source=source, actuator=actuator, shadow=ShadowActuator(clock=clock),
+                        store=store, metrics=metrics, clock=clock, logger=logger, mode=settings.mode,
+                        profile=settings.profile, on_tick=on_tick)
+        tls = settings.api.tls
+        api = PolicyServer(daemon, store, settings.api.listen, token=settings.api.resolved_token(),
+                           tls=TlsConfig(tls.cert, tls.key, tls.client_ca) if tls.cert and tls.key else None, clock=clock)
+        api_port = api.start()
+        closers.append(api.stop)
+        metrics_url = None
+        if settings.metrics.listen:
+            host, port = _host_port(settings.metrics.listen)
+            port = metrics.serve(host, port)
+            metrics_url = f"http://{host}:{port}/metrics"
+            closers.append(metrics.close)
+        keda = keda_port = None
+        if acts.keda.enabled:
+            keda = KedaScalerServer(daemon.keda_targets, acts.keda.listen)
+            keda_port = keda.start()
+            daemon.after_tick.append(keda.notify)
+            closers.append(keda.stop)
+    except BaseException:
+        for c in reversed(closers):
+            c()
+        raise
+    return Services(settings, daemon, store, api, api_port, metrics, metrics_url, keda, keda_port, closers)
+
+
+# ------------------------------------------------------------------------------------------ demo
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def demo_settings(scenario, listening: dict[str, Any], state_dir: str) -> Settings:
+    """A daemon config for the demo fleet: direct scrape via the simulator's discovery, gRPC to its control."""
+    from controller.sim.fleetspec import fleet_spec_from_scenario
+
+    spec = fleet_spec_from_scenario(scenario)
+    pools = [{"name": p.name, "model": p.model, "sku": p.sku, "gpus_per_replica": p.gpus_per_replica,
+              "usd_per_gpu_hour": p.usd_per_replica_hour / p.gpus_per_replica, "min_replicas": max(1, p.min_replicas),
+              "max_replicas": p.max_replicas, "startup_warm_s": p.startup_warm_s, "startup_cold_s": p.startup_cold_s,
+              "role": p.role, "group": p.group, "max_num_seqs": p.max_num_seqs,
+              "max_num_batched_tokens": p.max_num_batched_tokens} for p in spec.pools]
+    return Settings(
+        mode="active", policy="slo-feedback", tick_interval_s=3.0, state_dir=state_dir,
+        telemetry={"source": "scrape", "scrape": {"discovery_url": listening["discovery"], "timeout_s": 1.0},
+                   "window_s": 20.0, "stale_after_s": 20.0},
+        pools=pools,
+        slo={c: {"ttft_s": s.ttft_s, "tpot_s": s.tpot_s} for c, s in spec.slos.items()},
+        actuators={"router": {"address": listening["router_control"], "retries": 1},
+                   "autoscaler": {"address": listening["autoscaler_control"], "retries": 1},
+                   "decision_validity_s": 30.0,
+                   "keda": {"enabled": True, "listen": f"127.0.0.1:{_free_port()}"}},
+        api={"listen": f"127.0.0.1:{_free_port()}"},
+        metrics={"listen": f"127.0.0.1:{_free_port()}"},
+        log={"level": "info", "format": "json"},
+        guards={"max_step_up": 4, "max_step_down": 1, "scale_down_stabilization_s": 60.0},
+    )
+
+
+# ------------------------------------------------------------------------------------------ command
+
+
+def cmd_run(args) -> int:
+    headless = bool(getattr(args, "headless", False)) or not sys.stdout.isatty()
+    clock = WallClock()
+    live = None
+    tmp = None
+    if args.demo:
+        from controller.sim.live import LiveFleet
+        from controller.sim.scenario import ScenarioError, load_scenario
+
+        try:
+            scenario = load_scenario(DEMO_SCENARIO)
+        except ScenarioError as exc:
+            print(f"governor: {exc}", file=sys.stderr)
+            return 2
+        live = LiveFleet(scenario, speed=1.0)
+        listening = live.start()
+        tmp = tempfile.TemporaryDirectory(prefix="governor-demo-")
+        settings = demo_settings(scenario, listening, tmp.name)
+    else:
+        try:
+            settings = load_settings(args.config)
+        except ConfigError as exc:
+            print(f"governor: {exc}", file=sys.stderr)
+            return 2
+        if not settings.pools:
+            print("governor: the config names no pools (see deploy/governor.example.yaml)", file=sys.stderr)
+            return 2
+    # In the live view the log would tear the table: it goes to a file in the state directory instead.
+    log_file = None
+    if not headless:
+        Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
+        log_file = open(Path(settings.state_dir) / "governor.log", "a")  # noqa: SIM115 - closed at exit
+    logger = setup_logging(settings.log.level, settings.log.format, stream=log_file or sys.stderr)
+    slo_ttft = min(s.ttft_s for s in settings.fleet_spec().slos.values())
+    from controller.runtime.view import JsonLines, LiveView
+
+    out = JsonLines()
+    view = None if headless else LiveView("Governor demo — simulated fleet" if args.demo else "Governor")
+
+    def on_tick(report: TickReport) -> None:
+        (view or out).on_tick(report, slo_ttft)
+
+    try:
+        services = build_services(settings, clock=clock, logger=logger, on_tick=on_tick)
+    except (ValueError, OSError) as exc:
+        if live:
+            live.stop()
+        print(f"governor: cannot start: {exc}", file=sys.stderr)
+        return 2
+    if args.mode:
+        services.daemon.set_mode(Mode(args.mode), author="cli", reason="--mode")
+        services.store.set_mode(args.mode, author="cli", now_s=clock.now_s(), reason="--mode on the command line")
+    api_addr = f"{_host_port(settings.api.listen)[0]}:{services.api_port}"
+    listening_event = {"event": "listening", "policy_api": api_addr,
+                       "keda_scaler": f"127.0.0.1:{services.keda_port}" if services.keda_port else None,
+                       "metrics": services.metrics_url}
+    if live is not None:
+        listening_event["fleet"] = live.listening()
+    logger.info("governor started", extra={**listening_event, "mode": services.daemon.mode.value,
+                                           "policy": settings.policy, "pools": [p.name for p in settings.pools]})
+    try:
+        if args.once:
+            services.daemon.tick()
+            return 0
+        if headless:
+            out.emit(listening_event)
+        loop = TickLoop(services.daemon.tick, settings.tick_interval_s, logger,
+                        on_skipped=lambda: services.metrics.ticks.labels("skipped").inc(),
+                        on_error=lambda e: services.metrics.ticks.labels("error").inc())
+
+        def reload() -> None:
+            # Pools, SLOs, policy and guardrails reload; listen addresses and sources need a restart.
+            if not args.config:
+                logger.info("SIGHUP ignored: no config file to reload", extra={"event": "reload"})
+                return
+            new = load_settings(args.config)
+            services.daemon.reload(build_controller(new))
+            logger.info("config reloaded", extra={"event": "reload", "summary": new.summary()})
+
+        if view is not None:
+            view.set_header(f"policy API {api_addr} · metrics {services.metrics_url} · mode {services.daemon.mode.value} · "
+                            f"log {log_file.name if log_file else 'stderr'} · Ctrl-C stops everything")
+            with view:
+                loop.run(stop_after_s=args.for_s, reload=reload)
+        else:
+            loop.run(stop_after_s=args.for_s, reload=reload)
+    finally:
+        services.close()
+        if live is not None:
+            summary = live.summary() if hasattr(live, "summary") else None
+            live.stop()
+            if headless and summary is not None:
+                out.emit({"event": "summary", **(summary if isinstance(summary, dict) else summary.to_dict())})
+        if log_file is not None:
+            log_file.close()
+        if tmp is not None:
+            tmp.cleanup()
+    return 0
