@@ -1,0 +1,219 @@
+"""Telemetry from a Prometheus server's HTTP API (`prometheus_api_client.PrometheusConnect`).
+
+Each read runs the named queries of `promql.py` (with any per-query overrides
+from the config) as instant queries, one after another, within one time budget
+(`timeout_s` for the whole read, each query getting what is left, also passed to
+Prometheus as its own `timeout`). Every outcome becomes a Reading:
+
+- a query that fails (HTTP 400/422/503, bad JSON) → MISSING for its field, plus an error;
+- a pool or class absent from a result → MISSING; a NaN value → NAN (e.g. a
+  quantile over an idle window); ±Inf → NAN (not a usable number);
+- a pool whose newest sample is older than `stale_after_s` → STALE. Sample age
+  comes from the `*_sample_time` queries (`timestamp()` of a plain selector
+  returns the sample's own time), measured against Prometheus' evaluation time
+  so clock skew between Prometheus and the daemon does not matter;
+- a transport failure (connection refused, timeout) → every reading MISSING and
+  one entry in `FleetObservation.errors`; the remaining queries are skipped.
+
+A pool with no engine series at all (e.g. scaled to zero) reads MISSING here,
+not 0: from Prometheus' answers alone that cannot be told from a broken scrape.
+
+Never raises for anything the fleet or Prometheus does. Must not interpret
+metrics beyond turning query results into Readings (the PromQL does the maths).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
+
+from controller.clock import Clock, WallClock
+from controller.telemetry import promql
+from controller.telemetry.source import describe_error
+from controller.types import (
+    PRIORITY_CLASSES,
+    ClassObservation,
+    FleetObservation,
+    PoolObservation,
+    Reading,
+    SignalStatus,
+)
+
+
+class TransportError(RuntimeError):
+    """Prometheus could not be reached (or did not answer in time): nothing this read can be trusted."""
+
+
+def _field(spec: promql.QuerySpec) -> str:
+    return spec.fills.split(".", 1)[1]
+
+
+def parse_vector(result: object, label: str) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """An instant-vector result → {label value: (evaluation time, value)} and any problems found.
+
+    Series without `label` are ignored; a second series for the same label value
+    is a problem (the query should aggregate `by (label)`), and the first is kept.
+    """
+    out: dict[str, tuple[float, float]] = {}
+    problems: list[str] = []
+    if not isinstance(result, list):
+        return out, [f"expected an instant vector, got {type(result).__name__}"]
+    for item in result:
+        try:
+            key = item["metric"].get(label)
+            ts, raw = item["value"]
+            value = float(raw)  # "NaN", "+Inf" and "-Inf" parse too
+            ts = float(ts)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            problems.append(f"unreadable sample {item!r:.120}")
+            continue
+        if key is None:
+            continue
+        if key in out:
+            problems.append(f"more than one series for {label}={key!r} (aggregate with 'by ({label})')")
+            continue
+        out[key] = (ts, value)
+    return out, problems
+
+
+def _reading(value: float | None, age_s: float, stale_after_s: float) -> Reading:
+    if value is not None and math.isinf(value):
+        return Reading(value, SignalStatus.NAN, age_s)
+    return Reading.of(value, age_s, stale_after_s)
+
+
+def observation_from_results(now_s: float, pools: Sequence[str], classes: Sequence[str],
+                             results: Mapping[str, object], *, pool_label: str = promql.POOL,
+                             stale_after_s: float = 60.0, source: str = "prometheus",
+                             errors: Sequence[str] = ()) -> FleetObservation:
+    """Assemble a FleetObservation from query results (name → vector result list, or the exception raised).
+
+    Pure: the table tests feed it canned API answers. A query name missing from
+    `results` or mapped to an exception leaves its field MISSING.
+    """
+    errs = list(errors)
+    parsed: dict[str, dict[str, tuple[float, float]]] = {}
+    for name, spec in promql.QUERIES.items():
+        res = results.get(name)
+        if res is None or isinstance(res, BaseException):
+            continue
+        label = promql.CLASS_LABEL if spec.group == promql.CLASS or name == "class_sample_time" else pool_label
+        parsed[name], problems = parse_vector(res, label)
+        errs.extend(f"query {name}: {p}" for p in problems)
+
+    def age_of(freshness: str, key: str, eval_ts: float) -> float:
+        newest = parsed.get(freshness, {}).get(key)
+        if newest is None:  # unknown: the value's own evaluation is all we have
+            return 0.0
+        return max(0.0, eval_ts - newest[1])
+
+    pool_fields: dict[str, dict[str, Reading]] = {p: {} for p in pools}
+    class_fields: dict[str, dict[str, Reading]] = {c: {} for c in classes}
+    for name, spec in promql.QUERIES.items():
+        if spec.group == promql.FRESHNESS or name not in parsed:
+            continue
+        target = pool_fields if spec.group == promql.POOL else class_fields
+        for key, fields in target.items():
+            got = parsed[name].get(key)
+            if got is None:
+                continue  # stays MISSING
+            eval_ts, value = got
+            fields[_field(spec)] = _reading(value, age_of(spec.freshness, key, eval_ts), stale_after_s)
+    return FleetObservation(
+        at_s=now_s,
+        pools={p: PoolObservation(pool=p, **f) for p, f in pool_fields.items()},
+        classes={c: ClassObservation(priority_class=c, **f) for c, f in class_fields.items()},
+        source=source,
+        errors=tuple(errs),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Health:
+    ok: bool
+    message: str
+
+
+class PrometheusSource:
+    """Reads the fleet through Prometheus (implements TelemetrySource).
+
+    `client` may be a pre-built PrometheusConnect (custom headers, auth, TLS);
+    by default one is built for `url` with no retries (the next tick is the retry)
+    and `timeout_s` as the request timeout.
+    """
+
+    name = "prometheus"
+
+    def __init__(self, pools: Sequence[str], *, url: str = "http://127.0.0.1:9090", timeout_s: float = 5.0,
+                 pool_label: str = promql.POOL, window_s: float = 60.0, stale_after_s: float = 60.0,
+                 queries: Mapping[str, str] | None = None, clock: Clock | None = None,
+                 classes: Sequence[str] = PRIORITY_CLASSES, client: PrometheusConnect | None = None) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s: {timeout_s} must be > 0")
+        self.pools = tuple(pools)
+        self.classes = tuple(classes)
+        self.url = url.rstrip("/")
+        self.timeout_s = float(timeout_s)
+        self.pool_label = pool_label
+        self.stale_after_s = float(stale_after_s)
+        self.queries = promql.render_all(pool_label, window_s, queries)
+        self.clock = clock or WallClock()
+        self.client = client or PrometheusConnect(
+            url=self.url, timeout=self.timeout_s,
+            retry=Retry(total=0, connect=0, read=0, status=0, redirect=0, raise_on_status=False),
+        )
+        self._health = _Health(False, "not read yet")
+
+    def _query(self, promql_text: str, remaining_s: float) -> object:
+        try:
+            return self.client.custom_query(promql_text, params={"timeout": f"{max(1, int(remaining_s * 1000))}ms"},
+                                            timeout=remaining_s)
+        except requests.RequestException as exc:  # refused, reset, timed out, not JSON: nothing can be trusted
+            raise TransportError(describe_error(exc)) from None
+
+    def read(self, now_s: float) -> FleetObservation:
+        results: dict[str, object] = {}
+        errors: list[str] = []
+        deadline = self.clock.monotonic_s() + self.timeout_s
+        answered = 0
+        for name, text in self.queries.items():
+            remaining = deadline - self.clock.monotonic_s()
+            if remaining <= 0:
+                errors.append(f"prometheus {self.url}: read budget of {self.timeout_s:g} s spent; "
+                              f"skipped from query {name} on")
+                break
+            try:
+                results[name] = self._query(text, remaining)
+                answered += 1
+            except TransportError as exc:
+                errors = [f"prometheus {self.url}: {exc}"]
+                results = {}  # a broken connection taints the whole read: every reading MISSING
+                answered = 0
+                break
+            except (PrometheusApiClientException, KeyError, TypeError, ValueError) as exc:
+                results[name] = exc
+                errors.append(f"query {name}: {describe_error(exc)}")
+        obs = observation_from_results(now_s, self.pools, self.classes, results, pool_label=self.pool_label,
+                                       stale_after_s=self.stale_after_s, source=self.name, errors=errors)
+        total = len(self.queries)
+        if answered == 0:
+            self._health = _Health(False, errors[0] if errors else "no query answered")
+        else:
+            self._health = _Health(answered == total, f"{answered}/{total} queries answered"
+                                   + (f"; first error: {errors[0]}" if errors else ""))
+        return obs
+
+    def health(self) -> tuple[bool, str]:
+        h = self._health
+        return h.ok, h.message
+
+    def close(self) -> None:
+        self.client.close()
+
+
+__all__ = ["PrometheusSource", "TransportError", "observation_from_results", "parse_vector"]

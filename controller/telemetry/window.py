@@ -1,0 +1,484 @@
+"""Windowed rates, quantiles and gauges from scraped metric families, per pool and class.
+
+`FamiliesWindow` is what `ScrapeSource` delegates to, and what the in-process
+bench calls directly with families from the simulator's collectors: it needs no
+HTTP and no Prometheus. Each `update(now_s, scraped)` takes the families of every
+target (or the exception its scrape raised) and returns a `FleetObservation`
+that means the same as the PromQL in `promql.py`:
+
+- counters and histogram buckets keep a per-target, per-series history over the
+  last `window_s`; a rate is the increase between the first and last sample in
+  the window divided by the time between them, with counter resets handled as
+  in Prometheus' rate() (a drop means the counter restarted from 0, so the new
+  value is all increase). Example: samples 100, 160, 20 at t = 0, 15, 30 s →
+  increase 60 + 20 = 80 over 30 s → 2.67/s. Unlike rate(), nothing is
+  extrapolated to the window's edges; for a steady counter both give the same.
+- quantiles apply `histogram_quantile` to the summed bucket rates of the pool,
+  exactly like `histogram_quantile(q, sum by (le, pool) (rate(..._bucket[w])))`;
+- gauges are summed (running, waiting) or averaged (KV usage, GPU busy) over the
+  targets that answered;
+- `replicas_ready` counts the engine targets that answered this update.
+
+Missing, NaN and stale data are Readings, never exceptions. A pool whose engine
+targets all failed keeps its last computed view, aged: OK while younger than
+`stale_after_s`, STALE after (like Prometheus' lookback, then staleness). A pool
+with no engine target at all (scaled to zero) has 0 ready, 0 running, 0 waiting.
+Series names follow docs/TELEMETRY.md: current vLLM names first, renamed ones as
+fallbacks, then SGLang; the router's request metrics are split by `priority`.
+
+This module does no I/O and reads no clock: time is the `now_s` argument.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from prometheus_client.metrics_core import Metric
+
+from controller.core.histogram import histogram_quantile
+from controller.telemetry.promql import CLASS_LABEL, SHED_ERROR_CODES
+from controller.telemetry.source import ScrapeTarget, describe_error
+from controller.types import (
+    MISSING,
+    PRIORITY_CLASSES,
+    ClassObservation,
+    FleetObservation,
+    PoolObservation,
+    Reading,
+    SignalStatus,
+)
+
+GAUGE, COUNTER, HIST = "gauge", "counter", "hist"
+
+
+@dataclass(frozen=True, slots=True)
+class _Signal:
+    """One quantity read from a target: alternative sample names (first present wins), how it aggregates."""
+
+    sid: str
+    names: tuple[str, ...]
+    kind: str  # GAUGE | COUNTER | HIST (names are the _bucket series)
+    reduce: str = "sum"  # gauges: "sum" or "mean" over series and targets
+    only: Mapping[str, tuple[str, ...]] | None = None  # label -> allowed values
+
+
+_ENGINE_SIGNALS: tuple[_Signal, ...] = (
+    _Signal("running", ("vllm:num_requests_running", "sglang:num_running_reqs"), GAUGE),
+    _Signal("waiting", ("vllm:num_requests_waiting", "sglang:num_queue_reqs"), GAUGE),
+    _Signal("kv", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"), GAUGE, "mean"),
+    _Signal("hit_gauge", ("sglang:cache_hit_rate",), GAUGE, "mean"),
+    _Signal("hits", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"), COUNTER),
+    _Signal("queries", ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"), COUNTER),
+    _Signal("prompt", ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total"), COUNTER),
+    _Signal("generation", ("vllm:generation_tokens_total", "sglang:generation_tokens_total"), COUNTER),
+    _Signal("preemptions", ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total"), COUNTER),
+    _Signal("first_tokens", ("vllm:time_to_first_token_seconds_count", "sglang:time_to_first_token_seconds_count"),
+            COUNTER),
+    _Signal("ttft", ("vllm:time_to_first_token_seconds_bucket", "sglang:time_to_first_token_seconds_bucket"), HIST),
+    _Signal("itl", ("vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
+                    "sglang:inter_token_latency_seconds_bucket"), HIST),
+)
+
+_ROUTER_SIGNALS: tuple[_Signal, ...] = (
+    _Signal("arrivals", ("llm_d_epp_request_total", "inference_objective_request_total"), COUNTER),
+    _Signal("shed", ("llm_d_epp_governor_shed_total",), COUNTER),
+    _Signal("admitted", ("llm_d_epp_governor_admitted_total",), COUNTER),
+    _Signal("retries", ("llm_d_epp_governor_retries_total",), COUNTER),
+    _Signal("errors_shed", ("llm_d_epp_request_error_total", "inference_objective_request_error_total"), COUNTER,
+            only={"error_code": SHED_ERROR_CODES}),
+    _Signal("queue", ("llm_d_epp_flow_control_queue_size", "inference_extension_flow_control_queue_size"), GAUGE),
+    _Signal("ttft", ("llm_d_epp_request_ttft_seconds_bucket",), HIST),
+    _Signal("tpot", ("llm_d_epp_request_streaming_tpot_seconds_bucket", "llm_d_epp_request_ntpot_seconds_bucket",
+                     "inference_objective_normalized_time_per_output_token_seconds_bucket"), HIST),
+)
+
+_DCGM_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # ratio 0..1, needs profiling metrics
+_DCGM_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent 0..100, always collected
+
+# A series key inside one target: (signal id, group, series labels without le, le bound or None).
+_Key = tuple[str, str, tuple[tuple[str, str], ...], float | None]
+
+
+def _flatten(families: Iterable[Metric]) -> dict[str, list]:
+    """Sample name → samples, whatever the family grouping (the text parser and collectors differ)."""
+    out: dict[str, list] = {}
+    for fam in families:
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def _le(value: str) -> float | None:
+    try:
+        return float(value)  # "+Inf" → inf
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    t_s: float
+    cumulative: dict[_Key, float]  # counters and buckets, per series
+    gauges: dict[tuple[str, str], tuple[float, int]]  # (signal, group) -> (sum, number of series)
+
+
+def _snapshot(t_s: float, samples: Mapping[str, list], signals: Sequence[_Signal], group_label: str | None) -> _Snapshot:
+    cumulative: dict[_Key, float] = {}
+    gauges: dict[tuple[str, str], tuple[float, int]] = {}
+    for sig in signals:
+        found = next((samples[n] for n in sig.names if n in samples), None)
+        if found is None:
+            continue
+        for s in found:
+            labels = s.labels
+            if sig.only is not None and any(labels.get(k) not in v for k, v in sig.only.items()):
+                continue
+            group = labels.get(group_label, "") if group_label else ""
+            if sig.kind == GAUGE:
+                total, n = gauges.get((sig.sid, group), (0.0, 0))
+                gauges[(sig.sid, group)] = (total + float(s.value), n + 1)
+                continue
+            le = None
+            if sig.kind == HIST:
+                le = _le(labels.get("le", ""))
+                if le is None:
+                    continue
+            series = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+            key = (sig.sid, group, series, le)
+            cumulative[key] = cumulative.get(key, 0.0) + float(s.value)
+    return _Snapshot(t_s, cumulative, gauges)
+
+
+def _increase(points: Sequence[float]) -> float:
+    """Increase of a counter over consecutive samples; a drop is a restart from 0 (Prometheus' rule)."""
+    inc = 0.0
+    for prev, cur in zip(points, points[1:]):
+        inc += cur - prev if cur >= prev else cur
+    return inc
+
+
+class _TargetHistory:
+    __slots__ = ("target", "snapshots", "signals", "group_label")
+
+    def __init__(self, target: ScrapeTarget, signals: Sequence[_Signal], group_label: str | None) -> None:
+        self.target = target
+        self.snapshots: deque[_Snapshot] = deque()
+        self.signals = signals
+        self.group_label = group_label
+
+    def add(self, now_s: float, families: Sequence[Metric], window_s: float) -> None:
+        while self.snapshots and self.snapshots[-1].t_s >= now_s:  # same instant again, or the clock went back
+            self.snapshots.pop()
+        self.snapshots.append(_snapshot(now_s, _flatten(families), self.signals, self.group_label))
+        self.prune(now_s, window_s)
+
+    def prune(self, now_s: float, window_s: float) -> None:
+        while self.snapshots and self.snapshots[0].t_s < now_s - window_s:
+            self.snapshots.popleft()
+
+    def rates(self) -> dict[_Key, float]:
+        """Per-series rate over the samples kept (needs two samples of the series)."""
+        snaps = self.snapshots
+        if len(snaps) < 2:
+            return {}
+        out: dict[_Key, float] = {}
+        newest = snaps[-1]
+        for key in newest.cumulative:
+            times: list[float] = []
+            values: list[float] = []
+            for snap in snaps:
+                v = snap.cumulative.get(key)
+                if v is not None:
+                    times.append(snap.t_s)
+                    values.append(v)
+            if len(values) >= 2 and times[-1] > times[0]:
+                out[key] = _increase(values) / (times[-1] - times[0])
+        return out
+
+
+# --------------------------------------------------------------------------- aggregation helpers
+
+
+class _Totals:
+    """Sums over the targets of one pool (or the router) of gauges, rates and bucket rates."""
+
+    def __init__(self) -> None:
+        self.gauges: dict[tuple[str, str], tuple[float, int]] = {}
+        self.rates: dict[tuple[str, str], float] = {}
+        self.buckets: dict[tuple[str, str], dict[float, float]] = {}
+
+    def add(self, history: _TargetHistory) -> None:
+        newest = history.snapshots[-1]
+        for k, (total, n) in newest.gauges.items():
+            t0, n0 = self.gauges.get(k, (0.0, 0))
+            self.gauges[k] = (t0 + total, n0 + n)
+        for (sid, group, _series, le), rate in history.rates().items():
+            if le is None:
+                self.rates[(sid, group)] = self.rates.get((sid, group), 0.0) + rate
+            else:
+                b = self.buckets.setdefault((sid, group), {})
+                b[le] = b.get(le, 0.0) + rate
+
+    def gauge(self, sid: str, group: str = "", mean: bool = False) -> float | None:
+        got = self.gauges.get((sid, group))
+        if got is None or got[1] == 0:
+            return None
+        return got[0] / got[1] if mean else got[0]
+
+    def rate(self, sid: str, group: str = "") -> float | None:
+        return self.rates.get((sid, group))
+
+    def quantile(self, q: float, sid: str, group: str = "") -> float | None:
+        b = self.buckets.get((sid, group))
+        if not b:
+            return None
+        if math.inf not in b:  # no +Inf bucket: Prometheus returns NaN
+            return math.nan
+        bounds = sorted(le for le in b if le != math.inf)
+        cumulative = [b[le] for le in bounds] + [b[math.inf]]
+        # Buckets read at slightly different moments can dip (a series missing one sample); like
+        # Prometheus, force the cumulative counts to be monotonic before interpolating.
+        for i in range(1, len(cumulative)):
+            cumulative[i] = max(cumulative[i], cumulative[i - 1])
+        return histogram_quantile(q, bounds, cumulative)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None:
+        return None
+    return num / den if den != 0 else math.nan
+
+
+def _aged(r: Reading, age_s: float, stale_after_s: float) -> Reading:
+    """A held reading `age_s` later: still OK while young enough, STALE after."""
+    if r.status in (SignalStatus.OK, SignalStatus.STALE):
+        return Reading.of(r.value, age_s, stale_after_s)
+    return Reading(r.value, r.status, age_s)
+
+
+def _age_all(obj, age_s: float, stale_after_s: float):
+    changes = {name: _aged(getattr(obj, name), age_s, stale_after_s)
+               for name in obj.__dataclass_fields__ if isinstance(getattr(obj, name), Reading)}
+    return replace(obj, **changes)
+
+
+def _r(value: float | None) -> Reading:
+    if value is not None and math.isinf(value):
+        return Reading(value, SignalStatus.NAN)  # an infinite quantile or ratio is not a usable number
+    return Reading.of(value)
+
+
+# --------------------------------------------------------------------------- the window
+
+
+class FamiliesWindow:
+    """Per-target history of scraped families over `window_s`, turned into one FleetObservation per update.
+
+    `pools` are the configured pool names (targets naming another pool are
+    reported in `errors` and ignored); `classes` the priority classes to report.
+    """
+
+    def __init__(self, pools: Sequence[str], window_s: float, stale_after_s: float, *,
+                 classes: Sequence[str] = PRIORITY_CLASSES, source_name: str = "scrape") -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s: {window_s} must be > 0")
+        if not stale_after_s > 0:
+            raise ValueError(f"stale_after_s: {stale_after_s} must be > 0")
+        self.pools = tuple(pools)
+        self.window_s = float(window_s)
+        self.stale_after_s = float(stale_after_s)
+        self.classes = tuple(classes)
+        self.source_name = source_name
+        self._histories: dict[str, _TargetHistory] = {}
+        self._last_seen_s: dict[str, float] = {}
+        # last computed views, held (and aged) when every target behind them fails
+        self._engine_views: dict[str, tuple[float, PoolObservation]] = {}
+        self._gpu_views: dict[str, tuple[float, Reading]] = {}
+        self._class_view: tuple[float, dict[str, ClassObservation]] | None = None
+
+    def _history(self, target: ScrapeTarget) -> _TargetHistory:
+        h = self._histories.get(target.url)
+        if h is None or h.target.kind != target.kind or h.target.pool != target.pool:
+            if target.is_engine:
+                signals, group = _ENGINE_SIGNALS, None
+            elif target.kind == "router":
+                signals, group = _ROUTER_SIGNALS, CLASS_LABEL
+            else:
+                signals, group = (), None
+            h = self._histories[target.url] = _TargetHistory(target, signals, group)
+        return h
+
+    def update(self, now_s: float,
+               scraped: Sequence[tuple[ScrapeTarget, Sequence[Metric] | BaseException]]) -> FleetObservation:
+        errors: list[str] = []
+        answered: dict[str, list[_TargetHistory]] = {}  # pool -> engine targets that answered
+        listed_engines: dict[str, int] = {}
+        dcgm_ok: dict[str, list[Sequence[Metric]]] = {}
+        dcgm_listed: dict[str, int] = {}
+        routers_ok: list[_TargetHistory] = []
+        routers_listed = 0
+
+        for target, result in scraped:
+            if target.kind != "router" and target.pool not in self.pools:
+                errors.append(f"target {target.describe()}: pool {target.pool!r} is not configured; ignored")
+                continue
+            failed = isinstance(result, BaseException)
+            if failed:
+                errors.append(f"scrape {target.describe()}: {describe_error(result)}")
+            if target.is_engine:
+                listed_engines[target.pool] = listed_engines.get(target.pool, 0) + 1
+            elif target.kind == "dcgm":
+                dcgm_listed[target.pool] = dcgm_listed.get(target.pool, 0) + 1
+            else:
+                routers_listed += 1
+            if failed:
+                continue
+            self._last_seen_s[target.url] = now_s
+            if target.kind == "dcgm":
+                dcgm_ok.setdefault(target.pool, []).append(result)
+                continue
+            h = self._history(target)
+            h.add(now_s, result, self.window_s)
+            if target.is_engine:
+                answered.setdefault(target.pool, []).append(h)
+            else:
+                routers_ok.append(h)
+        self._forget(now_s)
+        # "No engine listed for a pool" means the pool is at zero only if the scrape itself works:
+        # when every listed target failed, it is no evidence of anything.
+        blind = bool(scraped) and not answered and not dcgm_ok and not routers_ok
+
+        pools = {}
+        for pool in self.pools:
+            obs = self._engine_view(now_s, pool, answered.get(pool, []), listed_engines.get(pool, 0), blind)
+            gpu = self._gpu_view(now_s, pool, dcgm_ok.get(pool, []), dcgm_listed.get(pool, 0))
+            pools[pool] = replace(obs, gpu_util_frac=gpu)
+        classes = self._class_views(now_s, routers_ok, routers_listed)
+        return FleetObservation(at_s=now_s, pools=pools, classes=classes, source=self.source_name,
+                                errors=tuple(errors))
+
+    # ------------------------------------------------------------------ pieces
+
+    def _forget(self, now_s: float) -> None:
+        """Drop the history of targets not heard from for a whole window (replicas come and go)."""
+        for url in [u for u, t in self._last_seen_s.items() if t < now_s - self.window_s]:
+            del self._last_seen_s[url]
+            self._histories.pop(url, None)
+        for h in self._histories.values():
+            h.prune(now_s, self.window_s)
+
+    def _held(self, view: tuple[float, PoolObservation] | None, pool: str, now_s: float) -> PoolObservation:
+        if view is None:
+            return PoolObservation(pool=pool)
+        at_s, obs = view
+        return _age_all(obs, now_s - at_s, self.stale_after_s)
+
+    def _engine_view(self, now_s: float, pool: str, histories: list[_TargetHistory], listed: int,
+                     blind: bool) -> PoolObservation:
+        if listed == 0 and not blind:  # no engine is up in this pool (scaled to zero): known zeros, nothing else
+            zero = Reading(0.0)
+            obs = PoolObservation(pool=pool, replicas_ready=zero, running=zero, waiting=zero)
+            self._engine_views[pool] = (now_s, obs)
+            return obs
+        if not histories:  # every engine target failed (or we are blind): hold the last view, aged
+            return self._held(self._engine_views.get(pool), pool, now_s)
+        t = _Totals()
+        for h in histories:
+            t.add(h)
+        hit = _ratio(t.rate("hits"), t.rate("queries"))
+        if hit is None:
+            hit = t.gauge("hit_gauge", mean=True)
+        obs = PoolObservation(
+            pool=pool,
+            replicas_ready=Reading(float(len(histories))),
+            running=_r(t.gauge("running")),
+            waiting=_r(t.gauge("waiting")),
+            kv_usage_frac=_r(t.gauge("kv", mean=True)),
+            hit_rate=_r(hit),
+            ttft_p50_s=_r(t.quantile(0.5, "ttft")),
+            ttft_p95_s=_r(t.quantile(0.95, "ttft")),
+            tpot_p50_s=_r(t.quantile(0.5, "itl")),
+            tpot_p95_s=_r(t.quantile(0.95, "itl")),
+            arrival_rps=_r(t.rate("first_tokens")),
+            prompt_tokens_rps=_r(t.rate("prompt")),
+            generation_tokens_rps=_r(t.rate("generation")),
+            preemptions_rps=_r(t.rate("preemptions")),
+        )
+        self._engine_views[pool] = (now_s, obs)
+        return obs
+
+    def _gpu_view(self, now_s: float, pool: str, results: list[Sequence[Metric]], listed: int) -> Reading:
+        if listed == 0:
+            self._gpu_views.pop(pool, None)
+            return MISSING
+        if not results:
+            held = self._gpu_views.get(pool)
+            return MISSING if held is None else _aged(held[1], now_s - held[0], self.stale_after_s)
+        reading = _r(_gpu_busy_frac(results))
+        self._gpu_views[pool] = (now_s, reading)
+        return reading
+
+    def _class_views(self, now_s: float, routers: list[_TargetHistory], listed: int) -> dict[str, ClassObservation]:
+        if listed == 0:
+            self._class_view = None
+            return {c: ClassObservation(priority_class=c) for c in self.classes}
+        if not routers:
+            if self._class_view is None:
+                return {c: ClassObservation(priority_class=c) for c in self.classes}
+            at_s, view = self._class_view
+            return {c: _age_all(o, now_s - at_s, self.stale_after_s) for c, o in view.items()}
+        t = _Totals()
+        for h in routers:
+            t.add(h)
+        view: dict[str, ClassObservation] = {}
+        for c in self.classes:
+            arrivals = t.rate("arrivals", c)
+            shed = t.rate("shed", c)
+            errors_shed = t.rate("errors_shed", c)
+            if shed is None and errors_shed is not None:
+                shed = errors_shed
+            if shed is None and arrivals is not None:
+                shed = 0.0  # the router counts requests but has rejected none of this class
+            admitted = t.rate("admitted", c)
+            if admitted is None and arrivals is not None and shed is not None:
+                admitted = arrivals - shed
+            view[c] = ClassObservation(
+                priority_class=c,
+                arrival_rps=_r(arrivals),
+                admitted_rps=_r(admitted),
+                shed_rps=_r(shed),
+                queue_depth=_r(t.gauge("queue", c)),
+                ttft_p95_s=_r(t.quantile(0.95, "ttft", c)),
+                tpot_p95_s=_r(t.quantile(0.95, "tpot", c)),
+                retry_rps=_r(t.rate("retries", c)),
+            )
+        self._class_view = (now_s, view)
+        return view
+
+
+def _gpu_busy_frac(results: list[Sequence[Metric]]) -> float | None:
+    """Mean busy fraction over the GPUs of the answering DCGM exporters.
+
+    Per GPU: DCGM_FI_PROF_GR_ENGINE_ACTIVE (0..1) when exported, else
+    DCGM_FI_DEV_GPU_UTIL / 100. When any GPU carries a `pod` label (the
+    exporter's Kubernetes mapping), only GPUs mapped to a pod count: a node's idle
+    GPUs would dilute the pool's mean (e.g. 2 busy GPUs at 0.9 and 6 idle → 0.225).
+    """
+    per_gpu: dict[tuple, tuple[float, bool]] = {}
+    for i, families in enumerate(results):
+        samples = _flatten(families)
+        for name, scale in ((_DCGM_UTIL, 0.01), (_DCGM_ACTIVE, 1.0)):  # ACTIVE second: it wins
+            for s in samples.get(name, ()):
+                host = s.labels.get("Hostname") or s.labels.get("hostname") or str(i)
+                key = (host, s.labels.get("gpu", ""), s.labels.get("UUID") or s.labels.get("uuid", ""))
+                per_gpu[key] = (float(s.value) * scale, bool(s.labels.get("pod")))
+    if not per_gpu:
+        return None
+    values = [v for v, assigned in per_gpu.values() if assigned] or [v for v, _ in per_gpu.values()]
+    return sum(values) / len(values)
+
+
+__all__ = ["FamiliesWindow"]
