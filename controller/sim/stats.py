@@ -90,6 +90,7 @@ class NodeStats:
     model_name_label: str  # DCGM modelName, e.g. "NVIDIA H100 80GB HBM3"
     gpus: int
     fb_total_mib: float
+    pool: str = ""  # nodes belong to one pool (a node pool per SKU)
     # per GPU index: cumulative busy seconds and framebuffer used (MiB); updated by the fleet
     gpu_busy_s: list[float] = field(default_factory=list)
     fb_used_mib: list[float] = field(default_factory=list)

@@ -1,0 +1,215 @@
+"""The simulated router (an llm-d endpoint picker in front of the engines): admission and scoring.
+
+Admission, per priority class, in this order (first rejection wins):
+  1. shed_frac: a seeded coin rejects that fraction of arrivals at once (HTTP 429);
+  2. rate limit: a token bucket refilled at `rate_limit_rps` holding at most one
+     second of tokens (at least 1): a request that finds it empty is rejected (429),
+     like Envoy's local rate limit. E.g. 2 rps: a burst of 3 at t=0 admits 2 and
+     rejects 1; 0.5 s later one more token is back;
+  3. queue budget: a request that finds no replica with room is *held* at the router
+     (per pool, critical first, FCFS within a class) while fewer than `queue_budget`
+     requests of its class are held; beyond that it is rejected (503). Held requests
+     are dispatched as soon as a replica has room; after `hold_timeout_s` they get 503.
+
+Pool choice: within a route group a pool is drawn with probability proportional
+to its traffic_weight (seeded); all weights zero means equal weights.
+
+Replica choice among the pool's ready replicas below the in-flight cap:
+
+    score = prefix_weight × prefix_frac − queue_weight × queue_norm − kv_weight × kv_usage
+
+- prefix_frac: prompt tokens found in the replica's prefix cache / prompt tokens (0..1);
+- queue_norm: the replica's in-flight requests (engine waiting + running), min-max
+  normalised over the candidates like llm-d's queue scorer: (q − q_min) / (q_max − q_min),
+  0 when all are equal. E.g. in-flight 2, 5, 8 → 0, 0.5, 1;
+- kv_usage: vllm:kv_cache_usage_perc (0..1).
+
+With the defaults (3, 2, 2) a full prefix hit on the busiest replica (3 − 2 = 1)
+beats an empty, idle one (0), while a 50 % hit (1.5 − 2 < 0) does not.
+Ties go to the first candidate in a rotating order (round robin among equals).
+
+Must not: simulate engines, decide retries, or read the wall clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from controller.sim.engine import HELD, Replica, Req
+from controller.types import PRIORITY_CLASSES
+
+N_CLASSES = len(PRIORITY_CLASSES)
+
+
+@dataclass
+class ClassAdmissionState:
+    """Admission settings and token bucket of one priority class."""
+
+    rate_limit_rps: float = 0.0  # 0 = unlimited
+    queue_budget: int = -1  # -1 = unlimited
+    shed_frac: float = 0.0
+    tokens: float = 1.0
+    t_last_s: float = 0.0
+    held: int = 0  # requests of this class held at the router now
+
+    def take_token(self, now_s: float) -> bool:
+        rate = self.rate_limit_rps
+        if rate <= 0.0:
+            return True
+        cap = rate if rate > 1.0 else 1.0  # one second of burst, at least one request
+        tokens = self.tokens + (now_s - self.t_last_s) * rate
+        self.tokens = tokens if tokens < cap else cap
+        self.t_last_s = now_s
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+    def reset_bucket(self, now_s: float) -> None:
+        cap = self.rate_limit_rps if self.rate_limit_rps > 1.0 else 1.0
+        self.tokens = cap
+        self.t_last_s = now_s
+
+
+class PoolRoute:
+    """Routing settings of one pool, its candidate replicas and the requests held for it."""
+
+    __slots__ = ("name", "traffic_weight", "inflight_cap", "prefix_weight", "queue_weight", "kv_weight",
+                 "candidates", "held", "n_held", "_rr")
+
+    def __init__(self, name: str, traffic_weight: float, inflight_cap: int, prefix_weight: float,
+                 queue_weight: float, kv_weight: float) -> None:
+        self.name = name
+        self.traffic_weight = traffic_weight
+        self.inflight_cap = inflight_cap
+        self.prefix_weight = prefix_weight
+        self.queue_weight = queue_weight
+        self.kv_weight = kv_weight
+        self.candidates: list[Replica] = []  # ready, not draining
+        # held requests per class; entries are (request, attempt); stale ones are skipped on pop
+        self.held: tuple[deque[tuple[Req, int]], ...] = tuple(deque() for _ in range(N_CLASSES))
+        self.n_held = 0
+        self._rr = 0
+
+    def pick(self, r: Req) -> Replica | None:
+        """Best-scoring candidate with room under the in-flight cap, or None."""
+        cands = self.candidates
+        n = len(cands)
+        if n == 0:
+            return None
+        cap = self.inflight_cap
+        if n == 1:
+            rep = cands[0]
+            return rep if cap <= 0 or rep.n_waiting + len(rep.running) < cap else None
+        self._rr = start = (self._rr + 1) % n
+        order = cands[start:] + cands[:start]
+        qs = [rep.n_waiting + len(rep.running) for rep in order]
+        if cap > 0:
+            open_ = [(rep, q) for rep, q in zip(order, qs) if q < cap]
+            if not open_:
+                return None
+            if len(open_) == 1:
+                return open_[0][0]
+            order = [x[0] for x in open_]
+            qs = [x[1] for x in open_]
+        qw = self.queue_weight
+        kw = self.kv_weight
+        pw = self.prefix_weight
+        units = r.units if pw > 0.0 else ()
+        qmin = min(qs)
+        span = max(qs) - qmin
+        qscale = qw / span if span > 0 else 0.0
+        prompt = r.prompt
+        best = None
+        best_score = -1e300
+        for rep, q in zip(order, qs):
+            score = (qmin - q) * qscale
+            if kw:
+                c = rep.cache
+                score -= kw * (1.0 - (c.free_blocks + c.cached_blocks - c.pinned_blocks) / c.total_blocks)
+            if units and rep.caching:
+                m = rep.cache.match(units, len(units))
+                if m:
+                    hit = m * rep.unit_tokens
+                    score += pw * (hit / prompt if hit < prompt else 1.0)
+            if score > best_score:
+                best_score = score
+                best = rep
+        return best
+
+    def hold(self, r: Req) -> None:
+        r.state = HELD
+        r.held_pool = self
+        self.held[r.prio].append((r, r.attempt))
+        self.n_held += 1
+
+    def pop_held(self) -> Req | None:
+        """Next held request (critical first, FCFS within a class), skipping stale entries."""
+        for q in self.held:
+            while q:
+                r, attempt = q.popleft()
+                if r.state == HELD and r.held_pool is self and r.attempt == attempt:
+                    self.n_held -= 1
+                    r.held_pool = None
+                    return r
+        return None
+
+    def peek_held(self) -> Req | None:
+        for q in self.held:
+            while q:
+                r, attempt = q[0]
+                if r.state == HELD and r.held_pool is self and r.attempt == attempt:
+                    return r
+                q.popleft()
+        return None
+
+    def unhold(self, r: Req) -> None:
+        """Forget a held request (expired or timed out); its deque entry is skipped later."""
+        if r.held_pool is self:
+            r.held_pool = None
+            self.n_held -= 1
+
+
+class Router:
+    """Admission state per class, routing state per pool, and the seeded draws."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.classes = [ClassAdmissionState() for _ in PRIORITY_CLASSES]
+        self.pools: dict[str, PoolRoute] = {}
+
+    def admit(self, prio: int, now_s: float) -> int:
+        """0 if admitted, else the HTTP status of the rejection (429)."""
+        a = self.classes[prio]
+        if a.shed_frac > 0.0 and (a.shed_frac >= 1.0 or self.rng.random() < a.shed_frac):
+            return 429
+        if a.rate_limit_rps > 0.0 and not a.take_token(now_s):
+            return 429
+        return 0
+
+    def can_hold(self, prio: int) -> bool:
+        a = self.classes[prio]
+        return a.queue_budget < 0 or a.held < a.queue_budget
+
+    def choose(self, pools: list[PoolRoute]) -> PoolRoute:
+        """A pool of a route group, drawn by traffic_weight."""
+        if len(pools) == 1:
+            return pools[0]
+        weights = [p.traffic_weight for p in pools]
+        total = sum(weights)
+        if total <= 0.0:
+            weights = [1.0] * len(pools)
+            total = float(len(pools))
+        positive = [p for p, w in zip(pools, weights) if w > 0.0]
+        if len(positive) == 1:
+            return positive[0]
+        x = self.rng.random() * total
+        acc = 0.0
+        for p, w in zip(pools, weights):
+            acc += w
+            if x < acc and w > 0.0:
+                return p
+        return positive[-1]
