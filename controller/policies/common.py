@@ -201,13 +201,14 @@ def window_mean(samples: Samples, now_s: float, window_s: float) -> float | None
     return sum(vs) / len(vs) if vs else None
 
 
-def slope_per_s(samples: Samples, now_s: float, window_s: float) -> float | None:
-    """Least-squares slope (value per second) of the samples in the window; None with < 2 samples.
+def slope_per_s(samples: Samples, now_s: float, window_s: float, min_span_s: float = 0.0) -> float | None:
+    """Least-squares slope (value per second) of the samples in the window; None with < 2 samples
+    or when they span less than `min_span_s` (a trend read off a few seconds is noise).
 
     Example: waiting 0, 10, 20 at t = 0, 15, 30 → 0.667 requests/s.
     """
     pts = [(t, v) for t, v in samples if now_s - window_s < t <= now_s]
-    if len(pts) < 2:
+    if len(pts) < 2 or pts[-1][0] - pts[0][0] < min_span_s:
         return None
     n = len(pts)
     mt = sum(t for t, _ in pts) / n

@@ -162,7 +162,7 @@ class SloFeedbackPolicy:
         idle = arrival == 0.0 and (waiting or 0.0) == 0.0 and (running or 0.0) == 0.0
         ttft_ratio = (ttft / slo_ttft if ttft is not None and slo_ttft else (0.0 if idle else None))
         queue_ratio = waiting / ready / self.queue_target if waiting is not None else None
-        slope = slope_per_s(samples, now, self.trend_window_s)
+        slope = slope_per_s(samples, now, self.trend_window_s, min_span_s=self.trend_window_s / 4)
         pred_ratio = None
         if waiting is not None and slope is not None and slope > 0:
             predicted = waiting + slope * spec.startup_warm_s

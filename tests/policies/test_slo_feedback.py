@@ -123,3 +123,12 @@ def test_admission_and_routing_are_left_at_defaults():
     pd = out.pools["p"]
     assert out.admission == {}
     assert (pd.prefix_weight, pd.queue_weight, pd.kv_weight) == (3.0, 2.0, 2.0)
+
+
+def test_a_queue_trend_over_a_few_seconds_is_not_trusted():
+    # Same growth rate as above, but read off two samples 3 s apart (e.g. right after start): no prediction.
+    pol = SloFeedbackPolicy()
+    st = settled(2, waiting=[(3.0, 2.4)])  # 3 s ago
+    _, out = decide(pol, st, inp(NOW, {"p": dict(ready=2, ttft=1.0, waiting=3, rps=5)}, current={"p": 2}))
+    assert "predicted_waiting" not in out.diagnostics["pools"]["p"]
+    assert out.pools["p"].replicas == 2
