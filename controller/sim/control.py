@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from controller.sim.fleet import Fleet
-from controller.types import PRIORITY_CLASSES, Decision
+from controller.types import PRIORITY_CLASSES, ClassAdmission, Decision
 
 
 def apply_decision(fleet: Fleet, decision: Decision) -> None:
@@ -27,7 +27,10 @@ def apply_decision(fleet: Fleet, decision: Decision) -> None:
         fleet.set_pool_target(name, replicas=int(d.replicas), warm_standby=int(d.warm_standby),
                               max_num_seqs=int(d.max_num_seqs) or None,
                               max_num_batched_tokens=int(d.max_num_batched_tokens) or None)
-    for cls, a in decision.admission.items():
+    # Every class, as the gRPC actuator sends it: a class the decision leaves out gets the default
+    # (no limit), so a policy can release shedding (Controller.step drops default entries).
+    for cls in PRIORITY_CLASSES:
+        a = decision.admission.get(cls, ClassAdmission())
         fleet.set_admission(cls, rate_limit_rps=a.rate_limit_rps, queue_budget=int(a.queue_budget),
                             shed_frac=a.shed_frac)
 
