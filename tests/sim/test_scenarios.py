@@ -138,7 +138,7 @@ def test_demo_reacts_within_90_seconds():
     assert len(sc.pools) == 2 and {p.sku for p in sc.pools} == {"a100-80gb", "h100-80gb"}
     assert all(p.model == "llama-3-8b" and 2 <= p.replicas <= 3 for p in sc.pools)
     assert all(p.startup_warm_s <= 15 and p.startup_cold_s <= 60 for p in sc.pools)
-    assert sc.trace.surge is not None and sc.trace.surge.factor == 5 and 10 <= sc.trace.surge.at_s <= 30
+    assert sc.trace.surge is not None and sc.trace.surge.factor >= 2 and 10 <= sc.trace.surge.at_s <= 30
     (crash,) = sc.faults
     assert crash.kind == "crash" and 40 <= crash.at_s <= 90
     assert w.trace.duration_s <= 330
