@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("sim-speed", help="simulated seconds per wall second and peak memory")
     b.add_argument("--scenario", required=True)
     b.add_argument("--seed", type=int, default=None)
+    b.add_argument("--rate-scale", type=float, default=None,
+                   help="replace the scenario's trace.rate_scale (e.g. 1 for the trace's own rate)")
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     b.set_defaults(func=_handler("controller.bench.sim_speed:cmd_bench_sim_speed"))
     b = bsub.add_parser("policies", help="replay a scenario once per policy and compare")

@@ -84,6 +84,11 @@ def cmd_bench_sim_speed(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         print(f"governor bench sim-speed: {exc}", file=sys.stderr)
         return 2
+    if args.rate_scale is not None:
+        if not args.rate_scale > 0:
+            print(f"governor bench sim-speed: --rate-scale {args.rate_scale} must be > 0", file=sys.stderr)
+            return 2
+        scenario = scenario.model_copy(update={"trace": scenario.trace.model_copy(update={"rate_scale": args.rate_scale})})
     variant = sixteen_replica_variant(scenario)
     print(f"sim-speed: {scenario.name}: static fleet {describe_fleet(variant)}", file=sys.stderr)
     try:

@@ -21,14 +21,14 @@ from typing import Any
 from controller.policies.common import RoutingWeights
 from controller.policies.hpa import HpaPolicy
 from controller.policies.kpa import KpaPolicy
+from controller.policies.mpc import MpcPolicy
 from controller.policies.scorer_kpa import ScorerKpaPolicy
 from controller.policies.sla_planner import SlaPlannerPolicy
 from controller.policies.slo_feedback import SloFeedbackPolicy
 from controller.policies.static import StaticPolicy
 from controller.types import FleetSpec, Policy
 
-POLICY_NAMES: tuple[str, ...] = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa", "slo-feedback")
-# "mpc" goes here (and in _policy_classes) once the MPC policy exists.
+POLICY_NAMES: tuple[str, ...] = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa", "slo-feedback", "mpc")
 
 
 def _policy_classes() -> dict[str, type]:
@@ -39,7 +39,7 @@ def _policy_classes() -> dict[str, type]:
         "sla-planner": SlaPlannerPolicy,
         "scorer-kpa": ScorerKpaPolicy,
         "slo-feedback": SloFeedbackPolicy,
-        # "mpc": MpcPolicy,
+        "mpc": MpcPolicy,
     }
 
 
