@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench models protos check-protos clean
+.PHONY: run test bench models protos check-protos clean dashboards
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,10 @@ models: $(STAMP)
 
 protos: $(STAMP)
 	$(VPY) protos/generate.py
+
+# Regenerates grafana/*.json from grafana/dashboards.py (Grafana Foundation SDK, a dev extra).
+dashboards: $(STAMP)
+	$(VPY) grafana/dashboards.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
