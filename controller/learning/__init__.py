@@ -1,0 +1,1 @@
+"""Edges of the learned models: history, storage, refits, recording, training data, the CLI."""

@@ -1,0 +1,281 @@
+"""`governor record` and `governor fit`: training data to a file, models from files (or from the shared traces).
+
+    governor record --scenario scenarios/mooncake-conv.yaml --for 1800 --out runs/mooncake.jsonl
+    governor record --config governor.yaml --for 3600 --out runs/live.jsonl     (a live fleet, wall clock)
+    governor fit runs/*.jsonl --out models/
+    governor fit --defaults            (what `make models` runs: the shipped priors, from the shared traces)
+
+Progress goes to stderr; the last line on stdout is a one-line summary. Exit codes: 0 ok, 2 bad
+input (the message names the file, line and field).
+
+Must not: be imported by the daemon's hot path (it pulls in the simulator).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from controller.core.coupling import CouplingModels, evaluate, fit_coupling, with_physics
+from controller.core.features import build_training_data, concat_training_data, forecast_series
+from controller.core.forecast import ForecastConfig, ForecasterModel, fit_forecaster, fit_series
+from controller.learning.records import RecordError, dumps, header_dict, read_recording, record_to_dict
+from controller.learning.store import ModelStore, clean_json
+
+HOLDOUT_FRAC = 0.2
+
+
+def _err(msg: str) -> int:
+    print(f"governor: {msg}", file=sys.stderr)
+    return 2
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- record
+
+
+def cmd_record(args) -> int:
+    if bool(args.scenario) == bool(args.config):
+        return _err("record: give exactly one of --scenario (simulate in-process) or --config (a live fleet)")
+    if args.tick <= 0:
+        return _err(f"record: --tick must be > 0 (got {args.tick})")
+    if args.for_s is not None and args.for_s <= 0:
+        return _err(f"record: --for must be > 0 (got {args.for_s})")
+    out = Path(args.out)
+    if out.parent and not out.parent.exists():
+        return _err(f"record: --out: directory {out.parent} does not exist")
+    if args.scenario:
+        return _record_sim(args, out)
+    return _record_live(args, out)
+
+
+def _record_sim(args, out: Path) -> int:
+    from controller.learning.dataset import SimRecorder
+    from controller.learning.physics import physics_for_scenario_pool
+    from controller.sim.fleet import Fleet
+    from controller.sim.scenario import ScenarioError, load_scenario
+
+    try:
+        sc = load_scenario(args.scenario)
+        fleet = Fleet(sc, seed=args.seed, record_requests=False)
+        physics = {p.name: physics_for_scenario_pool(p) for p in sc.pools}
+    except (ScenarioError, ValueError) as exc:
+        return _err(f"record: {exc}")
+    window_s = 60.0
+    rec = SimRecorder(fleet, window_s=window_s)
+    stop = args.for_s if args.for_s is not None else math.inf
+    header = header_dict(physics, window_s=window_s, tick_s=args.tick, source=f"sim:{args.scenario}",
+                         meta={"scenario": sc.name, "seed": fleet.seed})
+    n = 0
+    t = 0.0
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("w") as f:
+        f.write(dumps(header) + "\n")
+        while not fleet.done and t + args.tick <= stop + 1e-9:
+            t += args.tick
+            fleet.run_until(t)
+            f.write(dumps(record_to_dict(rec.read(t))) + "\n")
+            n += 1
+            if n % 40 == 0:
+                _progress(f"record: {t:.0f} simulated s, {n} ticks")
+    tmp.replace(out)
+    print(json.dumps({"out": str(out), "ticks": n, "simulated_s": t, "scenario": sc.name}))
+    return 0
+
+
+def _record_live(args, out: Path) -> int:
+    from controller.clock import WallClock
+    from controller.config import ConfigError, load_settings
+    from controller.core.features import ObservationRecord, PoolSettings
+    from controller.learning.physics import physics_for_pool_spec
+    from controller.telemetry import build_source
+
+    try:
+        settings = load_settings(args.config)
+    except (ConfigError, ValueError) as exc:
+        return _err(f"record: {exc}")
+    clock = WallClock()
+    source = build_source(settings, clock)
+    physics = {}
+    for p in settings.pools:
+        try:
+            physics[p.name] = physics_for_pool_spec(p)
+        except ValueError as exc:
+            _progress(f"record: pool {p.name}: no physics ({exc}); its rows will not train the coupling models")
+    window_s = float(settings.telemetry.window_s)
+    header = header_dict(physics, window_s=window_s, tick_s=args.tick, source=f"live:{args.config}")
+    stop = clock.monotonic_s() + (args.for_s if args.for_s is not None else math.inf)
+    n = 0
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        with tmp.open("w") as f:
+            f.write(dumps(header) + "\n")
+            next_t = clock.monotonic_s()
+            while clock.monotonic_s() < stop:
+                now = clock.now_s()
+                obs = source.read(now)
+                st = {}
+                for p in settings.pools:
+                    po = obs.pools.get(p.name)
+                    ready = po.replicas_ready.value if po is not None and po.replicas_ready.ok else 0.0
+                    # the applied levers are not observable from telemetry: the engine caps come from
+                    # the config, the replica count from what is ready, the router from its defaults
+                    st[p.name] = PoolSettings(replicas=int(ready), max_num_seqs=p.max_num_seqs,
+                                              max_num_batched_tokens=p.max_num_batched_tokens)
+                f.write(dumps(record_to_dict(ObservationRecord(now, obs, st))) + "\n")
+                f.flush()
+                n += 1
+                next_t += args.tick
+                clock.sleep(max(0.0, min(next_t, stop) - clock.monotonic_s()))
+    except KeyboardInterrupt:
+        pass
+    tmp.replace(out)
+    print(json.dumps({"out": str(out), "ticks": n}))
+    return 0
+
+
+# --------------------------------------------------------------------------- fit
+
+
+def _split_data(records, physics, window_s: float):
+    t = [r.at_s for r in records]
+    if not t:
+        return None
+    split = t[-1] - HOLDOUT_FRAC * (t[-1] - t[0])
+    tr = [r for r in records if r.at_s < split]
+    ho = [r for r in records if r.at_s >= split]
+    return (build_training_data(tr, physics, window_s=window_s), build_training_data(ho, physics, window_s=window_s),
+            build_training_data(records, physics, window_s=window_s))
+
+
+def _holdout_errors(models: CouplingModels, data, physics) -> dict[str, float]:
+    e = evaluate(with_physics(models, physics), data)
+    out = {f"{k}_mape": v for k, v in e.mape.items()}
+    out["hit_rate_mae"] = e.hit_rate_mae
+    out["gpu_busy_frac_mae"] = e.gpu_busy_frac_mae
+    out.update({f"{k}_log_q90": v for k, v in e.log_q90.items()})
+    out.update({f"rows_{k}": float(v) for k, v in e.rows.items()})
+    return {k: float(v) for k, v in out.items()}
+
+
+def cmd_fit(args) -> int:
+    store = ModelStore(args.out)
+    if args.defaults:
+        if args.files:
+            return _err("fit: give recordings or --defaults, not both")
+        return _fit_defaults(store, args.seed)
+    if not args.files:
+        return _err("fit: give one or more recordings (made by `governor record`), or --defaults")
+    t0 = time.perf_counter()
+    train_parts, hold_parts, all_parts, series = [], [], [], {}
+    for path in args.files:
+        try:
+            header, physics, records = read_recording(Path(path))
+        except RecordError as exc:
+            return _err(f"fit: {exc}")
+        if not physics:
+            _progress(f"fit: {path}: no pool physics in the header; only the forecaster learns from it")
+        elif records:
+            tr, ho, al = _split_data(records, physics, float(header.get("window_s", 60.0)))
+            train_parts.append(tr)
+            hold_parts.append(ho)
+            all_parts.append(al)
+        for name, (t, y) in forecast_series(records).items():
+            if name not in series or len(t) > len(series[name][0]):
+                series[name] = (t, y)
+        _progress(f"fit: {path}: {len(records)} ticks")
+    rng = np.random.default_rng(args.seed)
+    result: dict = {"out": str(store.dir)}
+    if all_parts:
+        tr, tr_ph = concat_training_data(train_parts)
+        ho, ho_ph = concat_training_data(hold_parts)
+        al, al_ph = concat_training_data(all_parts)
+        cand = fit_coupling(tr, tr_ph, np.random.default_rng(args.seed), seed=args.seed)
+        errors = _holdout_errors(cand, ho, ho_ph)
+        final = fit_coupling(al, al_ph, rng, seed=args.seed)
+        final = replace(final, seed=args.seed, holdout_errors=errors)
+        store.save_coupling(final, training={"sources": [str(p) for p in args.files], "rows": len(al),
+                                             "steady_rows": int(al.steady.sum()),
+                                             "holdout": f"last {HOLDOUT_FRAC:.0%} of each recording"})
+        result["coupling_holdout"] = {k: v for k, v in errors.items() if k.endswith(("_mape", "_mae"))}
+    if series:
+        fc = fit_forecaster(series)
+        prev = _shipped_default_series(store)
+        if prev is not None:
+            fc = ForecasterModel(fc.config, fc.series, prev)
+        store.save_forecaster(fc, training={"sources": [str(p) for p in args.files]}, seed=args.seed)
+        result["forecast_series"] = sorted(series)
+    result["fit_seconds"] = round(time.perf_counter() - t0, 3)
+    print(json.dumps(clean_json(result)))
+    return 0
+
+
+def _shipped_default_series(store: ModelStore):
+    try:
+        fc, _ = store.load_forecaster()
+        return fc.default
+    except Exception:
+        return None
+
+
+# --------------------------------------------------------------------------- the shipped priors
+
+
+def default_forecaster(seed: int = 0) -> tuple[ForecasterModel, dict[str, float]]:
+    """A scale-free default series model fitted on the shared traces (no seasonality: a daily
+    shape learnt on one provider's clock would be wrong for another fleet until its own history
+    has two days). The level model is chosen on ServeGen m-small arrivals (1 day, 60 s bins)."""
+    from controller.sim.paths import shared_data_dir
+    from controller.sim.scenario import ServeGenSpec
+    from controller.sim.traces import read_servegen_rates, servegen_arrivals
+
+    rates = read_servegen_rates(shared_data_dir() / "traces" / "servegen_14day_rates.csv")
+    tr = servegen_arrivals(rates, ServeGenSpec(tier="m-small", mean_rps=2.0, days=1.5, start_day=0.0),
+                           np.random.default_rng(seed))
+    edges = np.arange(0.0, tr.arrival_s[-1] + 60.0, 60.0)
+    counts = np.histogram(tr.arrival_s, bins=edges)[0] / 60.0
+    # damping = 1 only: a damped level pulls towards the training series' mean, which is not scale-free
+    cfg = ForecastConfig(dampings=(1.0,))
+    default = fit_series("default", edges[:-1] + 30.0, counts, cfg)
+    return ForecasterModel(config=ForecastConfig(), series={}, default=default), {
+        "default_backtest_mae_rel": float(default.backtest_mae / max(np.mean(counts), 1e-9))}
+
+
+def _fit_defaults(store: ModelStore, seed: int) -> int:
+    import os
+
+    from controller.learning.dataset import default_suite, merge_physics
+    from controller.learning.parallel import record_cached
+
+    t0 = time.perf_counter()
+    train_specs, test_specs = default_suite(seed)
+    _progress(f"fit --defaults: {len(train_specs)} training and {len(test_specs)} test runs of the simulator")
+    recs = record_cached(list(train_specs) + list(test_specs), os.environ.get("GOVERNOR_RECORDING_CACHE"),
+                         progress=_progress)
+    train_recs, test_recs = recs[: len(train_specs)], recs[len(train_specs):]
+    train = concat_training_data([build_training_data(r.records, r.physics, window_s=r.window_s) for r in train_recs])
+    test = concat_training_data([build_training_data(r.records, r.physics, window_s=r.window_s) for r in test_recs])
+    models = fit_coupling(train[0], train[1], np.random.default_rng(seed), seed=seed)
+    errors = _holdout_errors(models, test[0], test[1])
+    models = replace(models, seed=seed, holdout_errors=errors)
+    store.save_coupling(models, training={
+        "sources": [s.label for s in train_specs], "holdout_sources": [s.label for s in test_specs],
+        "rows": len(train[0]), "steady_rows": int(train[0].steady.sum()),
+        "runs": {r.label: dict(r.meta) for r in train_recs},
+        "physics": sorted(merge_physics(train_recs))})
+    fc, fc_err = default_forecaster(seed)
+    store.save_forecaster(fc, training={"sources": ["servegen_14day_rates.csv m-small day 0-1.5 (arrivals, 60 s)"]},
+                          holdout_errors=fc_err, seed=seed)
+    out = {"out": str(store.dir), "fit_seconds": round(time.perf_counter() - t0, 1),
+           "holdout": {k: v for k, v in errors.items() if k.endswith(("_mape", "_mae"))}}
+    print(json.dumps(clean_json(out)))
+    return 0

@@ -1,0 +1,289 @@
+"""Training and test data for the coupling models, made by running the simulator.
+
+A `RunSpec` names a scenario, a trace window, a seed and an *excitation*: every `segment_s`
+the run draws new pool settings (replicas, cache affinity, in-flight cap) from the spec's
+choices, so the data covers the levers the planner will move. `record_run` drives the fleet on
+its own virtual clock (no wall-clock waits), reads it through `SimObserver` every `tick_s` (the
+same numbers a scrape gives) and returns one `ObservationRecord` per tick, with the settings in
+force and the traffic's reuse profile (computed from the trace's prefix-block ids).
+
+`default_suite()` is the shipped split: training runs on the first part of each shared trace,
+test runs on a later part with other fleet sizes (see `governor bench models`).
+
+Must not: read the wall clock or write files (the CLI does that).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from controller.core.coupling import PoolPhysics
+from controller.core.features import ObservationRecord, PoolSettings, request_reuse, window_profile
+from controller.learning.physics import physics_for_scenario_pool
+from controller.types import Reading
+
+
+@dataclass(frozen=True)
+class Excitation:
+    """Random settings per segment (seeded). Empty choices keep the scenario's value."""
+
+    segment_s: float = 300.0
+    replicas: tuple[int, ...] = ()
+    prefix_weights: tuple[float, ...] = ()
+    inflight_caps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    scenario_path: str  # scenario YAML (relative paths resolve against the repo's scenarios/)
+    label: str
+    seed: int = 1
+    start_s: float | None = None  # trace window (trace seconds); None keeps the scenario's
+    duration_s: float | None = None
+    time_scale: float | None = None
+    rate_scale: float | None = None
+    sim_duration_s: float | None = None  # stop after this (simulated); default: trace end
+    initial_replicas: int | None = None
+    servegen_start_day: float | None = None  # ServeGen traces: which day of the 14
+    window_s: float = 60.0  # telemetry window (test runs use longer ones: less sampling noise in a p95)
+    excitation: Excitation = field(default_factory=Excitation)
+
+
+@dataclass(frozen=True)
+class Recording:
+    label: str
+    records: tuple[ObservationRecord, ...]
+    physics: Mapping[str, PoolPhysics]  # per pool
+    window_s: float
+    tick_s: float
+    meta: Mapping[str, object] = field(default_factory=dict)
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def load_run_scenario(spec: RunSpec):
+    """The scenario of a RunSpec with its trace window / scales / initial replicas applied."""
+    from controller.sim.scenario import load_scenario
+
+    path = Path(spec.scenario_path)
+    if not path.is_absolute():
+        path = repo_root() / path
+    sc = load_scenario(path)
+    tr = sc.trace
+    upd = {}
+    for name in ("start_s", "duration_s", "time_scale", "rate_scale"):
+        v = getattr(spec, name)
+        if v is not None:
+            upd[name] = v
+    if spec.servegen_start_day is not None and tr.servegen is not None:
+        upd["servegen"] = tr.servegen.model_copy(update={"start_day": spec.servegen_start_day})
+    if upd:
+        tr = tr.model_copy(update=upd)
+    pools = list(sc.pools)
+    if spec.initial_replicas is not None:
+        pools = [p.model_copy(update={"replicas": max(p.min_replicas, min(p.max_replicas, spec.initial_replicas))})
+                 for p in pools]
+    return sc.model_copy(update={"trace": tr, "pools": pools, "faults": [], "seed": spec.seed,
+                                 "duration_s": spec.sim_duration_s})
+
+
+class SimRecorder:
+    """Reads a simulated fleet every tick into ObservationRecords (settings and reuse profile included)."""
+
+    def __init__(self, fleet, *, window_s: float = 60.0) -> None:
+        from controller.sim.observe import SimObserver
+
+        self.fleet = fleet
+        self.window_s = window_s
+        sc = fleet.scenario
+        self.observer = SimObserver(fleet, window_s=window_s)
+        self._gpu_ok: bool | None = None
+        r = sc.router
+        self.settings: dict[str, PoolSettings] = {
+            p.name: PoolSettings(replicas=p.replicas, prefix_weight=r.prefix_weight, queue_weight=r.queue_weight,
+                                 kv_weight=r.kv_weight, inflight_cap=r.inflight_cap,
+                                 max_num_seqs=p.engine.max_num_seqs,
+                                 max_num_batched_tokens=p.engine.max_num_batched_tokens,
+                                 traffic_weight=p.traffic_weight)
+            for p in sc.pools}
+        tr = fleet.workload.trace
+        self._arrival = np.asarray(tr.arrival_s)
+        self._prompt = np.asarray(tr.prompt_tokens)
+        self._reuse = request_reuse(self._arrival, self._prompt, tr.block_hashes, tr.hash_block_tokens)
+        self._busy_prev: dict[str, tuple[float, dict[str, float]]] = {}
+
+    def apply(self, pool: str, s: PoolSettings) -> None:
+        """Set a pool's levers on the fleet and remember them as the settings in force."""
+        old = self.settings[pool]
+        if s.replicas != old.replicas:
+            self.fleet.set_pool_target(pool, replicas=int(s.replicas))
+        if (s.prefix_weight, s.queue_weight, s.kv_weight, s.inflight_cap, s.traffic_weight) != (
+                old.prefix_weight, old.queue_weight, old.kv_weight, old.inflight_cap, old.traffic_weight):
+            self.fleet.set_pool_routing(pool, prefix_weight=s.prefix_weight, queue_weight=s.queue_weight,
+                                        kv_weight=s.kv_weight, inflight_cap=int(s.inflight_cap),
+                                        traffic_weight=s.traffic_weight)
+        self.settings[pool] = s
+
+    def _busy_fallback(self, now_s: float) -> dict[str, float]:
+        """GPU busy fraction per pool from the engines' busy seconds (what DCGM would show)."""
+        out: dict[str, float] = {}
+        stats = self.fleet.replica_stats()
+        by_pool: dict[str, dict[str, float]] = {}
+        for rs in stats:
+            by_pool.setdefault(rs.pool, {})[rs.replica_id] = rs.busy_s
+        for pool, cur in by_pool.items():
+            prev = self._busy_prev.get(pool)
+            if prev is not None and now_s > prev[0]:
+                dt = now_s - prev[0]
+                common = [r for r in cur if r in prev[1]]
+                if common:
+                    out[pool] = float(np.clip(np.mean([(cur[r] - prev[1][r]) / dt for r in common]), 0.0, 1.0))
+            self._busy_prev[pool] = (now_s, cur)
+        return out
+
+    def read(self, now_s: float) -> ObservationRecord:
+        obs = None
+        if self._gpu_ok is not False:
+            try:
+                obs = self.observer.read(now_s)
+                self._gpu_ok = True
+            except ValueError:
+                # the simulated DCGM view is unavailable: read engines only, busy from engine time
+                from controller.sim.observe import SimObserver
+
+                self._gpu_ok = False
+                self.observer = SimObserver(self.fleet, window_s=self.window_s, include_gpu=False)
+        if obs is None:
+            obs = self.observer.read(now_s)
+        busy = self._busy_fallback(now_s)
+        if busy:
+            pools = dict(obs.pools)
+            for name, frac in busy.items():
+                if name in pools and not pools[name].gpu_util_frac.ok:
+                    pools[name] = replace(pools[name], gpu_util_frac=Reading(frac))
+            obs = replace(obs, pools=pools)
+        prof = window_profile(self._reuse, self._arrival, self._prompt, now_s - self.window_s, now_s)
+        return ObservationRecord(at_s=now_s, observation=obs, settings=dict(self.settings),
+                                 reuse={p: prof for p in self.settings})
+
+
+def record_run(spec: RunSpec, *, scenario=None, tick_s: float = 15.0, window_s: float | None = None,
+               max_sim_s: float | None = None, progress: Callable[[str], None] | None = None) -> Recording:
+    """Run one RunSpec to the end (or max_sim_s) and return its records. `scenario` (a Scenario
+    value) replaces the spec's file and trace settings, e.g. one built in a test."""
+    from controller.sim.fleet import Fleet
+
+    window_s = spec.window_s if window_s is None else window_s
+    sc = load_run_scenario(spec) if scenario is None else scenario
+    fleet = Fleet(sc, seed=spec.seed, record_requests=False)
+    rec = SimRecorder(fleet, window_s=window_s)
+    rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 7919]))
+    ex = spec.excitation
+    records: list[ObservationRecord] = []
+    t = 0.0
+    next_change = ex.segment_s
+    stop = max_sim_s if max_sim_s is not None else math.inf
+    while not fleet.done and t < stop:
+        t += tick_s
+        fleet.run_until(t)
+        records.append(rec.read(t))
+        if t >= next_change:
+            next_change += ex.segment_s
+            for pool in rec.settings:
+                s = rec.settings[pool]
+                p = sc.pool(pool)
+                upd = {}
+                if ex.replicas:
+                    upd["replicas"] = int(np.clip(rng.choice(ex.replicas), p.min_replicas, p.max_replicas))
+                if ex.prefix_weights:
+                    upd["prefix_weight"] = float(rng.choice(ex.prefix_weights))
+                if ex.inflight_caps:
+                    upd["inflight_cap"] = int(rng.choice(ex.inflight_caps))
+                if upd:
+                    rec.apply(pool, replace(s, **upd))
+    if progress:
+        progress(f"{spec.label}: {len(records)} ticks, {t:.0f} simulated s")
+    physics = {p.name: physics_for_scenario_pool(p) for p in sc.pools}
+    return Recording(label=spec.label, records=tuple(records), physics=physics, window_s=window_s, tick_s=tick_s,
+                     meta={"scenario": sc.name, "seed": spec.seed, "start_s": sc.trace.start_s,
+                           "duration_s": sc.trace.duration_s, "excitation": _ex_dict(ex)})
+
+
+def _ex_dict(ex: Excitation) -> dict:
+    return {"segment_s": ex.segment_s, "replicas": list(ex.replicas), "prefix_weights": list(ex.prefix_weights),
+            "inflight_caps": list(ex.inflight_caps)}
+
+
+# --------------------------------------------------------------------------- the shipped split
+
+PREFIX_WEIGHTS = (0.0, 1.0, 3.0, 8.0)
+TEST_SEGMENT_S = 450.0
+TEST_WINDOW_S = 60.0
+
+
+def default_suite(seed: int = 0) -> tuple[tuple[RunSpec, ...], tuple[RunSpec, ...]]:
+    """(training runs, test runs). Test runs use later trace segments (ServeGen: another day),
+    other seeds and fleet sizes the training runs never had, so the test error is out of sample.
+
+    Training runs change settings every 4-5 minutes, test runs every 450 s (more steady windows
+    per setting). Both read telemetry over 60 s windows, the daemon's default: the models are
+    judged on the numbers the daemon itself would see."""
+    def ex_train(seg: float, reps: tuple[int, ...], caps: bool = True, affinity: bool = True) -> Excitation:
+        return Excitation(seg, replicas=reps, prefix_weights=PREFIX_WEIGHTS if affinity else (),
+                          inflight_caps=(0, 0, 16) if caps else ())
+
+    def ex_test(reps: tuple[int, ...], affinity: bool = True) -> Excitation:
+        return Excitation(TEST_SEGMENT_S, replicas=reps, prefix_weights=(0.0, 2.0, 5.0) if affinity else ())
+
+    train = []
+    for base in (11, 31):
+        train += [
+            RunSpec("scenarios/mooncake-conv.yaml", f"mooncake-train-{base}", seed=base, start_s=0.0, duration_s=2100.0,
+                    time_scale=1.0, initial_replicas=6, excitation=ex_train(300.0, (4, 6, 8, 10), caps=False)),
+            RunSpec("scenarios/azure-conv.yaml", f"azure-conv-train-{base}", seed=base + 1, start_s=0.0,
+                    duration_s=1800.0, rate_scale=2.0, initial_replicas=4, excitation=ex_train(240.0, (2, 4, 6, 8))),
+            RunSpec("scenarios/azure-code.yaml", f"azure-code-train-{base}", seed=base + 2, start_s=0.0,
+                    duration_s=1800.0, rate_scale=6.0, initial_replicas=4, excitation=ex_train(240.0, (2, 4, 6, 8))),
+            RunSpec("scenarios/servegen-diurnal.yaml", f"servegen-train-{base}", seed=base + 3, sim_duration_s=3600.0,
+                    servegen_start_day=0.0 if base == 11 else 1.0, initial_replicas=5,
+                    excitation=ex_train(240.0, (3, 5, 8), affinity=False)),
+        ]
+    test = (
+        RunSpec("scenarios/mooncake-conv.yaml", "mooncake-test", seed=21, start_s=2100.0, duration_s=1437.0,
+                time_scale=1.0, initial_replicas=7, window_s=TEST_WINDOW_S, excitation=ex_test((5, 7, 12))),
+        RunSpec("scenarios/azure-conv.yaml", "azure-conv-test", seed=22, start_s=1800.0, duration_s=1700.0,
+                rate_scale=2.0, initial_replicas=5, window_s=TEST_WINDOW_S, excitation=ex_test((3, 5, 7))),
+        RunSpec("scenarios/azure-code.yaml", "azure-code-test", seed=23, start_s=1800.0, duration_s=1600.0,
+                rate_scale=6.0, initial_replicas=5, window_s=TEST_WINDOW_S, excitation=ex_test((3, 5, 7))),
+        RunSpec("scenarios/servegen-diurnal.yaml", "servegen-test", seed=24, sim_duration_s=3600.0,
+                servegen_start_day=3.0, initial_replicas=6, window_s=TEST_WINDOW_S,
+                excitation=ex_test((4, 6, 10), affinity=False)),
+    )
+    train = tuple(train)
+    if seed:
+        train = tuple(replace(s, seed=s.seed + 1000 * seed) for s in train)
+        test = tuple(replace(s, seed=s.seed + 1000 * seed) for s in test)
+    return train, test
+
+
+def trace_of(label: str) -> str:
+    """"mooncake-train-11" → "mooncake"; "azure-conv-test" → "azure-conv"."""
+    for mark in ("-train", "-test"):
+        if mark in label:
+            return label.split(mark)[0]
+    return label
+
+
+def merge_physics(recordings: Sequence[Recording]) -> dict[str, PoolPhysics]:
+    out: dict[str, PoolPhysics] = {}
+    for r in recordings:
+        for pool, ph in r.physics.items():
+            out.setdefault(pool, ph)
+    return out

@@ -1,0 +1,250 @@
+"""The coupling models' pure core: priors, fitting, confidence, bulk predict, state round trip.
+
+Physics come from a small hand-written table (no simulator): decode steps that grow with the
+batch, prefill steps that grow with the tokens, Llama-3-8B-like magnitudes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import controller.core.coupling as C
+from controller.core.coupling import (
+    REUSE_TAU_S,
+    TOKEN_GRID,
+    CacheInputs,
+    Calibration,
+    CorrectionConfig,
+    CouplingModels,
+    LatencyInputs,
+    PoolPhysics,
+    TrainingData,
+    cache_prior,
+    coupling_from_state,
+    coupling_to_state,
+    evaluate,
+    fit_coupling,
+    latency_prior,
+)
+
+
+def physics(key: str = "toy/gpu/tp1", speed: float = 1.0) -> PoolPhysics:
+    n = TOKEN_GRID
+    decode = tuple((0.010 + 0.00035 * n) / speed)  # 10 ms + 0.35 ms per sequence
+    prefill = tuple((0.025 + 0.00007 * np.maximum(n - 64, 0)) / speed)  # flat, then 70 µs per token
+    return PoolPhysics(key=key, decode_step_s=decode, prefill_step_s=prefill, decode_ctx_s_per_token=9e-8 / speed,
+                       prefill_attn_s_per_work=3.4e-9 / speed, kv_capacity_tokens=450_000, mixed_seq_s=3e-4 / speed)
+
+
+PROFILE_SESSIONS = np.array([0.05, 0.10, 0.14, 0.18, 0.22, 0.28, 0.32, 0.35, 0.36, 0.37])  # Mooncake-like
+
+
+def lat(n=1, **kw):
+    base = dict(physics_index=0, arrival_rps_per_replica=2.0, prompt_tokens=1000, output_tokens=200)
+    base.update(kw)
+    return LatencyInputs.build(n, **base)
+
+
+# --------------------------------------------------------------------------- priors
+
+
+def test_latency_prior_rises_with_load_until_saturation():
+    table = C.PhysicsTable([physics()])
+    loads = np.array([0.2, 1.0, 2.0, 4.0, 6.0])
+    p = latency_prior(table, lat(5, arrival_rps_per_replica=loads))
+    assert np.all(np.diff(p.rho) > 0)
+    assert np.all(np.diff(p.ttft_p95_s) > 0) and np.all(np.diff(p.tpot_p95_s) >= 0)
+    assert np.all(p.ttft_p95_s > p.ttft_p50_s) and np.all(p.tpot_p95_s >= p.tpot_p50_s)
+    assert np.all(np.isfinite(p.capacity_rps)) and np.all(p.capacity_rps > 0)
+    # the capacity is a property of the mix, not of the load
+    assert np.allclose(p.capacity_rps, p.capacity_rps[0])
+
+
+@pytest.mark.parametrize("label, change, field, direction", [
+    ("less cache hit → more prefill → higher TTFT", {"hit_rate": 0.0}, "ttft_p95_s", +1),
+    ("longer prompts → higher TTFT", {"prompt_tokens": 4000}, "ttft_p95_s", +1),
+    ("in-flight cap → lower capacity", {"inflight_cap": 8}, "capacity_rps", -1),
+    ("faster GPU → lower TPOT", {"physics_index": 1}, "tpot_p50_s", -1),
+])
+def test_latency_prior_directions(label, change, field, direction):
+    table = C.PhysicsTable([physics(), physics("fast/gpu/tp1", speed=2.0)])
+    base = latency_prior(table, lat(1, hit_rate=0.5))
+    changed = latency_prior(table, lat(1, **{"hit_rate": 0.5, **change}))
+    assert direction * (getattr(changed, field)[0] - getattr(base, field)[0]) > 0, label
+
+
+def cache_rows(n=1, **kw):
+    base = dict(physics_index=0, replicas=4, arrival_rps=8.0, prompt_tokens=4000, output_tokens=200,
+                reuse_hit_at=PROFILE_SESSIONS, prefix_weight=3.0)
+    base.update(kw)
+    return CacheInputs.build(n, **base)
+
+
+def test_cache_prior_couplings():
+    table = C.PhysicsTable([physics()])
+    # no affinity: doubling replicas spreads each conversation over more caches → fewer hits
+    r = cache_prior(table, cache_rows(2, replicas=np.array([4, 8]), prefix_weight=0.0)).hit_rate
+    assert r[1] < r[0]
+    # affinity keeps conversations on their replica: more hits than random routing
+    a = cache_prior(table, cache_rows(2, prefix_weight=np.array([0.0, 8.0]))).hit_rate
+    assert a[1] > a[0]
+    # never above what an infinite cache would hit, zero without reuse
+    h = cache_prior(table, cache_rows(1, reuse_hit_at=np.zeros(len(REUSE_TAU_S)))).hit_rate
+    assert h[0] == 0.0
+    full = cache_prior(table, cache_rows(1, prefix_weight=100.0, arrival_rps=0.1)).hit_rate
+    assert 0 < full[0] <= PROFILE_SESSIONS[-1] + 1e-9
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"arrival_rps_per_replica": np.ones(3)}, "arrival_rps_per_replica: expected shape (2,)"),
+    ({"prompt_tokens": np.ones((2, 2))}, "prompt_tokens"),
+])
+def test_inputs_reject_bad_shapes(kw, message):
+    with pytest.raises(ValueError, match=message.split(":")[0]):
+        lat(2, **kw)
+
+
+def test_cache_inputs_check_profile_index():
+    with pytest.raises(ValueError, match="reuse_index"):
+        cache_rows(2, reuse_index=np.array([0, 3]))
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def synthetic_data(rng: np.random.Generator, n: int) -> TrainingData:
+    """A 'true' fleet the prior does not know: 40 % slower steps, half the queueing, and TTFTs
+    stretched by (1 + hit rate), with 5 % noise. What calibration and correction have to learn."""
+    table = C.PhysicsTable([physics()])
+    truth = C.PhysicsTable([physics()], {physics().key: Calibration(1.4, 0.5)})
+    x = lat(n, arrival_rps_per_replica=rng.uniform(0.2, 3.0, n), prompt_tokens=rng.uniform(300, 3000, n),
+            output_tokens=rng.uniform(50, 400, n), hit_rate=rng.uniform(0, 0.6, n))
+    p = latency_prior(truth, x)
+    noise = np.exp(rng.normal(0, 0.05, n))
+    targets = {t: getattr(p, t) * noise * ((1.0 + x.hit_rate) if t.startswith("ttft") else 1.0)
+               for t in C.LATENCY_TARGETS}
+    targets["gpu_busy_frac"] = np.clip(p.gpu_busy_frac * noise, 0, 1)
+    cache = cache_rows(n, replicas=rng.integers(1, 9, n), arrival_rps=rng.uniform(1, 20, n),
+                       prefix_weight=rng.choice([0.0, 1.0, 3.0, 8.0], n))
+    hit = cache_prior(table, cache).hit_rate
+    targets["hit_rate"] = np.clip(hit * 1.3 + rng.normal(0, 0.01, n), 0, 1)
+    return TrainingData(latency=x, cache=cache, targets=targets, t_s=np.arange(n) * 15.0,
+                        steady=np.ones(n, dtype=bool), aux={"requests_in_window": np.full(n, 100.0)})
+
+
+def test_fit_learns_a_distortion_the_prior_misses():
+    rng = np.random.default_rng(7)
+    train, test = synthetic_data(rng, 400), synthetic_data(rng, 200)
+    prior = evaluate(CouplingModels.prior_only([physics()]), test)
+    fitted = fit_coupling(train, [physics()], np.random.default_rng(1))
+    err = evaluate(fitted, test)
+    assert prior.mape["ttft_p95_s"] > 0.3  # the prior alone is far off…
+    assert err.mape["ttft_p95_s"] < 0.15 and err.mape["tpot_p95_s"] < 0.15  # …the fitted model is not
+    assert err.hit_rate_mae < prior.hit_rate_mae
+
+
+def test_fit_is_deterministic_for_a_seed():
+    data = synthetic_data(np.random.default_rng(3), 300)
+    a = fit_coupling(data, [physics()], np.random.default_rng(11), CorrectionConfig(max_fit_rows=200))
+    b = fit_coupling(data, [physics()], np.random.default_rng(11), CorrectionConfig(max_fit_rows=200))
+    for name, ca in a.corrections.items():
+        cb = b.corrections[name]
+        if ca.estimator is None:
+            assert cb.estimator is None
+        else:
+            assert np.array_equal(ca.estimator.coef_, cb.estimator.coef_), name
+    assert a.calibration == b.calibration
+
+
+def test_little_data_falls_back_to_the_prior_and_says_so():
+    data = synthetic_data(np.random.default_rng(5), 12)  # fewer than min_rows
+    models = fit_coupling(data, [physics()], np.random.default_rng(0))
+    assert all(c.estimator is None and c.data_weight == 0.0 for c in models.corrections.values())
+    assert models.calibration == {}
+    x = lat(3, arrival_rps_per_replica=np.array([0.5, 1.0, 2.0]))
+    pred, prior, conf = models.predict_latency(x)
+    assert np.array_equal(pred["ttft_p95_s"], prior.ttft_p95_s)
+    assert np.all(conf == 0.0)
+
+
+def test_confidence_falls_outside_the_training_data():
+    data = synthetic_data(np.random.default_rng(9), 300)  # loads 0.2-4 rps, prompts 300-3000
+    models = fit_coupling(data, [physics()], np.random.default_rng(0))
+    inside = lat(1, arrival_rps_per_replica=1.5, prompt_tokens=1200, output_tokens=200, hit_rate=0.3)
+    outside = lat(1, arrival_rps_per_replica=0.01, prompt_tokens=60000, output_tokens=4000, hit_rate=0.95)
+    c_in = models.predict_latency(inside)[2][0]
+    c_out = models.predict_latency(outside)[2][0]
+    assert c_in > 0.7 and c_out < 0.1 * c_in
+
+
+def test_bulk_predict_blocks_give_the_same_answer(monkeypatch):
+    data = synthetic_data(np.random.default_rng(2), 200)
+    models = fit_coupling(data, [physics()], np.random.default_rng(0))
+    rng = np.random.default_rng(4)
+    n = 1000
+    cache = cache_rows(n, replicas=rng.integers(1, 12, n), arrival_rps=rng.uniform(1, 30, n))
+    latency = lat(n, arrival_rps_per_replica=cache.arrival_rps / cache.replicas, inflight_cap=rng.choice([0, 16], n))
+    whole = models.predict(cache, latency)
+    monkeypatch.setattr(C, "PREDICT_BLOCK", 128)
+    blocked = models.predict(cache, latency)
+    for name in whole.__dataclass_fields__:
+        assert np.allclose(getattr(whole, name), getattr(blocked, name), equal_nan=True), name
+    assert np.all((whole.hit_rate >= 0) & (whole.hit_rate <= 1))
+    assert np.all(whole.ttft_p95_upper_s >= whole.ttft_p95_s)
+    assert np.all((whole.confidence >= 0) & (whole.confidence <= 1))
+
+
+def test_predict_uses_the_cache_model_hit_rate():
+    """The coupling: more replicas without affinity → lower hit → higher TTFT at the same per-replica load."""
+    models = CouplingModels.prior_only([physics()])
+    cache = cache_rows(2, replicas=np.array([2, 8]), arrival_rps=np.array([2.0, 8.0]), prefix_weight=0.0)
+    p = models.predict(cache)
+    assert p.hit_rate[1] < p.hit_rate[0]
+    assert p.ttft_p95_s[1] > p.ttft_p95_s[0]
+
+
+def test_sustainable_rps_meets_the_slo():
+    models = CouplingModels.prior_only([physics()])
+    x = lat(2, hit_rate=0.3)
+    cap = models.sustainable_rps(x, ttft_p95_slo_s=np.array([1.0, 3.0]), tpot_p95_slo_s=0.2)
+    assert 0 < cap[0] < cap[1]  # a looser SLO sustains more
+    at = models.predict_latency(lat(2, hit_rate=0.3, arrival_rps_per_replica=cap))[0]
+    assert np.all(at["ttft_p95_s"] <= np.array([1.0, 3.0]) + 1e-6)
+
+
+def test_state_round_trip_and_validation():
+    data = synthetic_data(np.random.default_rng(1), 200)
+    models = fit_coupling(data, [physics()], np.random.default_rng(0))
+    again = coupling_from_state(coupling_to_state(models))
+    x = lat(5, arrival_rps_per_replica=np.linspace(0.5, 3, 5))
+    assert np.array_equal(models.predict_latency(x)[0]["ttft_p95_s"], again.predict_latency(x)[0]["ttft_p95_s"])
+    bad = coupling_to_state(models)
+    bad["format"] = "something-else/1"
+    with pytest.raises(ValueError, match="not a coupling-model state"):
+        coupling_from_state(bad)
+    bad = coupling_to_state(models)
+    bad["corrections"]["bogus"] = bad["corrections"]["ttft_p95_s"]
+    with pytest.raises(ValueError, match="unknown target"):
+        coupling_from_state(bad)
+
+
+def test_calibration_bounds():
+    with pytest.raises(ValueError, match="time_scale"):
+        Calibration(time_scale=0.0)
+    assert math.isclose(Calibration().wait_scale, 1.0)
+
+
+def test_infer_reuse_profile_reproduces_the_observed_hit_rate():
+    models = CouplingModels.prior_only([physics()])
+    x = cache_rows(3, replicas=np.array([2, 4, 8]))
+    observed = np.array([0.05, 0.2, np.nan])
+    prof = C.infer_reuse_profile(models, x, observed)
+    again = CacheInputs.build(3, physics_index=0, replicas=x.replicas, arrival_rps=x.arrival_rps,
+                              prompt_tokens=x.prompt_tokens, output_tokens=x.output_tokens, reuse_hit_at=prof,
+                              reuse_index=np.arange(3), prefix_weight=x.prefix_weight)
+    hit, _ = models.predict_hit_rate(again)
+    assert np.allclose(hit[:2], observed[:2], atol=2e-3)
+    assert np.all(prof[2] == 0.0)
