@@ -179,7 +179,7 @@ class _ApiError(Exception):
 def _run(args: argparse.Namespace, body: Callable[[Console], int]) -> int:
     # Piped output (files, grep, tests) gets wide tables rather than rows folded at 80 columns.
     width = None if sys.stdout.isatty() else 200
-    console = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width)
+    console = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width, markup=False)
     try:
         return body(console)
     except UsageError as exc:
@@ -273,6 +273,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             for p in st.pools:
                 t.add_row(p.pool, _count(p.replicas_desired), _count(p.replicas_ready), _num(p.ttft_p95_s), _num(p.slo_ttft_s),
                           f"{p.hit_rate:.0%}" if p.hit_rate else "-", p.telemetry or "-")
+            console.print(t)
+        if st.details:
+            t = Table(title="details", title_justify="left")
+            t.add_column("name")
+            t.add_column("value", overflow="fold")
+            for d in st.details:
+                t.add_row(d.name, d.value)
             console.print(t)
         return 0
     return _run(args, body)

@@ -94,6 +94,7 @@ class StatusView:
     components: tuple[ComponentStatus, ...] = ()
     pools: tuple[PoolStatusView, ...] = ()
     telemetry_frozen: bool = False
+    details: tuple[tuple[str, str], ...] = ()  # further state: models, breaker, ...
     version: str = __version__
 
 
@@ -148,6 +149,7 @@ def status_to_proto(s: StatusView) -> policy_pb2.Status:
                                      ttft_p95_s=_finite_or_zero(p.ttft_p95_s), slo_ttft_s=_finite_or_zero(p.slo_ttft_s),
                                      hit_rate=_finite_or_zero(p.hit_rate), telemetry=p.telemetry) for p in s.pools],
         version=s.version, policy=s.policy, telemetry_frozen=s.telemetry_frozen,
+        details=[policy_pb2.StatusDetail(name=k, value=v) for k, v in s.details],
     )
 
 

@@ -222,7 +222,7 @@ def explain(decision: Decision, current: Decision | None, reasons: tuple[Reason,
         elif before != pd.replicas:
             changes.append(f"{name} {before}→{pd.replicas}")
     head = ("hold (telemetry frozen)" if frozen else ("scale " + ", ".join(changes) if changes else "no change"))
-    lines = [f"{decision.decision_id} [{mode.value}] {head}"]
+    lines = [f"{decision.decision_id} ({mode.value}) {head}"]
     for name, pd in decision.pools.items():
         why = [r for r in reasons if r.pool == name]
         adj = [r for r in adjustments if r.pool == name]

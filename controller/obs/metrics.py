@@ -45,6 +45,8 @@ class DaemonMetrics:
         self.shed = Gauge("governor_admission_shed_fraction", "Shed fraction decided per class", ["priority"], registry=r)
         self.guard_adjustments = Counter("governor_guard_adjustments", "Guardrail adjustments by code", ["code"], registry=r)
         self.reasons = Counter("governor_decision_reasons", "Policy reasons by code", ["code"], registry=r)
+        self.model_error = Gauge("governor_model_error", "Recent prediction error of the learned models "
+                                 "(APE for latency, absolute error for hit rate)", ["metric"], registry=r)
         self.overrides_active = Gauge("governor_overrides_active", "Operator overrides in force", registry=r)
         self._server: WSGIServer | None = None
 

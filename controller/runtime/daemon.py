@@ -34,7 +34,7 @@ class TickReport:
 class Daemon:
     def __init__(self, *, controller: Controller, source, actuator, shadow, store, metrics: DaemonMetrics,
                  clock: Clock, logger: logging.Logger, mode: Mode, profile: str = "balanced",
-                 on_tick: Callable[[TickReport], None] | None = None) -> None:
+                 on_tick: Callable[[TickReport], None] | None = None, learning=None) -> None:
         self.controller = controller
         self.source = source
         self.actuator = actuator  # None when no actuator is configured (shadow only)
@@ -44,6 +44,7 @@ class Daemon:
         self.clock = clock
         self.log = logger
         self.on_tick = on_tick
+        self.learning = learning  # runtime.learning.Learning, or None (no learned models)
         self._lock = threading.RLock()
         # A mode or profile set through the API survives a restart; otherwise the configured one applies.
         stored_mode = store.get_mode()
@@ -78,6 +79,7 @@ class Daemon:
             t1 = clock.monotonic_s()
             self.store.expire_overrides(now_s)
             overrides = self.store.active_overrides(now_s)
+            in_force = self.state.current
             self.state, result = self.controller.step(
                 self.state, TickInput(now_s=now_s, observation=obs, mode=self.mode, overrides=overrides, profile=self.profile))
             t2 = clock.monotonic_s()
@@ -92,7 +94,11 @@ class Daemon:
                 if outcome is None:
                     outcome = self.shadow.apply(d)
             t3 = clock.monotonic_s()
-            durations = {"read_ms": (t1 - t0) * 1e3, "step_ms": (t2 - t1) * 1e3, "actuate_ms": (t3 - t2) * 1e3}
+            if self.learning is not None:
+                self.learning.on_tick(now_s, obs, in_force)
+            t4 = clock.monotonic_s()
+            durations = {"read_ms": (t1 - t0) * 1e3, "step_ms": (t2 - t1) * 1e3, "actuate_ms": (t3 - t2) * 1e3,
+                         "learn_ms": (t4 - t3) * 1e3}
             record = result.record()
             record["outcome"] = outcome.status if outcome is not None else "paused"
             record["outcome_detail"] = getattr(outcome, "detail", "")
@@ -143,6 +149,10 @@ class Daemon:
             m.decisions.labels(outcome.status).inc()
             for target, r in outcome.targets.items():
                 m.actuation.labels(target, r.status).inc()
+        if self.learning is not None:
+            for name, v in self.learning.tracker.snapshot().errors.items():
+                if v is not None:
+                    m.model_error.labels(name).set(v)
         slos = self.controller.fleet.slos
         if slos:
             m.slo_ttft.set(min(s.ttft_s for s in slos.values()))
@@ -203,9 +213,23 @@ class Daemon:
             ok, detail = self.actuator.health()
             components.append(ComponentStatus("actuator:grpc", ok, detail, self.last_tick_s if ok else 0.0))
         d = rep.result.decision if rep else None
+        details: list[tuple[str, str]] = []
+        if self.learning is not None:
+            ls = self.learning.status()
+            details.append(("models.source", ls["source"]))
+            for name, v in ls["tracker"]["errors"].items():
+                shown = "n/a (not enough ticks yet)" if v is None else (f"{v:.1%}" if name.endswith("_ape") else f"{v:.3g}")
+                details.append((f"models.{name}", shown))
+            if ls["tracker"].get("confidence") is not None:
+                details.append(("models.confidence", f"{ls['tracker']['confidence']:.2f}"))
+            if ls["last_refit"]:
+                lr = ls["last_refit"]
+                details.append(("models.last_refit", ", ".join(f"{k}={v}" for k, v in lr.items() if not isinstance(v, (dict, list)))))
+        for key, value in (rep.result.diagnostics.get("status", {}) if rep else {}).items():
+            details.append((str(key), str(value)))
         return StatusView(
             mode=self.mode, profile=self.profile, policy=self.controller.policy.name,
             last_tick_s=self.last_tick_s, last_decision_id=d.decision_id if d else "",
             generation=self.state.generation, components=tuple(components), pools=tuple(pools),
-            telemetry_frozen=bool(rep and rep.result.frozen),
+            telemetry_frozen=bool(rep and rep.result.frozen), details=tuple(details),
         )

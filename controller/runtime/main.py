@@ -32,6 +32,7 @@ from controller.obs.logs import setup_logging
 from controller.obs.metrics import DaemonMetrics
 from controller.policies.registry import build_policy
 from controller.runtime.daemon import Daemon, TickReport
+from controller.runtime.learning import Learning
 from controller.runtime.loop import TickLoop
 from controller.sim.paths import PROJECT_ROOT
 from controller.telemetry import build_source
@@ -100,9 +101,12 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
                                     backoff_s=max(acts.router.backoff_s, acts.autoscaler.backoff_s), tls=tls)
             closers.append(actuator.close)
         metrics = DaemonMetrics()
+        learning = Learning(settings.fleet_spec(), state_dir, clock=clock, logger=logger, seed=settings.seed)
+        learning.start()
+        closers.append(learning.stop)
         daemon = Daemon(controller=controller, source=source, actuator=actuator, shadow=ShadowActuator(clock=clock),
                         store=store, metrics=metrics, clock=clock, logger=logger, mode=settings.mode,
-                        profile=settings.profile, on_tick=on_tick)
+                        profile=settings.profile, on_tick=on_tick, learning=learning)
         tls = settings.api.tls
         api = PolicyServer(daemon, store, settings.api.listen, token=settings.api.resolved_token(),
                            tls=TlsConfig(tls.cert, tls.key, tls.client_ca) if tls.cert and tls.key else None, clock=clock)

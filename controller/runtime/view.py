@@ -82,7 +82,7 @@ def _jsonable(v):
 class LiveView:
     def __init__(self, title: str, console: Console | None = None, history: int = 8) -> None:
         self.title = title
-        self.console = console or Console()
+        self.console = console or Console(markup=False)  # reasons may contain brackets
         self.decisions: deque[str] = deque(maxlen=history)
         self._live = Live(Text("waiting for the first tick…"), console=self.console, refresh_per_second=4, transient=False)
         self._header = ""

@@ -75,7 +75,7 @@ class PoolStatus(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., replicas_desired: _Optional[int] = ..., replicas_ready: _Optional[int] = ..., ttft_p95_s: _Optional[float] = ..., slo_ttft_s: _Optional[float] = ..., hit_rate: _Optional[float] = ..., telemetry: _Optional[str] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("mode", "profile", "last_tick_unix_s", "last_decision_id", "generation", "components", "pools", "version", "policy", "telemetry_frozen")
+    __slots__ = ("mode", "profile", "last_tick_unix_s", "last_decision_id", "generation", "components", "pools", "version", "policy", "telemetry_frozen", "details")
     MODE_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     LAST_TICK_UNIX_S_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class Status(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FROZEN_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     profile: str
     last_tick_unix_s: float
@@ -96,7 +97,16 @@ class Status(_message.Message):
     version: str
     policy: str
     telemetry_frozen: bool
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., profile: _Optional[str] = ..., last_tick_unix_s: _Optional[float] = ..., last_decision_id: _Optional[str] = ..., generation: _Optional[int] = ..., components: _Optional[_Iterable[_Union[ComponentHealth, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., version: _Optional[str] = ..., policy: _Optional[str] = ..., telemetry_frozen: _Optional[bool] = ...) -> None: ...
+    details: _containers.RepeatedCompositeFieldContainer[StatusDetail]
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., profile: _Optional[str] = ..., last_tick_unix_s: _Optional[float] = ..., last_decision_id: _Optional[str] = ..., generation: _Optional[int] = ..., components: _Optional[_Iterable[_Union[ComponentHealth, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., version: _Optional[str] = ..., policy: _Optional[str] = ..., telemetry_frozen: _Optional[bool] = ..., details: _Optional[_Iterable[_Union[StatusDetail, _Mapping]]] = ...) -> None: ...
+
+class StatusDetail(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class DecisionSummary(_message.Message):
     __slots__ = ("decision_id", "generation", "at_unix_s", "mode", "summary", "outcome")

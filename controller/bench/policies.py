@@ -1,0 +1,292 @@
+"""`governor bench policies`: every policy on one scenario, same seed, side by side, against the oracle.
+
+Steps: load the scenario → build its workload once (the same the fleet would build
+for the seed) → profile each pool's per-replica capacity at the SLO (cached) →
+estimate demand → size static provisioning from the trace's peak → replay the
+scenario once per policy through `runner.run_policy` → find and replay the
+hindsight oracle → one table (rich, stdout), the same as JSON (`--json` prints
+only that object on stdout) and a PNG, both written to `--out` (default bench-out/).
+A progress bar goes to stderr.
+
+Policy names: the registered ones (static, hpa, kpa, sla-planner, scorer-kpa,
+slo-feedback, and mpc once it is registered — picked up when it builds, silently
+left out otherwise), the variants below, and "oracle" (always run unless a
+`--policies` list leaves it out). Scenario-dependent parameters come from the
+profile: `replicas` (static) = peak demand / capacity, `capacity` (SLA planner, and
+any policy that takes it) = the profiled ReplicaCapacity.
+
+Exit codes: 0 done; 2 bad scenario, unknown policy, or a pool that cannot meet its
+SLO at any load. Must not: write anywhere but --out (and its .cache), or read the
+wall clock except through controller.clock for the elapsed time it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controller.bench.oracle import PoolDemand, peak_rate, pool_demands, run_oracle, static_replicas
+from controller.bench.profile import PoolProfile, ProfileError, pool_model, profile_scenario, request_work_s
+from controller.bench.report import build_report, render_table, write_png
+from controller.bench.runner import Progress, RunResult, run_policy
+from controller.clock import WallClock
+from controller.policies.registry import POLICY_NAMES, build_policy, policy_params
+from controller.policies.sla_planner import ReplicaCapacity
+from controller.sim.fleet import Fleet
+from controller.sim.fleetspec import fleet_spec_from_scenario
+from controller.sim.scenario import Scenario, ScenarioError, load_scenario
+from controller.sim.workload import Workload
+
+DEFAULT_OUT = "bench-out"
+DEFAULT_TICK_S = 15.0
+
+# Bench variants of registered policies: label → (policy, parameters).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    # Dynamo's planner at a shorter adjustment interval than its 180 s default.
+    "sla-planner-60s": ("sla-planner", {"adjustment_interval_s": 60.0}),
+    # The vLLM production-stack tutorial's HPA: waiting requests per replica, target 1.
+    "hpa-queue": ("hpa", {"metric": "queue_per_replica"}),
+}
+ORACLE = "oracle"
+MPC = "mpc"
+
+
+class BenchError(ValueError):
+    """Bad bench input (unknown policy, bad scenario); the message is what the user sees."""
+
+
+@dataclass(frozen=True)
+class BenchContext:
+    """Everything derived from the scenario once and shared by every policy's replay."""
+
+    scenario: Scenario
+    seed: int
+    workload: Workload
+    profiles: Mapping[str, PoolProfile]
+    demands: Mapping[str, PoolDemand]
+    static_replicas: Mapping[str, int]
+
+
+def prepare(scenario: Scenario, *, seed: int, cache_dir: Path | str | None) -> BenchContext:
+    # The workload the fleet itself builds for this seed (same SeedSequence split), built once.
+    workload = Fleet(scenario, seed=seed, record_requests=False).workload
+    work_s = {p.name: request_work_s(pool_model(p), workload.trace.prompt_tokens, workload.trace.output_tokens,
+                                     max_num_batched_tokens=p.engine.max_num_batched_tokens) for p in scenario.pools}
+    profiles = profile_scenario(scenario, workload=workload, seed=seed, cache_dir=cache_dir, work_s=work_s)
+    demands = pool_demands(scenario, workload, profiles, work_s)
+    return BenchContext(scenario, seed, workload, profiles, demands, static_replicas(scenario, demands, profiles))
+
+
+def mpc_available(scenario: Scenario) -> bool:
+    """True when the MPC is registered and builds for this scenario with the bench's parameters."""
+    try:
+        build_policy(MPC, fleet_spec_from_scenario(scenario), _auto_params(MPC, None, scenario))
+        return True
+    except Exception:  # noqa: BLE001 - not registered yet, or not buildable: leave it out silently
+        return False
+
+
+def default_policies(scenario: Scenario) -> list[str]:
+    names = [n for n in POLICY_NAMES if n != MPC]
+    out: list[str] = []
+    for n in names:
+        out.append(n)
+        out.extend(v for v, (base, _) in VARIANTS.items() if base == n)
+    if mpc_available(scenario):
+        out.append(MPC)
+    out.append(ORACLE)
+    return out
+
+
+def resolve(label: str) -> tuple[str, dict[str, Any]]:
+    """label → (registered policy, fixed parameters); BenchError naming the label if unknown."""
+    if label in VARIANTS:
+        base, params = VARIANTS[label]
+        return base, dict(params)
+    if label in POLICY_NAMES or label == MPC:
+        return label, {}
+    valid = [*POLICY_NAMES, *VARIANTS, ORACLE]
+    raise BenchError(f"unknown policy {label!r}; valid policies: {', '.join(valid)}")
+
+
+def _auto_params(policy: str, ctx: BenchContext | None, scenario: Scenario | None = None) -> dict[str, Any]:
+    """Scenario-dependent parameters a policy accepts: `replicas` and `capacity` from the profile.
+
+    Without a context (the availability probe, before anything is profiled) placeholders of
+    the right shape are given, so a policy that needs them can still be built.
+    """
+    accepted = policy_params(policy)
+    out: dict[str, Any] = {}
+    if ctx is None:
+        pools = [p.name for p in scenario.pools] if scenario is not None else []
+        if "replicas" in accepted:
+            out["replicas"] = {p: 1 for p in pools}
+        if "capacity" in accepted:
+            out["capacity"] = {p: ReplicaCapacity(rps=1.0) for p in pools}
+        return out
+    if "replicas" in accepted:
+        out["replicas"] = dict(ctx.static_replicas)
+    if "capacity" in accepted:
+        out["capacity"] = {p: prof.capacity for p, prof in ctx.profiles.items()}
+    return out
+
+
+def params_for(label: str, ctx: BenchContext) -> tuple[str, dict[str, Any]]:
+    policy, fixed = resolve(label)
+    return policy, {**_auto_params(policy, ctx), **fixed}
+
+
+def parse_policies(text: str | None, scenario: Scenario) -> list[str]:
+    if text is None:
+        return default_policies(scenario)
+    labels = [x.strip() for x in text.split(",") if x.strip()]
+    if not labels:
+        raise BenchError("--policies: give at least one policy name")
+    seen: list[str] = []
+    for label in labels:
+        if label != ORACLE:
+            resolve(label)
+        if label == MPC and not mpc_available(scenario):
+            raise BenchError("policy 'mpc' is not available (not registered, or it does not build for this scenario)")
+        if label not in seen:
+            seen.append(label)
+    return seen
+
+
+def profile_summary(ctx: BenchContext) -> dict[str, Any]:
+    return {p: {"capacity_rps_per_replica": prof.capacity.rps, "slo_ttft_s": prof.slo.ttft_s,
+                "slo_tpot_s": prof.slo.tpot_s, "points": len(prof.points), "profile_replicas": prof.replicas,
+                "peak_demand_rps": None, "cache_key": prof.cache_key}
+            for p, prof in ctx.profiles.items()}
+
+
+def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: float = DEFAULT_TICK_S,
+              cache_dir: Path | str | None = None, progress: Callable[[str], Progress | None] | None = None,
+              scenario_file: str = "", timings: dict[str, float] | None = None,
+              oracle_max_replays: int | None = None) -> tuple[dict[str, Any], list[RunResult], BenchContext]:
+    """Run every labelled policy (and the oracle if listed); return (report, runs, context).
+
+    `timings`, when given, receives the wall seconds of each step (kept out of the report,
+    which must not depend on the machine).
+    """
+    clock = WallClock()
+    t = clock.monotonic_s()
+
+    def lap(what: str) -> None:
+        nonlocal t
+        now = clock.monotonic_s()
+        if timings is not None:
+            timings[what] = round(now - t, 2)
+        t = now
+
+    ctx = prepare(scenario, seed=seed, cache_dir=cache_dir)
+    lap("profile")
+    runs: list[RunResult] = []
+    for label in labels:
+        if label == ORACLE:
+            continue
+        policy, params = params_for(label, ctx)
+        try:
+            runs.append(run_policy(scenario, policy, seed=seed, tick_s=tick_s, params=params, workload=ctx.workload,
+                                   label=label, progress=progress(label) if progress else None))
+        except ValueError as exc:
+            raise BenchError(f"policy {label}: {exc}") from None
+        lap(label)
+    if ORACLE in labels:
+        runs.append(run_oracle(scenario, workload=ctx.workload, profiles=ctx.profiles, demands=ctx.demands,
+                               seed=seed, tick_s=tick_s, progress=progress, max_replays=oracle_max_replays).run)
+        lap(ORACLE)
+    profiles = profile_summary(ctx)
+    for p, d in ctx.demands.items():
+        profiles[p]["peak_demand_rps"] = peak_rate(d)
+        profiles[p]["mean_demand_rps"] = d.total / max(float(d.send_s[-1]) if len(d.send_s) else 1.0, 1.0)
+    report = build_report(scenario.name, seed, tick_s, runs, profiles, ctx.static_replicas, scenario_file)
+    return report, runs, ctx
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+class _Bar:
+    """A rich progress bar on stderr: one task per replay, advanced in simulated seconds."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.progress = Progress(TextColumn("{task.description:<22}"), BarColumn(), TextColumn("{task.fields[sim]}"),
+                                 TimeElapsedColumn(), console=self.console, disable=not enabled, transient=False)
+
+    def __enter__(self) -> _Bar:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def task(self, label: str) -> Progress:
+        task_id = self.progress.add_task(label, total=1.0, sim="")
+
+        def update(done_s: float, total_s: float) -> None:
+            total = max(total_s, done_s, 1.0)
+            self.progress.update(task_id, total=total, completed=min(done_s, total),
+                                 sim=f"{done_s / 60:.0f}/{total / 60:.0f} sim-min")
+
+        return update
+
+
+def scenario_seed(scenario: Scenario, seed: int | None) -> int:
+    return int(scenario.seed if seed is None else seed)
+
+
+def cmd_bench_policies(args: argparse.Namespace) -> int:
+    prog = "governor bench policies"
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        labels = parse_policies(getattr(args, "policies", None), scenario)
+    except BenchError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    seed = scenario_seed(scenario, getattr(args, "seed", None))
+    out_dir = Path(args.out or DEFAULT_OUT)
+    tick_s = float(getattr(args, "tick_s", None) or DEFAULT_TICK_S)
+    clock = WallClock()
+    t0 = clock.monotonic_s()
+    try:
+        with _Bar(enabled=not getattr(args, "quiet", False)) as bar:
+            report, runs, ctx = run_bench(scenario, labels, seed=seed, tick_s=tick_s, cache_dir=out_dir / ".cache",
+                                          progress=bar.task, scenario_file=str(args.scenario))
+    except (BenchError, ProfileError, ScenarioError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{scenario.name}.json"
+    json_path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    png_path = write_png(out_dir / f"{scenario.name}.png", report, runs,
+                         {c: s.ttft_s for c, s in fleet_spec_from_scenario(scenario).slos.items()})
+    elapsed = clock.monotonic_s() - t0
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        from rich.console import Console
+
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=220)  # a pipe or file gets the whole table, not an 80-column squeeze
+        console.print(render_table(report))
+    print(f"wrote {json_path} and {png_path} ({elapsed:.0f} s wall)", file=sys.stderr)
+    return 0
+
+
+__all__ = ["BenchContext", "BenchError", "VARIANTS", "cmd_bench_policies", "default_policies", "params_for",
+           "parse_policies", "prepare", "resolve", "run_bench"]

@@ -1,0 +1,232 @@
+"""The bench's outputs: the JSON report, the rich table and the PNG of the control loop over time.
+
+Pure formatting of `RunResult`s: no simulation here. The JSON is the interface
+other work relies on (`governor bench policies --json`):
+
+    {"scenario", "seed", "tick_s", "best_baseline", "profiles", "static_replicas",
+     "policies": {NAME: {"cost_per_successful_task_usd", "successful_tasks", "tasks",
+                         "slo_attainment": {"critical", "standard", "sheddable"},
+                         "gpu_hours", "ttft_p95_s", "tpot_p95_s", "hit_rate", "shed",
+                         "failed", ...}}}
+
+with one entry per policy run plus "oracle". Nothing time-of-day or wall-clock
+dependent goes in it, so two runs with the same seed give identical JSON.
+Must not: run policies, or write anywhere but the paths it is given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from controller.bench.runner import RunResult, _jsonable
+from controller.types import PRIORITY_CLASSES
+
+# Base policies that count as baselines for "ratio to the best baseline" (not Governor's own policies).
+BASELINE_BASES = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa")
+
+SUMMARY_FIELDS = ("cost_per_successful_task_usd", "successful_tasks", "tasks", "cost_usd", "gpu_hours",
+                  "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "hit_rate", "shed", "failed", "retried",
+                  "timed_out", "preemptions", "requests", "completed", "duration_s")
+
+
+def policy_entry(run: RunResult) -> dict[str, Any]:
+    s = run.summary
+    out: dict[str, Any] = {f: s.get(f) for f in SUMMARY_FIELDS}
+    att = s.get("slo_attainment") or {}
+    out["slo_attainment"] = {c: att.get(c) for c in PRIORITY_CLASSES}
+    out["request_slo_attainment"] = {c: run.request_slo_attainment.get(c) for c in PRIORITY_CLASSES}
+    out["scaling_actions"] = run.scaling_actions
+    out["decisions"] = run.decisions
+    out["changed_decisions"] = run.changed_decisions
+    out["replicas_peak"] = {p: v.get("replicas_peak") for p, v in (s.get("per_pool") or {}).items()}
+    if run.params:
+        out["params"] = _jsonable(run.params)
+    if run.extra:
+        out.update({k: _jsonable(v) for k, v in run.extra.items()})
+    return out
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def base_name(label: str) -> str:
+    for b in sorted(BASELINE_BASES, key=len, reverse=True):
+        if label == b or label.startswith(b + "-"):
+            return b
+    return label
+
+
+def add_ratios(entries: dict[str, dict[str, Any]]) -> str | None:
+    """Add ratio_to_best_baseline and ratio_to_oracle (cost per successful task); return the best baseline."""
+    key = "cost_per_successful_task_usd"
+    baselines = {n: e[key] for n, e in entries.items() if base_name(n) in BASELINE_BASES and _finite(e.get(key))}
+    best = min(baselines, key=lambda n: (baselines[n], n)) if baselines else None
+    oracle = entries.get("oracle", {}).get(key)
+    for e in entries.values():
+        v = e.get(key)
+        e["ratio_to_best_baseline"] = v / baselines[best] if best and _finite(v) else None
+        e["ratio_to_oracle"] = v / oracle if _finite(oracle) and oracle > 0 and _finite(v) else None
+    return best
+
+
+def build_report(scenario_name: str, seed: int, tick_s: float, runs: Sequence[RunResult],
+                 profiles: Mapping[str, Any], static_replicas: Mapping[str, int], scenario_file: str = "") -> dict[str, Any]:
+    entries = {r.policy: policy_entry(r) for r in runs}
+    best = add_ratios(entries)
+    return _jsonable({
+        "scenario": scenario_name,
+        "scenario_file": scenario_file,
+        "seed": int(seed),
+        "tick_s": float(tick_s),
+        "best_baseline": best,
+        "profiles": dict(profiles),
+        "static_replicas": dict(static_replicas),
+        "policies": entries,
+    })
+
+
+# --------------------------------------------------------------------------- table
+
+
+def _fmt(v: Any, spec: str = ".3g", pct: bool = False) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if pct:
+        return f"{100 * v:.1f}%"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return format(v, spec)
+
+
+def render_table(report: Mapping[str, Any]):
+    """A rich Table with one row per policy (sorted by cost per successful task, oracle last)."""
+    from rich.table import Table
+
+    t = Table(title=f"{report['scenario']} (seed {report['seed']}, tick {report['tick_s']:g} s)", show_lines=False)
+    cols = [("policy", "left"), ("$/succ. task", "right"), ("× best base", "right"), ("× oracle", "right"),
+            ("succ. tasks", "right"), ("SLO crit/std/shed", "right"), ("TTFT p50/p95 s", "right"),
+            ("TPOT p50/p95 ms", "right"), ("GPU-h", "right"), ("hit", "right"), ("shed/fail/retry", "right"),
+            ("scale acts", "right")]
+    for name, just in cols:
+        t.add_column(name, justify=just, no_wrap=True)
+    pols = report["policies"]
+    order = sorted((n for n in pols if n != "oracle"),
+                   key=lambda n: (pols[n].get("cost_per_successful_task_usd") is None,
+                                  pols[n].get("cost_per_successful_task_usd") or 0.0, n))
+    if "oracle" in pols:
+        order.append("oracle")
+    for n in order:
+        e = pols[n]
+        att = e["slo_attainment"]
+        label = n + (" *" if n == report.get("best_baseline") else "")
+        if n == "oracle" and e.get("margin") is not None:
+            label += f" (×{e['margin']:g}{'' if e.get('slo_met') else ', SLO missed'})"
+        tpot = lambda v: None if v is None else 1000.0 * v  # noqa: E731
+        t.add_row(
+            label,
+            _fmt(e["cost_per_successful_task_usd"], ".4f"),
+            _fmt(e.get("ratio_to_best_baseline"), ".2f"),
+            _fmt(e.get("ratio_to_oracle"), ".2f"),
+            f"{_fmt(e['successful_tasks'])}/{_fmt(e['tasks'])}",
+            "/".join(_fmt(att.get(c), pct=True) for c in PRIORITY_CLASSES),
+            f"{_fmt(e['ttft_p50_s'], '.2f')}/{_fmt(e['ttft_p95_s'], '.2f')}",
+            f"{_fmt(tpot(e['tpot_p50_s']), '.0f')}/{_fmt(tpot(e['tpot_p95_s']), '.0f')}",
+            _fmt(e["gpu_hours"], ".1f"),
+            _fmt(e["hit_rate"], pct=True),
+            f"{_fmt(e['shed'])}/{_fmt(e['failed'])}/{_fmt(e['retried'])}",
+            _fmt(e["scaling_actions"]),
+        )
+    t.caption = ("* best baseline. SLO = share of tasks meeting their class's TTFT and TPOT SLOs. "
+                 "Oracle: hindsight replica schedule (×margin on profiled capacity).")
+    return t
+
+
+def table_markdown(report: Mapping[str, Any]) -> str:
+    """The same table as GitHub markdown (for docs/BENCHMARKS.md)."""
+    pols = report["policies"]
+    order = sorted((n for n in pols if n != "oracle"),
+                   key=lambda n: (pols[n].get("cost_per_successful_task_usd") is None,
+                                  pols[n].get("cost_per_successful_task_usd") or 0.0, n))
+    if "oracle" in pols:
+        order.append("oracle")
+    head = ("| policy | $/succ. task | × best baseline | × oracle | succ. tasks | SLO crit / std / shed | "
+            "TTFT p50 / p95 s | TPOT p50 / p95 ms | GPU-h | hit rate | shed / failed / retried | scaling actions |")
+    lines = [head, "|" + "---|" * 12]
+    for n in order:
+        e = pols[n]
+        att = e["slo_attainment"]
+        label = f"**{n}**" if n == report.get("best_baseline") else n
+        if n == "oracle" and e.get("margin") is not None:
+            label += f" (×{e['margin']:g}{'' if e.get('slo_met') else ', SLO missed'})"
+        tp50 = None if e["tpot_p50_s"] is None else 1000 * e["tpot_p50_s"]
+        tp95 = None if e["tpot_p95_s"] is None else 1000 * e["tpot_p95_s"]
+        lines.append(
+            f"| {label} | {_fmt(e['cost_per_successful_task_usd'], '.4f')} | {_fmt(e.get('ratio_to_best_baseline'), '.2f')} | "
+            f"{_fmt(e.get('ratio_to_oracle'), '.2f')} | {_fmt(e['successful_tasks'])} / {_fmt(e['tasks'])} | "
+            + " / ".join(_fmt(att.get(c), pct=True) for c in PRIORITY_CLASSES)
+            + f" | {_fmt(e['ttft_p50_s'], '.2f')} / {_fmt(e['ttft_p95_s'], '.2f')} | {_fmt(tp50, '.0f')} / {_fmt(tp95, '.0f')} | "
+            f"{_fmt(e['gpu_hours'], '.1f')} | {_fmt(e['hit_rate'], pct=True)} | "
+            f"{_fmt(e['shed'])} / {_fmt(e['failed'])} / {_fmt(e['retried'])} | {_fmt(e['scaling_actions'])} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- PNG
+
+
+def _series(run: RunResult, what: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for p in run.timeline:
+        pools = p["pools"].values()
+        if what == "replicas":
+            y = float(sum(pp["replicas_ready"] or 0 for pp in pools))
+        elif what == "load":
+            y = float(sum(pp["arrival_rps"] or 0.0 for pp in pools))
+        elif what == "ttft":
+            vals = [pp["ttft_p95_s"] for pp in pools if pp["ttft_p95_s"] is not None]
+            y = max(vals) if vals else math.nan
+        else:  # hit rate, arrival-weighted over pools
+            num = sum((pp["hit_rate"] or 0.0) * (pp["arrival_rps"] or 0.0) for pp in pools if pp["hit_rate"] is not None)
+            den = sum((pp["arrival_rps"] or 0.0) for pp in pools if pp["hit_rate"] is not None)
+            y = num / den if den > 0 else math.nan
+        xs.append(p["t_s"] / 60.0)
+        ys.append(y)
+    return xs, ys
+
+
+def write_png(path: Path | str, report: Mapping[str, Any], runs: Sequence[RunResult], slo_ttft_s: Mapping[str, float]) -> Path:
+    """Replicas, load, p95 TTFT vs SLO and hit rate over time, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, axes = plt.subplots(4, 1, figsize=(11, 12), sharex=True, constrained_layout=True)
+    panels = (("replicas", "ready replicas"), ("load", "arrivals (req/s)"), ("ttft", "p95 TTFT (s, log)"),
+              ("hit", "prefix-cache hit rate"))
+    cmap = plt.get_cmap("tab10")
+    for i, run in enumerate(runs):
+        style = {"color": "black", "linewidth": 2.0, "linestyle": "--"} if run.policy == "oracle" else \
+                {"color": cmap(i % 10), "linewidth": 1.2}
+        for ax, (what, _) in zip(axes, panels):
+            xs, ys = _series(run, what)
+            ax.plot(xs, ys, label=run.policy, **style)
+    for ax, (what, label) in zip(axes, panels):
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    for j, (cls, v) in enumerate(sorted(slo_ttft_s.items(), key=lambda kv: kv[1])):
+        axes[2].axhline(v, color="red", alpha=0.6 - 0.15 * j, linestyle=":", linewidth=1.2, label=f"SLO {cls} {v:g} s")
+    axes[2].set_yscale("log")
+    axes[3].set_ylim(0, 1)
+    axes[-1].set_xlabel("simulated minutes")
+    axes[0].legend(loc="upper left", fontsize=8, ncol=3)
+    axes[2].legend(loc="upper left", fontsize=7, ncol=3)
+    fig.suptitle(f"{report['scenario']} — seed {report['seed']}, tick {report['tick_s']:g} s")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -1,0 +1,315 @@
+"""`governor bench tick`: the daemon's per-tick overhead for a large fleet (read + step + actuate).
+
+Setup, all on loopback:
+- a real HTTP server in a child process serves canned vLLM V1 /metrics for
+  `replicas` engines in `pools` pools (rendered once by the simulator's vLLM
+  collector; counters and histogram series grow by one tick's worth of traffic on
+  every scrape, gauges stay), plus the router's /metrics;
+- `ScrapeSource` (controller/telemetry/scrape.py) reads all of them every tick;
+- the pure `Controller` steps with the slo-feedback policy (cheap on purpose: this
+  measures the plumbing, not a planner's search);
+- `GrpcActuator` sends each decision to a small in-process gRPC fake fleet
+  (RouterControl + AutoscalerControl that ack with control.proto's generation rules).
+
+Ticks run back to back on a virtual clock (15 s of fleet time each) and each phase
+is timed with the wall clock's monotonic time. Output: p50/p99 of the whole tick
+and p99 per phase in ms, and the process RSS (MB), as a table or one JSON object
+(`tick_p50_ms`, `tick_p99_ms`, `rss_mb`, `phases_p99_ms`, ...). The server runs in
+another process so its rendering does not compete with the measured process for
+the GIL (as a real fleet's exporters would not). Must not: listen anywhere but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import threading
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+
+from controller.clock import VirtualClock, WallClock
+from controller.types import FleetSpec, PoolSpec, SloSpec
+
+TICK_S = 15.0
+MODEL_NAME = "meta-llama/Meta-Llama-3-8B-Instruct"
+
+
+# --------------------------------------------------------------------------- the /metrics server (child process)
+
+
+_SCALED_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+
+
+def canned_template(text: str) -> list[tuple[str, float | None, bool]]:
+    """Split exposition text into (line or series, value, grows) entries.
+
+    Counter and histogram series (…_total, _bucket, _count, _sum) grow linearly with the
+    scrape number, gauges stay, comments are kept as they are (value None).
+    """
+    out: list[tuple[str, float | None, bool]] = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            out.append((line, None, False))
+            continue
+        series, _, value = line.rpartition(" ")
+        name = series.split("{", 1)[0]
+        out.append((series, float(value), name.endswith(_SCALED_SUFFIXES)))
+    return out
+
+
+def render_canned(template: list[tuple[str, float | None, bool]], n: int) -> bytes:
+    """The text at scrape n: growing series × n (one tick's traffic per scrape)."""
+    lines = [series if v is None else f"{series} {v * n if grows else v!r}" for series, v, grows in template]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _replica_text(i: int, n_pools: int, rng: np.random.Generator) -> str:
+    """One replica's /metrics after one tick (15 s) of ~2 req/s, rendered by the simulator's vLLM collector."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from controller.sim.exposition import ReplicaCollector
+    from controller.sim.stats import ReplicaStats
+
+    s = ReplicaStats(replica_id=f"r{i}", pool=f"pool-{i % n_pools}", model_name=MODEL_NAME, node_id=f"node-{i // 8}",
+                     gpu_indices=(i % 8,), num_gpu_blocks=20000, block_size=16, gpu_memory_utilization=0.9)
+    n = int(rng.integers(20, 40))
+    s.num_requests_running = int(rng.integers(4, 24))
+    s.num_requests_waiting = int(rng.integers(0, 6))
+    s.kv_cache_usage_perc = float(rng.uniform(0.2, 0.8))
+    s.prefix_cache_queries = n * 1000.0
+    s.prefix_cache_hits = n * 300.0
+    s.prompt_tokens = n * 1000.0
+    s.generation_tokens = n * 200.0
+    s.request_success["stop"] = float(n)
+    for _ in range(3):
+        s.ttft_s.observe(float(rng.uniform(0.05, 1.5)), n / 3)
+        s.itl_s.observe(float(rng.uniform(0.01, 0.08)), n * 60.0)
+        s.tpot_s.observe(float(rng.uniform(0.01, 0.08)), n / 3)
+        s.e2e_s.observe(float(rng.uniform(1.0, 12.0)), n / 3)
+        s.queue_time_s.observe(float(rng.uniform(0.0, 0.5)), n / 3)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ReplicaCollector(s))
+    return generate_latest(reg).decode()
+
+
+def _serve(n_replicas: int, n_pools: int, ready: Any, port_out: Any, stop: Any) -> None:
+    """Child process: serve canned /r/<i>/metrics for every replica and /router/metrics until `stop` is set."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from controller.sim.exposition import RouterCollector
+    from controller.sim.stats import RouterStats
+
+    rng = np.random.default_rng(0)
+    templates = [canned_template(_replica_text(i, n_pools, rng)) for i in range(n_replicas)]
+    scrapes = [0] * n_replicas
+    router_reg = CollectorRegistry(auto_describe=False)
+    router_reg.register(RouterCollector(RouterStats(model_name=MODEL_NAME)))
+    router_body = generate_latest(router_reg)
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            parts = self.path.strip("/").split("/")
+            if parts[0] == "router":
+                body = router_body
+            elif parts[0] == "r" and len(parts) == 3 and parts[1].isdigit() and int(parts[1]) < n_replicas:
+                i = int(parts[1])
+                with lock:
+                    scrapes[i] += 1
+                    n = scrapes[i]
+                body = render_canned(templates[i], n)
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    port_out.value = server.server_address[1]
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    ready.set()
+    stop.wait(3600.0)  # bounded: the parent sets it when done
+    server.shutdown()
+
+
+# --------------------------------------------------------------------------- the gRPC fake fleet (in process)
+
+
+def _fake_fleet(pools: set[str]):
+    """RouterControl + AutoscalerControl on 127.0.0.1 that apply newer generations and ack (control.proto rules)."""
+    import grpc
+
+    from controller.gen.governor.v1 import control_pb2, control_pb2_grpc
+
+    class _Gate:
+        def __init__(self) -> None:
+            self.generation = 0
+            self.decision_id = ""
+            self.lock = threading.Lock()
+
+        def ack(self, meta) -> control_pb2.Ack:
+            with self.lock:
+                if meta.generation < self.generation or (meta.generation == self.generation
+                                                         and meta.decision_id != self.decision_id):
+                    return control_pb2.Ack(status=control_pb2.ACK_STATUS_STALE_GENERATION,
+                                           applied_generation=self.generation)
+                if meta.generation == self.generation:
+                    return control_pb2.Ack(status=control_pb2.ACK_STATUS_REPLAY, applied_generation=self.generation)
+                self.generation, self.decision_id = meta.generation, meta.decision_id
+                return control_pb2.Ack(status=control_pb2.ACK_STATUS_APPLIED, applied_generation=self.generation)
+
+    class Router(control_pb2_grpc.RouterControlServicer):
+        def __init__(self) -> None:
+            self.gate = _Gate()
+
+        def ApplyRoutingPolicy(self, request, context):  # noqa: N802 - gRPC method name
+            if any(p.pool not in pools for p in request.pools):
+                return control_pb2.Ack(status=control_pb2.ACK_STATUS_INVALID, message="unknown pool")
+            return self.gate.ack(request.meta)
+
+    class Autoscaler(control_pb2_grpc.AutoscalerControlServicer):
+        def __init__(self) -> None:
+            self.gate = _Gate()
+
+        def ApplyScalingPlan(self, request, context):  # noqa: N802 - gRPC method name
+            if any(p.pool not in pools for p in request.pools):
+                return control_pb2.Ack(status=control_pb2.ACK_STATUS_INVALID, message="unknown pool")
+            return self.gate.ack(request.meta)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    control_pb2_grpc.add_RouterControlServicer_to_server(Router(), server)
+    control_pb2_grpc.add_AutoscalerControlServicer_to_server(Autoscaler(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+# --------------------------------------------------------------------------- the measurement
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def measure(pools: int, replicas: int, ticks: int) -> dict[str, Any]:
+    if pools < 1 or replicas < pools or ticks < 1:
+        raise ValueError(f"need pools >= 1, replicas >= pools and ticks >= 1 (got {pools}, {replicas}, {ticks})")
+    names = [f"pool-{k}" for k in range(pools)]
+    ctx = multiprocessing.get_context("fork")
+    ready, stop = ctx.Event(), ctx.Event()
+    port = ctx.Value("i", 0)
+    proc = ctx.Process(target=_serve, args=(replicas, pools, ready, port, stop), daemon=True)
+    proc.start()  # fork before gRPC is imported or any thread exists in this process
+
+    import psutil
+
+    from controller.actuation.grpc_actuator import GrpcActuator
+    from controller.core.step import Controller, TickInput
+    from controller.policies.registry import build_policy
+    from controller.telemetry.scrape import ScrapeSource
+    from controller.telemetry.source import ScrapeTarget
+
+    grpc_server = None
+    source = actuator = None
+    try:
+        if not ready.wait(30.0):
+            raise RuntimeError("the /metrics server did not start within 30 s")
+        base = f"http://127.0.0.1:{port.value}"
+        targets = [ScrapeTarget(f"{base}/r/{i}/metrics", names[i % pools], "vllm") for i in range(replicas)]
+        targets.append(ScrapeTarget(f"{base}/router/metrics", "", "router"))
+        source = ScrapeSource(names, targets=targets, timeout_s=5.0, window_s=60.0, stale_after_s=3600.0)
+        per_pool = replicas // pools
+        fleet = FleetSpec(
+            pools=tuple(PoolSpec(name=n, model="llama-3-8b", sku="a100-80gb", usd_per_replica_hour=2.0,
+                                 min_replicas=1, max_replicas=4 * per_pool) for n in names),
+            slos={"critical": SloSpec(2.5, 0.1), "standard": SloSpec(5.0, 0.15), "sheddable": SloSpec(10.0, 0.3)})
+        controller = Controller(fleet, build_policy("slo-feedback", fleet, {}), seed=0, tick_s=TICK_S)
+        grpc_server, address = _fake_fleet(set(names))
+        vclock = VirtualClock(1_000_000.0)
+        actuator = GrpcActuator(address, address, clock=vclock, call_timeout_s=5.0)
+        wall = WallClock()
+        state = controller.initial_state()
+        phases: dict[str, list[float]] = {"read": [], "step": [], "actuate": []}
+        totals: list[float] = []
+        failures = 0
+        warmup = min(3, ticks)
+        for k in range(ticks + warmup):
+            now = vclock.advance(TICK_S)
+            t0 = wall.monotonic_s()
+            obs = source.read(now)
+            t1 = wall.monotonic_s()
+            state, result = controller.step(state, TickInput(now_s=now, observation=obs))
+            t2 = wall.monotonic_s()
+            outcome = actuator.apply(result.decision) if result.decision is not None else None
+            t3 = wall.monotonic_s()
+            if k < warmup:
+                continue  # connection set-up and first-window effects are not steady state
+            failures += int(outcome is not None and not outcome.ok)
+            phases["read"].append(1000 * (t1 - t0))
+            phases["step"].append(1000 * (t2 - t1))
+            phases["actuate"].append(1000 * (t3 - t2))
+            totals.append(1000 * (t3 - t0))
+        rss_mb = psutil.Process().memory_info().rss / 2**20
+        pools_seen = sum(1 for p in obs.pools.values() if p.replicas_ready.ok)
+        return {
+            "pools": pools, "replicas": replicas, "ticks": ticks,
+            "tick_p50_ms": round(_pct(totals, 50), 2), "tick_p99_ms": round(_pct(totals, 99), 2),
+            "tick_max_ms": round(max(totals), 2),
+            "phases_p50_ms": {k: round(_pct(v, 50), 2) for k, v in phases.items()},
+            "phases_p99_ms": {k: round(_pct(v, 99), 2) for k, v in phases.items()},
+            "read_p99_ms": round(_pct(phases["read"], 99), 2), "step_p99_ms": round(_pct(phases["step"], 99), 2),
+            "actuate_p99_ms": round(_pct(phases["actuate"], 99), 2),
+            "rss_mb": round(rss_mb, 1), "actuation_failures": failures, "pools_observed": pools_seen,
+            "replicas_observed": int(sum(p.replicas_ready.value for p in obs.pools.values() if p.replicas_ready.ok)),
+            "policy": "slo-feedback",
+        }
+    finally:
+        if actuator is not None:
+            actuator.close()
+        if source is not None:
+            source.close()
+        if grpc_server is not None:
+            grpc_server.stop(0).wait()
+        stop.set()
+        proc.join(10.0)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5.0)
+
+
+def cmd_bench_tick(args: argparse.Namespace) -> int:
+    try:
+        out = measure(int(args.pools), int(args.replicas), int(args.ticks))
+    except (ValueError, RuntimeError) as exc:
+        print(f"governor bench tick: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"tick overhead: {out['replicas']} replicas in {out['pools']} pools, {out['ticks']} ticks "
+                    f"(policy {out['policy']})")
+    for c in ("phase", "p50 ms", "p99 ms"):
+        t.add_column(c, justify="left" if c == "phase" else "right")
+    for k in ("read", "step", "actuate"):
+        t.add_row(k, f"{out['phases_p50_ms'][k]:.2f}", f"{out['phases_p99_ms'][k]:.2f}")
+    t.add_row("[b]tick", f"[b]{out['tick_p50_ms']:.2f}", f"[b]{out['tick_p99_ms']:.2f}")
+    Console().print(t)
+    print(f"RSS {out['rss_mb']:.0f} MB; observed {out['replicas_observed']} replicas in {out['pools_observed']} pools; "
+          f"{out['actuation_failures']} actuation failures")
+    return 0

@@ -1,0 +1,287 @@
+"""The cascading-failure breaker: see replica loss turn into a cache and latency collapse, respond as a unit.
+
+The pattern (DESIGN.md §7): replicas are lost → their caches go with them → the rerouted load
+lands on cold caches, the hit rate collapses, prefill work and latency jump, clients retry
+and add load, more replicas tip over. The breaker watches for it in telemetry alone:
+
+  loss      ready replicas of a pool fell by ≥ max(loss_min, loss_frac × before) within
+            `loss_window_s` while the target in force did not fall (not our own scale-down);
+  symptoms  the pool's hit rate fell ≥ hit_drop_frac below its baseline, or a class's p95
+            TTFT/TPOT rose above its SLO (or ≥ latency_rise × its baseline), or client
+            retries rose above retry_rise_rps + baseline.
+
+It trips (phase "open") when a loss is followed by a symptom within `suspect_s`, or at once
+when a loss takes ≥ `big_loss_frac` of the pool. While open it hands the planner
+constraints, all at once:
+
+  replacements   the pool's replica floor is its target before the loss (replacements start
+                 now and are never traded away for cost while the fleet is hurt);
+  spread         the cache-affinity (prefix) weight is capped low, so the moved prefixes are
+                 spread by load instead of piling onto the first replica that caches them;
+                 the cap is raised step by step while recovering (a ramp, not a jump);
+  protect        a ceiling on the in-flight cap per replica (the batch at which TPOT p95 stays
+                 within the tightest SLO, computed by the policy from its model), so running
+                 streams keep their pace and the excess waits at the router, critical first;
+  shed           a floor on the sheddable class's shed fraction (stage 2: 0.5, stage 3: 1.0);
+                 the standard class only at stage 3 and only while critical is still late.
+
+Stages: 3 = open and critical still late, 2 = open, 1 = recovering (ramp), 0 = closed.
+Escalation from 2 to 3 when critical p95 stays above its SLO for `escalate_s`; relaxation
+one stage per `stable_s` of no symptoms (recovering → closed after the ramp). The state is a
+frozen value the policy carries; `BreakerState.status()` is what status and metrics export.
+
+Must not: do I/O, read the clock (time is `now_s`), or decide anything beyond the constraints
+above (the planner chooses within them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.types import FleetObservation, FleetSpec, PRIORITY_CLASSES
+
+CLOSED, OPEN, RECOVERING = "closed", "open", "recovering"
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    enabled: bool = True
+    loss_frac: float = 0.2
+    loss_min: int = 1
+    big_loss_frac: float = 0.3
+    loss_window_s: float = 60.0
+    suspect_s: float = 90.0
+    hit_drop_frac: float = 0.25
+    latency_rise: float = 1.5
+    retry_rise_rps: float = 0.5
+    escalate_s: float = 30.0
+    stable_s: float = 45.0
+    baseline_alpha: float = 0.1  # EWMA weight of a new sample in the baselines (closed phase only)
+    spread_prefix_weight: float = 1.0  # affinity ceiling while open
+    ramp_prefix_weight: float = 2.0  # affinity ceiling while recovering
+    shed_stage2: float = 0.5
+    shed_stage3: float = 1.0
+    standard_shed_stage3: float = 0.3
+
+    def __post_init__(self) -> None:
+        for name in ("loss_frac", "big_loss_frac", "hit_drop_frac", "baseline_alpha", "shed_stage2", "shed_stage3",
+                     "standard_shed_stage3"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+                raise ValueError(f"breaker.{name} must be in [0, 1] (got {v!r})")
+        for name in ("loss_window_s", "suspect_s", "escalate_s", "stable_s", "latency_rise", "spread_prefix_weight",
+                     "ramp_prefix_weight", "retry_rise_rps"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"breaker.{name} must be a finite number >= 0 (got {v!r})")
+        if not (isinstance(self.loss_min, int) and self.loss_min >= 1):
+            raise ValueError(f"breaker.loss_min must be an integer >= 1 (got {self.loss_min!r})")
+
+
+@dataclass(frozen=True)
+class PoolWatch:
+    """What the breaker remembers about one pool."""
+
+    last_ready: int | None = None
+    last_target: int | None = None
+    losses: tuple[tuple[float, int], ...] = ()  # (t, replicas lost) inside the loss window
+    loss_seen_s: float | None = None  # time of the latest qualifying loss
+    pre_loss_target: int = 0
+    hit_baseline: float | None = None
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    phase: str = CLOSED
+    stage: int = 0
+    since_s: float = 0.0
+    tripped_at_s: float | None = None
+    trigger: str = ""
+    pools_hit: tuple[str, ...] = ()
+    calm_since_s: float | None = None
+    late_since_s: float | None = None
+    trips: int = 0
+    watch: Mapping[str, PoolWatch] = field(default_factory=dict)
+    ttft_baseline: Mapping[str, float] = field(default_factory=dict)
+    tpot_baseline: Mapping[str, float] = field(default_factory=dict)
+    retry_baseline: float | None = None
+    floors: Mapping[str, int] = field(default_factory=dict)
+
+    def status(self) -> dict[str, Any]:
+        """The breaker as status/metrics show it."""
+        return {"phase": self.phase, "stage": self.stage, "since_s": self.since_s, "tripped_at_s": self.tripped_at_s,
+                "trigger": self.trigger, "pools": list(self.pools_hit), "trips": self.trips,
+                "replica_floors": dict(self.floors)}
+
+
+@dataclass(frozen=True)
+class BreakerAction:
+    """Constraints the planner must respect this tick (empty when closed)."""
+
+    min_replicas: Mapping[str, int] = field(default_factory=dict)
+    max_prefix_weight: Mapping[str, float] = field(default_factory=dict)
+    protect_streams: bool = False  # cap in-flight per replica at the SLO-safe batch
+    min_shed: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.min_replicas or self.max_prefix_weight or self.protect_streams or self.min_shed)
+
+
+def _ok(r) -> float | None:
+    return float(r.value) if r.ok and math.isfinite(r.value) else None
+
+
+def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, observation: FleetObservation,
+                   fleet: FleetSpec, targets: Mapping[str, int]) -> tuple[BreakerState, BreakerAction, list[str]]:
+    """Advance the breaker one tick. `targets`: the replica target in force per pool.
+
+    Returns (new state, constraints for the planner, notes on what changed: human-readable).
+    """
+    if not cfg.enabled:
+        return state, BreakerAction(), []
+    notes: list[str] = []
+    watch = dict(state.watch)
+    losses_now: list[str] = []
+    big = False
+    hit_drop: list[str] = []
+    for spec in fleet.pools:
+        name = spec.name
+        obs = observation.pools.get(name)
+        w = watch.get(name, PoolWatch())
+        ready = _ok(obs.replicas_ready) if obs is not None else None
+        target = int(targets.get(name, w.last_target if w.last_target is not None else 0))
+        hit = _ok(obs.hit_rate) if obs is not None else None
+        losses = tuple((t, n) for t, n in w.losses if now_s - t < cfg.loss_window_s)
+        loss_seen = w.loss_seen_s
+        pre = w.pre_loss_target
+        if ready is not None and w.last_ready is not None:
+            drop = w.last_ready - int(round(ready))
+            planned = w.last_target is not None and target < w.last_target
+            if drop > 0 and not planned:
+                losses = losses + ((now_s, drop),)
+        lost = sum(n for _, n in losses)
+        ref = max(target, 1)  # a crash leaves the target as it was: the size the pool should have
+        if lost >= max(cfg.loss_min, cfg.loss_frac * ref):
+            if loss_seen is None or now_s - loss_seen >= cfg.loss_window_s:
+                pre = max(target, (w.last_target or 0))
+            loss_seen = now_s
+            losses_now.append(name)
+            if lost >= cfg.big_loss_frac * ref:
+                big = True
+        baseline = w.hit_baseline
+        if hit is not None and baseline is not None and baseline > 0.05 and hit < baseline * (1 - cfg.hit_drop_frac):
+            hit_drop.append(name)
+        if hit is not None and state.phase == CLOSED and not losses:
+            baseline = hit if baseline is None else (1 - cfg.baseline_alpha) * baseline + cfg.baseline_alpha * hit
+        watch[name] = PoolWatch(last_ready=int(round(ready)) if ready is not None else w.last_ready,
+                                last_target=target, losses=losses, loss_seen_s=loss_seen, pre_loss_target=pre,
+                                hit_baseline=baseline)
+
+    # Latency and retry symptoms, per class (router view).
+    late: list[str] = []
+    critical_late = False
+    ttft_b, tpot_b = dict(state.ttft_baseline), dict(state.tpot_baseline)
+    retries = 0.0
+    have_retry = False
+    for c, co in observation.classes.items():
+        slo = fleet.slos.get(c)
+        ttft, tpot = _ok(co.ttft_p95_s), _ok(co.tpot_p95_s)
+        r = _ok(co.retry_rps)
+        if r is not None:
+            retries += r
+            have_retry = True
+        over = False
+        if slo is not None:
+            if ttft is not None and (ttft > slo.ttft_s or (c in ttft_b and ttft > cfg.latency_rise * ttft_b[c]
+                                                           and ttft > 0.5 * slo.ttft_s)):
+                over = True
+            if tpot is not None and (tpot > slo.tpot_s or (c in tpot_b and tpot > cfg.latency_rise * tpot_b[c]
+                                                           and tpot > 0.5 * slo.tpot_s)):
+                over = True
+        if over:
+            late.append(c)
+            if c == PRIORITY_CLASSES[0]:
+                critical_late = critical_late or (slo is not None and ((ttft or 0) > slo.ttft_s or (tpot or 0) > slo.tpot_s))
+        if state.phase == CLOSED and not over:
+            a = cfg.baseline_alpha
+            if ttft is not None:
+                ttft_b[c] = ttft if c not in ttft_b else (1 - a) * ttft_b[c] + a * ttft
+            if tpot is not None:
+                tpot_b[c] = tpot if c not in tpot_b else (1 - a) * tpot_b[c] + a * tpot
+    retry_b = state.retry_baseline
+    retry_rise = have_retry and retry_b is not None and retries > retry_b + cfg.retry_rise_rps
+    if have_retry and state.phase == CLOSED and not retry_rise:
+        retry_b = retries if retry_b is None else (1 - cfg.baseline_alpha) * retry_b + cfg.baseline_alpha * retries
+    symptoms = bool(hit_drop or late or retry_rise)
+    suspects = [n for n, w in watch.items() if w.loss_seen_s is not None and now_s - w.loss_seen_s < cfg.suspect_s]
+
+    phase, stage, since, tripped_at, trigger = state.phase, state.stage, state.since_s, state.tripped_at_s, state.trigger
+    pools_hit, calm_since, late_since, trips = state.pools_hit, state.calm_since_s, state.late_since_s, state.trips
+    if phase == CLOSED:
+        if suspects and (symptoms or big):
+            why = []
+            if big:
+                why.append("large replica loss")
+            if hit_drop:
+                why.append(f"hit-rate drop in {', '.join(hit_drop)}")
+            if late:
+                why.append(f"p95 latency over SLO for {', '.join(late)}")
+            if retry_rise:
+                why.append(f"retries up to {retries:.2g}/s")
+            phase, stage, since, tripped_at = OPEN, 2, now_s, now_s
+            trigger = "replica loss in " + ", ".join(suspects) + ": " + "; ".join(why)
+            pools_hit = tuple(suspects)
+            calm_since, late_since, trips = None, (now_s if critical_late else None), trips + 1
+            notes.append(f"breaker tripped: {trigger}")
+    else:
+        if losses_now:  # further losses while open: stay (or go back to) open
+            if phase == RECOVERING:
+                notes.append("breaker re-opened: more replicas lost while recovering")
+            phase, stage, since = OPEN, max(stage, 2), now_s if phase != OPEN else since
+            pools_hit = tuple(sorted(set(pools_hit) | set(losses_now)))
+        if critical_late:
+            late_since = late_since if late_since is not None else now_s
+            if phase == OPEN and stage < 3 and now_s - late_since >= cfg.escalate_s:
+                stage = 3
+                notes.append("breaker escalated: critical still late")
+        else:
+            late_since = None
+        if symptoms:
+            calm_since = None
+        else:
+            calm_since = calm_since if calm_since is not None else now_s
+            if now_s - calm_since >= cfg.stable_s:
+                calm_since = now_s  # one relaxation per stable period
+                if stage > 1:
+                    stage -= 1
+                    if stage == 1:
+                        phase, since = RECOVERING, now_s
+                    notes.append(f"breaker relaxed to stage {stage}")
+                else:
+                    phase, stage, since = CLOSED, 0, now_s
+                    pools_hit = ()
+                    notes.append("breaker closed: fleet stable")
+
+    floors: dict[str, int] = {}
+    action = BreakerAction()
+    if phase != CLOSED:
+        for name in pools_hit:
+            w = watch.get(name)
+            if w is not None and w.pre_loss_target > 0:
+                floors[name] = w.pre_loss_target
+        cap_pw = cfg.spread_prefix_weight if phase == OPEN else cfg.ramp_prefix_weight
+        shed: dict[str, float] = {}
+        if stage >= 2:
+            shed["sheddable"] = cfg.shed_stage3 if stage >= 3 else cfg.shed_stage2
+        if stage >= 3 and critical_late:
+            shed["standard"] = cfg.standard_shed_stage3
+        action = BreakerAction(min_replicas=floors, max_prefix_weight={n: cap_pw for n in pools_hit},
+                               protect_streams=stage >= 2, min_shed=shed)
+    new = BreakerState(phase=phase, stage=stage, since_s=since, tripped_at_s=tripped_at, trigger=trigger,
+                       pools_hit=pools_hit, calm_since_s=calm_since, late_since_s=late_since, trips=trips,
+                       watch=watch, ttft_baseline=ttft_b, tpot_baseline=tpot_b, retry_baseline=retry_b, floors=floors)
+    return new, action, notes

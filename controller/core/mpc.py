@@ -1,0 +1,887 @@
+"""The MPC planner: every lever of every pool chosen together over a horizon, first step applied.
+
+`solve(problem, model, config, rng, warm=None, timer=None) -> PlanResult` searches plans for
+the next `horizon_steps` × `step_s` seconds (default 10 × 30 s) and returns the best one
+found, never nothing. A plan holds, per pool, a replica target for every step and, for the
+first step, the warm-standby count, routing cache-affinity (prefix) weight, per-replica
+in-flight cap, traffic weight within its route group and engine batch caps; per priority
+class, a shed fraction. The policy applies the first step and re-plans next tick.
+
+How a candidate plan is scored (`evaluate`, vectorised over candidates × steps × pools ×
+classes × two load scenarios, the forecast's p50 and p90):
+
+1. Replica dynamics: a target above what is serving orders new replicas at that step; they
+   serve only after their start-up delay — warm (`startup_warm_s`) while a warm slot or a
+   standby replica is available, cold (`startup_cold_s`) after; replicas already starting
+   keep their expected ready times. A lower target removes starting replicas first (latest
+   first), then drains ready ones, whose caches are lost (their slots become warm). Every
+   replica that is starting, ready or on standby is billed.
+2. Traffic: per class the forecast arrival rate × the share its route group receives ×
+   (1 − shed^(1+retries)) (a shed request is retried by its client, so only shed^(1+R) is
+   finally rejected); within a group, first-hop pools share by traffic weight (decode pools
+   of a disaggregated group share the decode hop).
+3. Hit rate: the cache model's steady state at the plan's affinity and replicas, approached
+   from today's hit rate with time constant `cache_refill_s` (new replicas start cold).
+4. Latency per pool and step from the PlanModel (load per ready replica, mix, hit rate,
+   in-flight cap, batch caps); above the pool's sustainable rate a fluid backlog builds,
+   served in priority order (critical first), and its wait is added to TTFT.
+5. Violation probability per class: P(TTFT > SLO) and P(TPOT > SLO) from a log-normal
+   through the predicted p50 and p95.
+6. Objective (see controller/core/objective.py): cost / expected successes × (1 +
+   weighted late and shed shares), + the chance-constraint penalty on the p90 scenario,
+   + change penalties.
+
+Search (deterministic for a given rng): structured enumeration of replica trajectories per
+pool (constant levels, hold-then-change templates and a "need-ahead" trajectory around
+anchors computed from the model), pool by pool with the others at the incumbent; then
+cross-entropy refinement of the continuous levers (affinity, in-flight cap, traffic
+weights, shed fractions) around the warm start; then another replica sweep with the new
+levers; then the slow batch-cap options when a review is due. The budget is a count of
+evaluated candidates (`max_evaluations`, calibrated to ~200 ms for 10 pools on one core),
+or wall time through an injected monotonic `timer` (the core reads no clock itself).
+
+Must not: do I/O, read the clock, draw randomness other than from the Generator passed in,
+or import the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from scipy.special import ndtr
+
+from controller.core.mpc_model import LatencyQuery, PlanModel
+from controller.core.objective import ObjectiveWeights
+
+Timer = Callable[[], float]
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class MpcConfig:
+    horizon_steps: int = 10
+    step_s: float = 30.0
+    max_evaluations: int = 2500  # candidate plans scored per tick (the budget when no timer is given)
+    time_budget_s: float = 0.2  # with a timer: stop starting new batches after this
+    ce_iterations: int = 4
+    ce_population: int = 48
+    ce_elite_frac: float = 0.2
+    replica_span: int = 3  # constant-level candidates within ±span of the anchors
+    cache_refill_s: float = 90.0  # time constant of a cache refilling after routing/replica changes
+    client_retries: int = 2  # retries a client makes after a 429/503 (shed^(1+R) is finally rejected)
+    client_timeout_s: float = 120.0
+    prefix_weight_range: tuple[float, float] = (0.0, 8.0)
+    min_inflight_cap: int = 8
+    standby_cost_frac: float = 1.0  # a warm-standby replica costs this share of a serving one
+    batch_token_options: tuple[int, ...] = (1024, 2048, 4096, 8192)
+    batch_cap_gain: float = 0.03  # a batch-cap change must improve the objective by this share
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.horizon_steps, int) and 2 <= self.horizon_steps <= 40):
+            raise ValueError(f"mpc.horizon_steps must be an integer in [2, 40] (got {self.horizon_steps!r})")
+        for name in ("step_s", "time_budget_s", "cache_refill_s", "client_timeout_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"mpc.{name} must be a finite number > 0 (got {v!r})")
+        for name in ("max_evaluations", "ce_iterations", "ce_population"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"mpc.{name} must be an integer >= 1 (got {v!r})")
+        if self.max_evaluations < 50:
+            raise ValueError(f"mpc.max_evaluations must be >= 50 (got {self.max_evaluations})")
+        if not 0 < self.ce_elite_frac < 1:
+            raise ValueError(f"mpc.ce_elite_frac must be in (0, 1) (got {self.ce_elite_frac!r})")
+        lo, hi = self.prefix_weight_range
+        if not 0 <= lo <= hi:
+            raise ValueError(f"mpc.prefix_weight_range must be 0 <= lo <= hi (got {self.prefix_weight_range!r})")
+
+
+# --------------------------------------------------------------------------- the problem
+
+
+@dataclass(frozen=True)
+class PoolInput:
+    """One pool as the planner sees it this tick (the policy builds it from telemetry and state)."""
+
+    name: str
+    model_index: int  # row of this pool in the PlanModel
+    group: str
+    role: str  # mixed | prefill | decode
+    usd_per_hour: float  # per replica
+    lo: int  # replica bounds after overrides (a pin sets lo = hi)
+    hi: int
+    target: int  # replica target in force
+    ready: int
+    starting_eta_s: tuple[float, ...] = ()  # seconds until each starting replica is ready
+    warm_slots: int = 0  # replicas that can start warm now
+    startup_warm_s: float = 30.0
+    startup_cold_s: float = 180.0
+    standby: int = 0
+    prefix_weight: float = 3.0
+    load_weight: float = 4.0  # queue + kv weights (what affinity competes with)
+    inflight_cap: int = 0
+    traffic_weight: float = 1.0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    prompt_tokens: float = 1000.0
+    output_tokens: float = 200.0
+    hit_rate: float = 0.0
+    reuse_inf_hit: float = 0.0
+    reuse_working_set: float = 0.0
+    backlog: float = 0.0  # requests waiting now (engine queues + router holds)
+    frozen: bool = False  # operator freeze: nothing of this pool may change
+    levers_fixed: bool = False  # breaker or operator: routing levers are given, not searched
+    max_prefix_weight: float | None = None  # breaker ceiling on affinity
+    max_inflight_cap: int | None = None  # breaker ceiling on the in-flight cap (0 = no ceiling)
+    batch_review: bool = False  # may the slow batch-cap lever change this tick
+
+
+@dataclass(frozen=True)
+class ClassInput:
+    name: str
+    ttft_slo_s: float
+    tpot_slo_s: float
+    p50_rps: tuple[float, ...]  # forecast arrival rate per step (whole fleet)
+    p90_rps: tuple[float, ...]
+    shed_now: float = 0.0
+    min_shed: float = 0.0  # breaker floor
+    max_shed: float = 1.0
+    backlog: float = 0.0
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    pools: tuple[PoolInput, ...]
+    classes: tuple[ClassInput, ...]  # most protected first
+    weights: ObjectiveWeights
+    group_share: Mapping[str, float] = field(default_factory=dict)  # share of class traffic per route group
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise ValueError("PlanProblem: no pools")
+        for p in self.pools:
+            if not 0 <= p.lo <= p.hi:
+                raise ValueError(f"PlanProblem: pool {p.name} bounds lo={p.lo} hi={p.hi} are not 0 <= lo <= hi")
+
+
+def plan_steps(cfg: MpcConfig, pools: Sequence[PoolInput]) -> int:
+    """Steps the plan is scored over: the configured horizon *after* the longest cold start
+    (capped at 40), so a replica ordered now is valued over a full horizon once it serves
+    rather than looking like pure cost. Example: 10 × 30 s with a 300 s cold start → 20 steps;
+    with a 90 s cold start → 13.
+    """
+    longest = max((p.startup_cold_s for p in pools), default=0.0)
+    return int(min(40, cfg.horizon_steps + math.ceil(longest / cfg.step_s)))
+
+
+# --------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    replicas: tuple[int, ...]  # per horizon step (the first is applied)
+    standby: int
+    prefix_weight: float
+    inflight_cap: int  # 0 = none
+    traffic_weight: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    pools: Mapping[str, PoolPlan]
+    shed: Mapping[str, float]  # per class, first step
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan
+    objective: float
+    terms: Mapping[str, Any]  # predicted cost, successes, per-class risk, binding constraints
+    evaluations: int
+    budget_exhausted: bool
+    incumbent_objective: float  # the plan in force (held), for comparison
+
+
+# --------------------------------------------------------------------------- candidates (arrays)
+
+
+@dataclass
+class _Cand:
+    """C candidate plans as arrays (mutable scratch, never leaves this module)."""
+
+    repl: np.ndarray  # (C, P, H) int
+    standby: np.ndarray  # (C, P) int
+    pw: np.ndarray  # (C, P) prefix weight
+    cap: np.ndarray  # (C, P) in-flight cap (>= max_num_seqs means none)
+    tw: np.ndarray  # (C, P) traffic weight
+    mbt: np.ndarray  # (C, P) max_num_batched_tokens
+    mns: np.ndarray  # (C, P) max_num_seqs
+    shed: np.ndarray  # (C, K)
+
+    @property
+    def n(self) -> int:
+        return self.repl.shape[0]
+
+    def take(self, idx: np.ndarray) -> _Cand:
+        return _Cand(*(getattr(self, f)[idx] for f in ("repl", "standby", "pw", "cap", "tw", "mbt", "mns", "shed")))
+
+    def tile(self, n: int) -> _Cand:
+        return self.take(np.zeros(n, dtype=np.intp))
+
+    @staticmethod
+    def concat(parts: Sequence[_Cand]) -> _Cand:
+        return _Cand(*(np.concatenate([getattr(p, f) for p in parts])
+                       for f in ("repl", "standby", "pw", "cap", "tw", "mbt", "mns", "shed")))
+
+
+def _lognormal_exceed(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """P(X > bound) for a log-normal through (p50, p95). p50 2 s, p95 4 s, bound 4 s → 0.05."""
+    m = np.maximum(p50, 1e-6)
+    sigma = np.maximum(np.log(np.maximum(p95, m * 1.0001) / m) / 1.6449, 0.05)
+    return 1.0 - ndtr(np.log(np.maximum(bound, 1e-9) / m) / sigma)
+
+
+class _Evaluator:
+    """Scores batches of candidates for one problem (precomputes what does not depend on the plan)."""
+
+    def __init__(self, prob: PlanProblem, model: PlanModel, cfg: MpcConfig) -> None:
+        self.prob, self.model, self.cfg = prob, model, cfg
+        P, K = len(prob.pools), len(prob.classes)
+        H = plan_steps(cfg, prob.pools)
+        self.P, self.K, self.H = P, K, H
+        dt = cfg.step_s
+        self.dt = dt
+        pools = prob.pools
+        self.idx = np.array([p.model_index for p in pools], dtype=np.intp)
+        self.price = np.array([p.usd_per_hour for p in pools])
+        self.ready0 = np.array([p.ready for p in pools], dtype=float)
+        self.warm0 = np.array([p.warm_slots for p in pools], dtype=float)
+        self.d_warm = np.array([p.startup_warm_s for p in pools])
+        self.d_cold = np.array([p.startup_cold_s for p in pools])
+        self.bin_warm = np.minimum(np.ceil(self.d_warm / dt - 0.5), H).astype(np.intp)
+        self.bin_cold = np.minimum(np.ceil(self.d_cold / dt - 0.5), H).astype(np.intp)
+        pend = np.zeros((P, H + 1))
+        for j, p in enumerate(pools):
+            for eta in p.starting_eta_s:
+                pend[j, int(min(max(math.ceil(eta / dt - 0.5), 0), H))] += 1
+        self.pend0 = pend
+        self.P_tok = np.array([p.prompt_tokens for p in pools])
+        self.O_tok = np.array([p.output_tokens for p in pools])
+        self.hit0 = np.array([p.hit_rate for p in pools])
+        self.inf_hit = np.array([p.reuse_inf_hit for p in pools])
+        self.ws = np.array([p.reuse_working_set for p in pools])
+        self.load_w = np.array([p.load_weight for p in pools])
+        self.backlog0 = np.array([p.backlog for p in pools])
+        roles = [p.role for p in pools]
+        self.first_hop = np.array([r != "decode" for r in roles])
+        self.decode_hop = np.array([r == "decode" for r in roles])
+        groups = sorted({p.group for p in pools})
+        self.groups = groups
+        gidx = np.array([groups.index(p.group) for p in pools], dtype=np.intp)
+        self.gidx = gidx
+        share = np.array([float(prob.group_share.get(g, 1.0 / len(groups))) for g in groups])
+        share = share / share.sum() if share.sum() > 0 else np.full(len(groups), 1.0 / len(groups))
+        self.gshare = share
+        self.has_decode_group = np.array([self.decode_hop[gidx == g].any() for g in range(len(groups))])
+        cls = prob.classes
+        self.lam = np.stack([np.array([c.p50_rps for c in cls]).T, np.array([c.p90_rps for c in cls]).T])  # (2,H,K)
+        if self.lam.shape[1] != H:
+            raise ValueError(f"PlanProblem: forecasts have {self.lam.shape[1]} steps, the plan has {H} "
+                             f"(see plan_steps)")
+        w = prob.weights
+        margin = w.slo_margin
+        self.slo_ttft = np.array([c.ttft_slo_s for c in cls]) * margin
+        self.slo_tpot = np.array([c.tpot_slo_s for c in cls]) * margin
+        self.wv = np.array([w.cls("violation_weight", c.name) * (1 + w.cls("steps_per_task", c.name)) / 2 for c in cls])
+        self.ws_shed = np.array([w.cls("shed_weight", c.name) * (1 + w.cls("steps_per_task", c.name)) / 2 for c in cls])
+        self.tol = np.array([w.cls("risk_tolerance", c.name) for c in cls])
+        self.risk_prio = np.array([w.cls("risk_priority", c.name) for c in cls])
+        # Backlog per pool and class at t=0: the pool's waiting requests split by class demand.
+        demand_now = self.lam[0, 0]
+        share_k = demand_now / demand_now.sum() if K and demand_now.sum() > 0 else np.full(K, 1.0 / max(K, 1))
+        self.q0 = self.backlog0[:, None] * share_k[None, :]
+        self.cur = self._current_cand()
+        self.evaluations = 0
+        self.need: np.ndarray | None = None  # (P, H) replicas each step's p90 load needs (set by solve)
+
+    # -- the plan in force, as a candidate
+
+    def _current_cand(self) -> _Cand:
+        pools, H = self.prob.pools, self.H
+        repl = np.array([[p.target] * H for p in pools], dtype=float)[None]
+        return _Cand(
+            repl=repl, standby=np.array([[p.standby for p in pools]], dtype=float),
+            pw=np.array([[p.prefix_weight for p in pools]]),
+            cap=np.array([[p.inflight_cap if p.inflight_cap > 0 else p.max_num_seqs for p in pools]], dtype=float),
+            tw=np.array([[p.traffic_weight for p in pools]]),
+            mbt=np.array([[p.max_num_batched_tokens for p in pools]], dtype=float),
+            mns=np.array([[p.max_num_seqs for p in pools]], dtype=float),
+            shed=np.array([[c.shed_now for c in self.prob.classes]]))
+
+    # -- replica dynamics
+
+    def dynamics(self, repl: np.ndarray, standby: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ready during each step, billed replicas per step, share of ready replicas started in the plan)."""
+        C, P, H = repl.shape
+        ready = np.broadcast_to(self.ready0, (C, P)).copy()
+        pend = np.broadcast_to(self.pend0, (C, P, H + 1)).copy()
+        warm = np.broadcast_to(self.warm0, (C, P)).copy() + standby
+        new_ready = np.zeros((C, P))
+        new_pend = np.zeros((C, P, H + 1))
+        ready_mid = np.empty((C, P, H))
+        billed = np.empty((C, P, H))
+        fresh = np.empty((C, P, H))
+        rows = np.arange(C)[:, None]
+        cols = np.arange(P)[None, :]
+        for h in range(H):
+            if h > 0:  # replicas whose ready time passed before this step starts
+                ready += pend[:, :, h - 1]
+                new_ready += new_pend[:, :, h - 1]
+                pend[:, :, h - 1] = 0.0
+                new_pend[:, :, h - 1] = 0.0
+            serving = ready + pend.sum(axis=2)
+            tgt = repl[:, :, h]
+            add = np.maximum(tgt - serving, 0.0)
+            if add.any():
+                n_w = np.minimum(add, warm)
+                warm -= n_w
+                n_c = add - n_w
+                bw = np.minimum(h + self.bin_warm, H)[None, :].repeat(C, 0)
+                bc = np.minimum(h + self.bin_cold, H)[None, :].repeat(C, 0)
+                np.add.at(pend, (rows.repeat(P, 1), cols.repeat(C, 0), bw), n_w)
+                np.add.at(pend, (rows.repeat(P, 1), cols.repeat(C, 0), bc), n_c)
+                np.add.at(new_pend, (rows.repeat(P, 1), cols.repeat(C, 0), bw), n_w)
+                np.add.at(new_pend, (rows.repeat(P, 1), cols.repeat(C, 0), bc), n_c)
+            cut = np.maximum(serving - tgt, 0.0)
+            if cut.any():
+                for b in range(H, h - 1, -1):  # starting replicas go first, the latest first
+                    take = np.minimum(pend[:, :, b], cut)
+                    pend[:, :, b] -= take
+                    new_take = np.minimum(new_pend[:, :, b], take)
+                    new_pend[:, :, b] -= new_take
+                    cut = cut - take
+                drained = np.minimum(cut, ready)
+                ready -= drained
+                new_ready = np.minimum(new_ready, ready)
+                warm += drained  # a drained replica leaves its weights on the node
+            ready_mid[:, :, h] = ready + pend[:, :, h]
+            fresh[:, :, h] = (new_ready + new_pend[:, :, h]) / np.maximum(ready_mid[:, :, h], 1e-9)
+            billed[:, :, h] = ready + pend.sum(axis=2)
+        billed += standby[:, :, None] * self.cfg.standby_cost_frac
+        return ready_mid, billed, np.clip(fresh, 0.0, 1.0)
+
+    def shed_active(self, ready: np.ndarray) -> np.ndarray:
+        """(C, H) bool: the plan's shed fractions apply in the steps where some pool has fewer
+        replicas ready than its p90 load needs (elsewhere only the breaker's floors stay):
+        shedding delays work while capacity is short or on its way, it is not a way to run small."""
+        C, P, H = ready.shape
+        if self.need is None:
+            return np.ones((C, H), dtype=bool)
+        return (ready < self.need[None] - 1e-9).any(axis=1)
+
+    def shares(self, tw: np.ndarray) -> np.ndarray:
+        """(C, P): each pool's share of the fleet's class traffic (group share × weight within its hop)."""
+        tw = np.maximum(tw, 0.0)
+        C = tw.shape[0]
+        share = np.zeros((C, self.P))
+        for g in range(len(self.groups)):
+            for hop in (self.first_hop, self.decode_hop):
+                m = (self.gidx == g) & hop
+                if not m.any():
+                    continue
+                tot = tw[:, m].sum(axis=1, keepdims=True)
+                equal = np.full((C, int(m.sum())), 1.0 / m.sum())
+                share[:, m] = np.where(tot > 0, tw[:, m] / np.maximum(tot, 1e-12), equal) * self.gshare[g]
+        return share
+
+    # -- scoring
+
+    def score(self, cand: _Cand, detail: bool = False) -> tuple[np.ndarray, dict[str, Any] | None]:
+        cfg, prob = self.cfg, self.prob
+        C, P, H, K = cand.n, self.P, self.H, self.K
+        dt = self.dt
+        self.evaluations += C
+        ready, billed, fresh = self.dynamics(cand.repl, cand.standby)
+        share = self.shares(cand.tw)
+        active = self.shed_active(ready)  # (C,H): shedding holds until the capacity the load needs is ready
+        floor = np.array([c.min_shed for c in prob.classes])
+        shed = np.where(active[:, :, None], np.clip(cand.shed, 0.0, 1.0)[:, None, :], floor[None, None, :])
+        rejected = shed ** (1 + cfg.client_retries)  # (C,H,K)
+        adm = self.lam[None] * (1.0 - rejected)[:, None, :, :]  # (C,2,H,K)
+        pool_k = share[:, None, None, :, None] * adm[:, :, :, None, :]  # (C,2,H,P,K)
+        pool_rps = pool_k.sum(axis=4)  # (C,2,H,P)
+        ready_t = np.transpose(ready, (0, 2, 1))[:, None]  # (C,1,H,P)
+        fresh_t = np.transpose(fresh, (0, 2, 1))[:, None]
+        lam_rep = pool_rps / np.maximum(ready_t, 1e-9)
+        # Hit rate: steady state at the plan's affinity and replicas, approached from today's.
+        batch_tok = np.zeros_like(lam_rep)
+        hit_ss = self.model.hit_rate(
+            np.broadcast_to(self.idx, lam_rep.shape), np.broadcast_to(ready_t, lam_rep.shape),
+            np.broadcast_to(cand.pw[:, None, None, :], lam_rep.shape),
+            np.broadcast_to(self.load_w, lam_rep.shape), np.broadcast_to(self.inf_hit, lam_rep.shape),
+            np.broadcast_to(self.ws, lam_rep.shape), batch_tok)
+        t_mid = (np.arange(H) + 0.5) * dt
+        relax = np.exp(-t_mid / cfg.cache_refill_s)[None, None, :, None]
+        hit = hit_ss + (self.hit0 - hit_ss) * relax
+        hit = hit * (1.0 - fresh_t * np.exp(-t_mid / cfg.cache_refill_s)[None, None, :, None] * 0.5)
+        shape = lam_rep.shape
+        q = LatencyQuery(
+            pool_index=np.broadcast_to(self.idx, shape).ravel(), rps_per_replica=lam_rep.ravel(),
+            prompt_tokens=np.broadcast_to(self.P_tok, shape).ravel(),
+            output_tokens=np.broadcast_to(self.O_tok, shape).ravel(), hit_rate=hit.ravel(),
+            inflight_cap=np.broadcast_to(cand.cap[:, None, None, :], shape).ravel(),
+            max_num_seqs=np.broadcast_to(cand.mns[:, None, None, :], shape).ravel(),
+            max_num_batched_tokens=np.broadcast_to(cand.mbt[:, None, None, :], shape).ravel())
+        lat = self.model.latency(q)
+        cap_rps = lat.capacity_rps.reshape(shape) * ready_t  # pool rps it sustains
+        ttft50, ttft95 = lat.ttft_p50_s.reshape(shape), lat.ttft_p95_s.reshape(shape)
+        tpot50, tpot95 = lat.tpot_p50_s.reshape(shape), lat.tpot_p95_s.reshape(shape)
+        # Fluid backlog per pool, served in priority order (cumulative over classes).
+        cum_in = np.cumsum(pool_k, axis=4)  # (C,2,H,P,K)
+        q_cum = np.broadcast_to(np.cumsum(self.q0, axis=1)[None, None], (C, 2, P, K)).copy()
+        wait = np.empty_like(cum_in)
+        for h in range(H):
+            m = cap_rps[:, :, h, :, None]
+            q_next = np.maximum(q_cum + (cum_in[:, :, h] - m) * dt, 0.0)
+            wait[:, :, h] = 0.5 * (q_cum + q_next) / np.maximum(m, 1e-9)
+            q_cum = q_next
+        wait = np.minimum(wait, 10 * cfg.client_timeout_s)
+        pf = _lognormal_exceed(ttft50[..., None] + wait, ttft95[..., None] + wait, self.slo_ttft)
+        pt = _lognormal_exceed(tpot50[..., None], tpot95[..., None], self.slo_tpot)
+        pf = np.where(wait > cfg.client_timeout_s, 1.0, pf)
+        # Per class: combine the hops of each group, weighted by traffic share.
+        v_first = np.zeros((C, 2, H, K))
+        v_dec = np.zeros((C, 2, H, K))
+        w_share = share[:, None, None, :, None]
+        fh = self.first_hop[None, None, None, :, None]
+        dh = self.decode_hop[None, None, None, :, None]
+        mixed_v = 1.0 - (1.0 - pf) * (1.0 - pt)
+        # mixed/prefill pools: TTFT (and TPOT for mixed); decode pools: TPOT and their first step
+        first_v = np.where(np.array([r == "prefill" for r in (p.role for p in prob.pools)])[None, None, None, :, None],
+                           pf, mixed_v)
+        v_first = (w_share * fh * first_v).sum(axis=3)
+        v_dec = (w_share * dh * mixed_v).sum(axis=3)
+        v = 1.0 - (1.0 - v_first) * (1.0 - v_dec)
+        v = np.clip(v, 0.0, 1.0)  # (C,2,H,K) late share of admitted requests
+        # Aggregates over the horizon.
+        req = self.lam.sum(axis=1) * dt  # (2,K) requests offered
+        adm_n = adm.sum(axis=2) * dt  # (C,2,K)
+        # a shed attempt that is retried and admitted arrives at least one backoff late: count
+        # half of those as late (partial shedding delays; it is not free)
+        retried = self.lam[None] * (shed - rejected)[:, None, :, :]
+        late = (adm * v + 0.5 * retried).sum(axis=2) * dt  # (C,2,K)
+        shed_n = req[None] - adm_n
+        cost = (billed * self.price[None, :, None]).sum(axis=(1, 2)) * dt / 3600.0  # (C,)
+        succ = np.maximum(adm_n[:, 0].sum(axis=1) - late[:, 0].sum(axis=1), 1e-6)
+        total = max(float(req[0].sum()), 1e-6)
+        cpr = cost / succ
+        pen = 1.0 + (late[:, 0] * self.wv).sum(axis=1) / total + (shed_n[:, 0] * self.ws_shed).sum(axis=1) / total
+        q_i = 1 if prob.weights.plan_quantile >= 0.9 else 0
+        # chance constraint: late or shed, as a share of the class's offered requests (p90 load)
+        v90 = (late[:, q_i] + shed_n[:, q_i]) / np.maximum(req[q_i][None], 1e-9)  # (C,K)
+        excess = np.maximum(v90 - self.tol[None], 0.0)
+        cls_share = req[q_i] / max(float(req[q_i].sum()), 1e-9)
+        risk = prob.weights.risk_weight * (excess * np.maximum(cls_share, 0.05) * self.risk_prio).sum(axis=1)
+        # Change penalties, in units of "one replica-step at this pool's price" per success.
+        step_price = self.price * dt / 3600.0
+        cur = self.cur
+        d_repl = np.abs(cand.repl[:, :, 0] - cur.repl[:, :, 0])
+        change = prob.weights.change_weight * (d_repl * step_price).sum(axis=1)
+        lever = ((np.abs(cand.pw - cur.pw) > 0.25).astype(float) + (np.abs(cand.cap - cur.cap) > 0.5)
+                 + (np.abs(cand.tw - cur.tw) > 0.02) + (cand.standby != cur.standby))
+        change += prob.weights.lever_change_weight * (lever * step_price).sum(axis=1)
+        restart = (cand.mbt != cur.mbt) | (cand.mns != cur.mns)
+        restart_usd = (restart * np.array([p.ready for p in prob.pools]) * self.price * self.d_warm / 3600.0).sum(axis=1)
+        change += restart_usd * 2.0
+        J = cpr * (pen + risk) + change / succ
+        J = np.where(np.isfinite(J), J, np.inf)
+        if not detail:
+            return J, None
+        info = {
+            "cost_usd": cost, "successes": succ, "cost_per_success_usd": cpr,
+            "late_frac_p50": late[:, 0] / np.maximum(adm_n[:, 0], 1e-9), "late_or_shed_frac_p90": v90,
+            "shed_frac_final": shed_n[:, 0] / np.maximum(req[0][None], 1e-9),
+            "risk_excess": excess, "ready": ready, "billed": billed, "ttft_p95": ttft95, "tpot_p95": tpot95,
+            "wait": wait, "utilisation": (pool_rps / np.maximum(cap_rps, 1e-9)), "hit": hit,
+            "penalty_factor": pen, "risk_term": risk, "change_usd": change,
+        }
+        return J, info
+
+
+# --------------------------------------------------------------------------- search
+
+
+def _need_per_step(ev: _Evaluator, base: _Cand, j: int) -> np.ndarray:
+    """Smallest replica count of pool j per step that meets the tightest SLO under the p90 load.
+
+    Replicas are taken as ready at once (what the load needs, not what is reachable) with the
+    incumbent levers and today's hit rate; a pool whose p90 load is 0 needs its minimum.
+    Example: 30 req/s at p90 and a replica sustaining 4.2 req/s within the SLO → 8.
+    """
+    p = ev.prob.pools[j]
+    levels = np.arange(max(p.lo, 1), max(p.hi, 1) + 1, dtype=float)
+    share = ev.shares(base.tw)[0, j]
+    floor = np.array([c.min_shed for c in ev.prob.classes])
+    rejected = np.clip(floor, 0.0, 1.0) ** (1 + ev.cfg.client_retries)  # only what must be shed
+    demand = (ev.lam[1] * (1.0 - rejected)[None, :]).sum(axis=1) * share  # (H,)
+    active = ev.lam[1].sum(axis=0) > 0
+    ttft_slo = float(ev.slo_ttft[active].min()) if active.any() else math.inf
+    tpot_slo = float(ev.slo_tpot[active].min()) if active.any() else math.inf
+    L, H = len(levels), ev.H
+    lam = demand[None, :] / levels[:, None]
+    shape = lam.shape
+    q = LatencyQuery(
+        pool_index=np.full(lam.size, ev.idx[j]), rps_per_replica=lam.ravel(),
+        prompt_tokens=np.full(lam.size, ev.P_tok[j]), output_tokens=np.full(lam.size, ev.O_tok[j]),
+        hit_rate=np.full(lam.size, ev.hit0[j]), inflight_cap=np.full(lam.size, base.cap[0, j]),
+        max_num_seqs=np.full(lam.size, base.mns[0, j]), max_num_batched_tokens=np.full(lam.size, base.mbt[0, j]))
+    lat = ev.model.latency(q)
+    ok = ((lat.ttft_p95_s.reshape(shape) <= ttft_slo) & (lat.tpot_p95_s.reshape(shape) <= tpot_slo)
+          & (lat.utilisation.reshape(shape) < 0.97))
+    need = np.full(H, p.hi)
+    for h in range(H):
+        if demand[h] <= 0:
+            need[h] = p.lo
+            continue
+        idx = np.flatnonzero(ok[:, h])
+        if len(idx):
+            need[h] = int(levels[idx[0]])
+    return np.clip(need, p.lo, p.hi)
+
+
+def _templates(ev: _Evaluator, base: _Cand, j: int, need: np.ndarray, span: int) -> np.ndarray:
+    """Replica trajectories (L, H) for pool j: constant levels, hold-then-change, need-ahead."""
+    p = ev.prob.pools[j]
+    H = ev.H
+    lo, hi = p.lo, p.hi
+    if p.frozen or lo == hi:
+        return np.full((1, H), min(max(p.target, lo), hi) if p.frozen else lo)
+    cur = int(base.repl[0, j, 0])
+    serving = p.ready + len(p.starting_eta_s)
+    centres = {cur, p.target, serving, int(need[0]), int(need.max()), int(need[: max(1, H // 3)].max())}
+    levels: set[int] = set()
+    for c in centres:
+        for d in range(-span, span + 1):
+            levels.add(min(max(c + d, lo), hi))
+    levels_l = sorted(levels)
+    rows = [np.full(H, lv) for lv in levels_l]
+    # need-ahead: at each step, what the next start-up window will need (warm delay ahead)
+    ahead = max(1, int(math.ceil(p.startup_warm_s / ev.dt)))
+    na = np.array([need[h: min(H, h + ahead + 1)].max() for h in range(H)])
+    rows.append(np.clip(na, lo, hi))
+    cold_ahead = max(1, int(math.ceil(p.startup_cold_s / ev.dt)))
+    nc = np.array([need[h: min(H, h + cold_ahead + 1)].max() for h in range(H)])
+    rows.append(np.clip(nc, lo, hi))
+    # hold today's target, then move to a level at step s
+    for s in (2, 4, 7):
+        if s >= H:
+            continue
+        for lv in levels_l:
+            if lv == cur:
+                continue
+            r = np.full(H, cur)
+            r[s:] = lv
+            rows.append(r)
+    # change now, then settle at another level later (e.g. surge now, relax after it)
+    for s in (3, 6):
+        if s >= H:
+            continue
+        for lv in (int(need[0]), int(need.max())):
+            for lv2 in (int(need[s:].max()), cur):
+                r = np.full(H, min(max(lv, lo), hi))
+                r[s:] = min(max(lv2, lo), hi)
+                rows.append(r)
+    arr = np.unique(np.array(rows, dtype=float), axis=0)
+    return arr
+
+
+class _Search:
+    def __init__(self, ev: _Evaluator, cfg: MpcConfig, rng: np.random.Generator, timer: Timer | None) -> None:
+        self.ev, self.cfg, self.rng, self.timer = ev, cfg, rng, timer
+        self.t0 = timer() if timer is not None else 0.0
+        self.best: _Cand | None = None
+        self.best_J = math.inf
+        self.exhausted = False
+
+    def left(self) -> int:
+        if self.timer is not None:
+            if self.timer() - self.t0 >= self.cfg.time_budget_s:
+                return 0
+            return 10**9
+        return self.cfg.max_evaluations - self.ev.evaluations
+
+    def run(self, cands: _Cand) -> np.ndarray:
+        """Score a batch (truncated to the budget); keep the best; return the scores (inf where skipped)."""
+        n = cands.n
+        room = self.left()
+        if room <= 0:
+            self.exhausted = True
+            return np.full(n, np.inf)
+        if room < n:
+            self.exhausted = True
+            cands = cands.take(np.arange(room))
+        J, _ = self.ev.score(cands)
+        k = int(np.argmin(J))
+        if J[k] < self.best_J:
+            self.best_J = float(J[k])
+            self.best = cands.take(np.array([k]))
+        if len(J) < n:
+            J = np.concatenate([J, np.full(n - len(J), np.inf)])
+        return J
+
+
+def _sweep_replicas(s: _Search, needs: list[np.ndarray], order: list[int]) -> None:
+    ev = s.ev
+    for j in order:
+        if s.left() <= 0:
+            return
+        base = s.best
+        assert base is not None
+        tpl = _templates(ev, base, j, needs[j], s.cfg.replica_span)
+        c = base.tile(len(tpl))
+        c.repl = c.repl.copy()
+        c.repl[:, j, :] = tpl
+        # standby options ride along on the constant-level rows of this pool
+        p = ev.prob.pools[j]
+        if not p.frozen and p.hi > 0 and s.cfg.standby_cost_frac < 1.0:
+            extra = base.tile(len(tpl))
+            extra.repl = c.repl.copy()
+            extra.standby = extra.standby.copy()
+            extra.standby[:, j] = 1.0 if p.standby == 0 else 0.0
+            c = _Cand.concat([c, extra])
+        s.run(c)
+
+
+def _continuous_bounds(ev: _Evaluator) -> tuple[np.ndarray, np.ndarray, list[tuple[str, int]]]:
+    """Flat vector of continuous levers: (lower, upper, names)."""
+    cfg, prob = ev.cfg, ev.prob
+    lo: list[float] = []
+    hi: list[float] = []
+    names: list[tuple[str, int]] = []
+    group_first = {}
+    for j, p in enumerate(prob.pools):
+        if p.frozen or p.levers_fixed:
+            continue
+        top_pw = cfg.prefix_weight_range[1] if p.max_prefix_weight is None else min(cfg.prefix_weight_range[1],
+                                                                                 p.max_prefix_weight)
+        lo.append(cfg.prefix_weight_range[0])
+        hi.append(max(top_pw, cfg.prefix_weight_range[0]))
+        names.append(("pw", j))
+        top_cap = float(p.max_num_seqs)
+        if p.max_inflight_cap:
+            top_cap = min(top_cap, float(p.max_inflight_cap))
+        lo.append(float(min(cfg.min_inflight_cap, top_cap)))
+        hi.append(top_cap)
+        names.append(("cap", j))
+        key = (p.group, p.role == "decode")
+        group_first.setdefault(key, []).append(j)
+    for members in group_first.values():
+        if len(members) > 1:
+            for j in members:
+                lo.append(0.0)
+                hi.append(1.0)
+                names.append(("tw", j))
+    for k, c in enumerate(prob.classes):
+        lo.append(c.min_shed)
+        hi.append(max(c.max_shed, c.min_shed))
+        names.append(("shed", k))
+    return np.array(lo), np.array(hi), names
+
+
+def _apply_vec(base: _Cand, X: np.ndarray, names: list[tuple[str, int]]) -> _Cand:
+    c = base.tile(X.shape[0])
+    c.pw, c.cap, c.tw, c.shed = c.pw.copy(), c.cap.copy(), c.tw.copy(), c.shed.copy()
+    for col, (kind, j) in enumerate(names):
+        if kind == "pw":
+            c.pw[:, j] = X[:, col]
+        elif kind == "cap":
+            c.cap[:, j] = np.round(X[:, col])
+        elif kind == "tw":
+            c.tw[:, j] = X[:, col]
+        else:
+            c.shed[:, j] = X[:, col]
+    return c
+
+
+def _to_vec(c: _Cand, names: list[tuple[str, int]]) -> np.ndarray:
+    out = np.empty(len(names))
+    for col, (kind, j) in enumerate(names):
+        out[col] = {"pw": c.pw, "cap": c.cap, "tw": c.tw, "shed": c.shed}[kind][0, j]
+    return out
+
+
+def _cross_entropy(s: _Search) -> None:
+    ev, cfg, rng = s.ev, s.cfg, s.rng
+    lo, hi, names = _continuous_bounds(ev)
+    if not names:
+        return
+    span = np.maximum(hi - lo, 1e-9)
+    assert s.best is not None
+    mean = np.clip(_to_vec(s.best, names), lo, hi)
+    std = 0.35 * span
+    n = cfg.ce_population
+    n_elite = max(2, int(round(cfg.ce_elite_frac * n)))
+    for _ in range(cfg.ce_iterations):
+        if s.left() <= 0:
+            return
+        base = s.best
+        X = mean[None] + std[None] * rng.standard_normal((n, len(names)))
+        # structured probes: each lever alone at its bounds (the quadrant moves a human would try)
+        X = np.clip(X, lo, hi)
+        X[0] = mean
+        J = s.run(_apply_vec(base, X, names))
+        order = np.argsort(J, kind="stable")[:n_elite]
+        elite = X[order]
+        if not np.isfinite(J[order]).all():
+            break
+        mean = elite.mean(axis=0)
+        std = np.maximum(elite.std(axis=0), 0.02 * span)
+    # the bounds of each shed lever and the cap, one at a time, from the best (coordinate probes)
+    if s.left() > 0 and s.best is not None:
+        b = _to_vec(s.best, names)
+        probes = []
+        for col, (kind, _) in enumerate(names):
+            for v in (lo[col], hi[col], 0.5 * (lo[col] + hi[col])):
+                x = b.copy()
+                x[col] = v
+                probes.append(x)
+        s.run(_apply_vec(s.best, np.array(probes), names))
+
+
+def _batch_caps(s: _Search) -> None:
+    """The slow lever: engine batch caps, tried on the best plan; adopted only for a clear gain
+    (`batch_cap_gain`), since each change is a rolling restart and the model is not exact."""
+    ev = s.ev
+    for j, p in enumerate(ev.prob.pools):
+        if not p.batch_review or p.frozen or s.left() <= 0 or s.best is None:
+            continue
+        opts = [o for o in s.cfg.batch_token_options if o >= p.max_num_seqs and o != p.max_num_batched_tokens]
+        if not opts:
+            continue
+        c = s.best.tile(len(opts))
+        c.mbt = c.mbt.copy()
+        c.mbt[:, j] = np.array(opts, dtype=float)
+        J, _ = ev.score(c)
+        k = int(np.argmin(J))
+        if J[k] < s.best_J * (1.0 - s.cfg.batch_cap_gain):
+            s.best_J = float(J[k])
+            s.best = c.take(np.array([k]))
+
+
+def _to_plan(ev: _Evaluator, c: _Cand) -> Plan:
+    pools = {}
+    for j, p in enumerate(ev.prob.pools):
+        cap = int(round(c.cap[0, j]))
+        pools[p.name] = PoolPlan(
+            replicas=tuple(int(x) for x in c.repl[0, j]), standby=int(c.standby[0, j]),
+            prefix_weight=float(round(c.pw[0, j], 3)), inflight_cap=0 if cap >= p.max_num_seqs else cap,
+            traffic_weight=float(round(c.tw[0, j], 4)), max_num_seqs=int(c.mns[0, j]),
+            max_num_batched_tokens=int(c.mbt[0, j]))
+    ready, _, _ = ev.dynamics(c.repl, c.standby)
+    active = bool(ev.shed_active(ready)[0, 0])
+    shed = {cl.name: float(round(min(max(c.shed[0, k] if active else cl.min_shed, 0.0), 1.0), 4))
+            for k, cl in enumerate(ev.prob.classes)}
+    return Plan(pools=pools, shed=shed)
+
+
+def _from_plan(ev: _Evaluator, plan: Plan, shift: int) -> _Cand | None:
+    """A previous plan as a candidate, shifted `shift` steps forward (its tail repeats its last step)."""
+    c = ev.cur.tile(1)
+    for j, p in enumerate(ev.prob.pools):
+        pp = plan.pools.get(p.name)
+        if pp is None or len(pp.replicas) == 0:
+            return None
+        r = list(pp.replicas[shift:]) or [pp.replicas[-1]]
+        r = (r + [r[-1]] * ev.H)[: ev.H]
+        c.repl[0, j] = np.clip(r, p.lo, p.hi)
+        if p.frozen:
+            continue
+        c.standby[0, j] = pp.standby
+        if not p.levers_fixed:
+            c.pw[0, j] = pp.prefix_weight
+            c.cap[0, j] = pp.inflight_cap if pp.inflight_cap > 0 else p.max_num_seqs
+            c.tw[0, j] = pp.traffic_weight
+    for k, cl in enumerate(ev.prob.classes):
+        c.shed[0, k] = min(max(plan.shed.get(cl.name, 0.0), cl.min_shed), cl.max_shed)
+    return c
+
+
+def solve(problem: PlanProblem, model: PlanModel, config: MpcConfig, rng: np.random.Generator, *,
+          warm: Plan | None = None, warm_shift: int = 0, timer: Timer | None = None) -> PlanResult:
+    """Find the best plan within the budget (see the module docstring). Never returns nothing:
+    the plan in force (clipped to the bounds) is always scored first."""
+    ev = _Evaluator(problem, model, config)
+    s = _Search(ev, config, rng, timer)
+    cur = ev.cur.tile(1)
+    for j, p in enumerate(problem.pools):
+        cur.repl[0, j] = np.clip(cur.repl[0, j], p.lo, p.hi)
+    for k, cl in enumerate(problem.classes):
+        cur.shed[0, k] = min(max(cur.shed[0, k], cl.min_shed), cl.max_shed)
+    for j, p in enumerate(problem.pools):
+        if p.levers_fixed:
+            cur.pw[0, j] = min(cur.pw[0, j], p.max_prefix_weight if p.max_prefix_weight is not None else math.inf)
+            if p.max_inflight_cap:
+                cur.cap[0, j] = min(cur.cap[0, j], p.max_inflight_cap)
+    starts = [cur]
+    if warm is not None:
+        w = _from_plan(ev, warm, warm_shift)
+        if w is not None:
+            for j, p in enumerate(problem.pools):
+                if p.levers_fixed:
+                    w.pw[0, j], w.cap[0, j] = cur.pw[0, j], cur.cap[0, j]
+            starts.append(w)
+    J0 = ev.score(_Cand.concat(starts))[0]
+    incumbent_J = float(J0[0])
+    k = int(np.argmin(J0))
+    s.best, s.best_J = _Cand.concat(starts).take(np.array([k])), float(J0[k])
+    # replica sweeps, levers, replica sweep again, batch caps
+    order = sorted(range(len(problem.pools)), key=lambda j: -problem.pools[j].usd_per_hour)
+    needs = [_need_per_step(ev, s.best, j) for j in range(len(problem.pools))]
+    ev.need = np.array(needs, dtype=float)
+    s.best_J = float(ev.score(s.best)[0][0])  # rescore: shedding now releases once capacity is ready
+    _sweep_replicas(s, needs, order)
+    _cross_entropy(s)
+    _sweep_replicas(s, needs, order)
+    _batch_caps(s)
+    assert s.best is not None
+    J, info = ev.score(s.best, detail=True)
+    assert info is not None
+    plan = _to_plan(ev, s.best)
+    terms = _terms(ev, info, needs)
+    return PlanResult(plan=plan, objective=float(J[0]), terms=terms, evaluations=ev.evaluations,
+                      budget_exhausted=s.exhausted, incumbent_objective=incumbent_J)
+
+
+def _terms(ev: _Evaluator, info: Mapping[str, Any], needs: list[np.ndarray]) -> dict[str, Any]:
+    prob = ev.prob
+    cls = [c.name for c in prob.classes]
+    pools = {}
+    for j, p in enumerate(prob.pools):
+        pools[p.name] = {
+            "ready_by_step": [round(float(x), 2) for x in info["ready"][0, j]],
+            "need_by_step_p90": [int(x) for x in needs[j]],
+            "utilisation_p90": [round(float(x), 3) for x in info["utilisation"][0, 1, :, j]],
+            "ttft_p95_s_p90": [round(float(x), 3) for x in info["ttft_p95"][0, 1, :, j]],
+            "tpot_p95_s_p90": [round(float(x), 4) for x in info["tpot_p95"][0, 1, :, j]],
+            "hit_rate": [round(float(x), 3) for x in info["hit"][0, 0, :, j]],
+        }
+    return {
+        "cost_usd": float(info["cost_usd"][0]),
+        "expected_successes": float(info["successes"][0]),
+        "cost_per_success_usd": float(info["cost_per_success_usd"][0]),
+        "late_frac_p50": {c: float(info["late_frac_p50"][0, k]) for k, c in enumerate(cls)},
+        "late_or_shed_frac_p90": {c: float(info["late_or_shed_frac_p90"][0, k]) for k, c in enumerate(cls)},
+        "shed_frac": {c: float(info["shed_frac_final"][0, k]) for k, c in enumerate(cls)},
+        "risk_excess": {c: float(info["risk_excess"][0, k]) for k, c in enumerate(cls)},
+        "penalty_factor": float(info["penalty_factor"][0]),
+        "risk_term": float(info["risk_term"][0]),
+        "pools": pools,
+    }

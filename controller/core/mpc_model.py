@@ -1,0 +1,525 @@
+"""What the MPC planner needs predicted, in bulk, and a prior-only implementation from queueing theory.
+
+The planner scores thousands of candidate plans per tick, so every prediction here takes
+flat numpy arrays (one row per candidate × horizon step × pool) and returns arrays:
+
+- `PlanModel.latency(q)`: p50/p95 TTFT and TPOT, the per-replica rate the pool sustains
+  at its concurrency limit, utilisation, and a confidence, given the load per replica,
+  the prompt/output mix, the prefix hit rate and the batching levers (in-flight cap,
+  max_num_seqs, max_num_batched_tokens);
+- `PlanModel.hit_rate(...)`: steady-state prefix-cache hit rate given the routing
+  affinity (prefix weight against the load weights), the replicas serving, the KV
+  capacity per replica and the traffic's reuse profile (`ReuseEstimate`).
+
+`QueueingPrior` answers both from first principles plus per-engine step-time figures
+(`EngineFigures`: a linear step-time model a + b·seqs + c·context + d·prefill tokens +
+e·attention work). The figures are constructor data: the policy passes either an
+operator's profile or `figures_for(pool)`, which looks the engine up in
+`PROFILED_FIGURES` (least-squares fits of step times profiled at batch 0–256, context
+0.5k–12k tokens, prefill 0–8k tokens; MAPE 2–6 %) and falls back to a roofline from the
+model's parameter count and the SKU's memory bandwidth for engines not in the table.
+
+The fluid model of one replica (worked example, Llama-3-70B TP4 on H100, 3.3 req/s per
+replica, 1,155-token prompts with 35 % hits, 211 output tokens):
+  prefill GPU-seconds per request  pc = d·u + e·u·(P·h + u/2), u = P(1−h) = 751 → 0.051 s
+  decode GPU-seconds per token      β = b + c·(P + O/2) = 0.295 ms + 35 ns × 1,260 → 0.339 ms
+  utilisation                       ρ = λ·(pc + O·β) = 3.3 × (0.051 + 0.072) = 0.40
+  step time (= mean TPOT)           t = a / (1 − ρ) = 32.7 ms / 0.60 = 55 ms
+  sequences in the batch            N = λ·O·t = 38
+  rate at the concurrency limit     λ_cap = N_lim / (O·a + N_lim·(pc + O·β))
+Above λ_cap requests queue (at the router behind an in-flight cap, else in the engine);
+the stochastic wait near λ_cap uses the Halfin–Whitt approximation of M/M/c with
+c = N_lim slots. p95s come from log-normal spreads (prompt length σ = 1 in log space)
+times per-pool correction factors the policy learns online (observed / predicted).
+
+The cache prior: with affinity a = w_prefix / (w_prefix + w_half) a prefix is served by
+the replica holding it, so the fleet caches n·K tokens; without, every replica must
+hold the whole working set: effective cache K_eff = K_free · (a·n + 1 − a), and
+hit = inf_hit · min(1, K_eff / working_set)^0.5. Example: inf_hit 0.4, working set
+2M tokens, 4 replicas of 450k free tokens, a = 0.6 → K_eff = 450k × 3.0 = 1.35M →
+hit = 0.4 × 0.82 = 0.33.
+
+`PriorForecaster` forecasts an arrival-rate series over the horizon (p50 and p90) from
+its recent history: level from the newest window, a damped least-squares trend, and a
+spread from the series' own relative changes over each lead time.
+
+Must not: do I/O, read the clock, use global randomness, or import the simulator
+(controller.sim): figures arrive as data.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+from scipy.special import ndtr
+
+from controller.types import PoolSpec
+
+PROMPT_LOG_SIGMA = 1.0  # spread of prompt lengths in log space (Azure 2023: ~1.0)
+_P50_OF_MEAN = math.exp(-PROMPT_LOG_SIGMA**2 / 2)  # median / mean of a log-normal: 0.61
+_P95_OF_MEAN = math.exp(1.6449 * PROMPT_LOG_SIGMA - PROMPT_LOG_SIGMA**2 / 2)  # p95 / mean: 3.14
+TPOT_P95_OF_MEAN = 1.2  # prior: request TPOT p95 / mean step time from batch-size variation
+TTFT_P95_FACTOR = 1.6  # prior: p95 TTFT / the fluid estimate (other prompts share the prefill step; bursts)
+KV_FREE_FRAC = 0.9  # share of the KV pool running sequences may take before the engine preempts
+AFFINITY_HALF_WEIGHT = 1.5  # prefix weight at which half the requests follow their prefix (load weights 2+2)
+CACHE_COVERAGE_EXP = 0.5  # hit ~ coverage^0.5: LRU keeps the hottest prefixes first
+UTIL_CLIP = 0.995
+
+
+# --------------------------------------------------------------------------- engine figures
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    """Step-time model of one replica: t = a + b·seqs + c·Σcontext + d·prefill tokens + e·attention work."""
+
+    a_s: float  # fixed cost per step (weights read, launch)
+    b_s_per_seq: float  # per decoding sequence
+    c_s_per_ctx_token: float  # per context token of the decoding sequences (KV read)
+    d_s_per_prefill_token: float
+    e_s_per_attn_work: float  # per unit of Σ chunk × (context before + chunk / 2)
+    kv_tokens: float  # KV cache per replica, tokens
+    source: str = "profile"
+
+    def __post_init__(self) -> None:
+        for f in ("a_s", "b_s_per_seq", "c_s_per_ctx_token", "d_s_per_prefill_token", "e_s_per_attn_work",
+                  "kv_tokens"):
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"EngineFigures.{f} must be a finite number >= 0 (got {v!r})")
+        if self.a_s <= 0 or self.kv_tokens <= 0:
+            raise ValueError(f"EngineFigures: a_s and kv_tokens must be > 0 (got {self.a_s}, {self.kv_tokens})")
+
+    @staticmethod
+    def of(v: EngineFigures | Mapping[str, float]) -> EngineFigures:
+        if isinstance(v, EngineFigures):
+            return v
+        if not isinstance(v, Mapping):
+            raise ValueError(f"engine figures must be EngineFigures or a mapping (got {type(v).__name__})")
+        allowed = set(EngineFigures.__dataclass_fields__)
+        unknown = sorted(set(v) - allowed)
+        if unknown:
+            raise ValueError(f"engine figures: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+        return EngineFigures(**{k: (str(x) if k == "source" else float(x)) for k, x in v.items()})
+
+
+def _fig(a_ms: float, b_ms: float, c_ns: float, d_us: float, e_ps: float, kv: float) -> EngineFigures:
+    return EngineFigures(a_ms * 1e-3, b_ms * 1e-3, c_ns * 1e-9, d_us * 1e-6, e_ps * 1e-12, kv, "profile")
+
+
+# Fitted step-time figures per "model/sku/tpN" (vLLM-style engine, bf16, gpu_memory_utilization 0.9,
+# block 16). Least-squares over batch 0-256, context 0.5k-12k, prefill 0-8,192 tokens.
+PROFILED_FIGURES: Mapping[str, EngineFigures] = {
+    "llama-3-70b/h100-80gb/tp4": _fig(32.688, 0.2948, 35.395, 66.44, 1554.0, 484_800),
+    "llama-3-70b/a100-80gb/tp4": _fig(38.474, 0.4550, 57.862, 179.62, 4061.1, 488_960),
+    "llama-3-70b/h100-80gb/tp8": _fig(35.955, 0.2919, 17.705, 45.21, 412.5, 1_403_088),
+    "llama-3-70b/h100-80gb/tp2": _fig(32.797, 0.3547, 71.736, 114.61, 3431.7, 25_648),
+    "llama-3-8b/a100-80gb/tp1": _fig(9.398, 0.3586, 92.671, 65.31, 3368.1, 452_464),
+    "llama-3-8b/h100-80gb/tp1": _fig(8.272, 0.2843, 55.824, 21.50, 1282.1, 449_856),
+    "llama-2-7b/a100-80gb/tp1": _fig(8.407, 0.3391, 367.18, 60.81, 3456.6, 118_432),
+    "llama-2-7b/h100-80gb/tp1": _fig(7.641, 0.2764, 223.05, 20.06, 1283.0, 117_776),
+    "llama-2-70b/h100-80gb/tp4": _fig(32.766, 0.2939, 35.372, 65.23, 1506.1, 495_616),
+    "llama-2-70b/a100-80gb/tp4": _fig(38.636, 0.4528, 57.850, 176.48, 3946.2, 499_776),
+}
+
+# Public datasheet figures used by the roofline fallback: HBM bytes/s and dense BF16 FLOP/s.
+_SKU_SHEET: Mapping[str, tuple[float, float, float]] = {  # (HBM bytes/s, FLOP/s, memory bytes)
+    "a100-80gb": (2.039e12, 312e12, 80 * 2**30),
+    "h100-80gb": (3.35e12, 989e12, 79.6 * 2**30),
+}
+
+
+def figures_key(pool: PoolSpec) -> str:
+    return f"{pool.model}/{pool.sku}/tp{pool.gpus_per_replica}"
+
+
+def figures_for(pool: PoolSpec, table: Mapping[str, EngineFigures] = PROFILED_FIGURES) -> EngineFigures:
+    """The pool's step-time figures: from the table, else a roofline estimate.
+
+    Roofline (for an engine nobody profiled): a = weight bytes / (tp × HBM × 0.6);
+    d = 2 × params / (tp × FLOPs × 0.5); per-token KV bytes from a Llama-like shape
+    (params^0.5 scaling). Example: a 13B model on one A100 → a = 26 GB / 1.22 TB/s = 21 ms.
+    """
+    key = figures_key(pool)
+    if key in table:
+        return table[key]
+    m = re.search(r"(\d+(?:\.\d+)?)b", pool.model.lower())
+    params = float(m.group(1)) * 1e9 if m else 8e9
+    bw, flops, mem = _SKU_SHEET.get(pool.sku, (2.0e12, 300e12, 80 * 2**30))
+    tp = max(1, pool.gpus_per_replica)
+    weight_bytes = 2.0 * params
+    a = weight_bytes / (tp * bw * 0.6) + 0.004
+    d = 2.0 * params / (tp * flops * 0.5)
+    kv_per_token = 131072.0 * math.sqrt(params / 8e9)
+    kv_tokens = max(1e4, (tp * mem * 0.9 - weight_bytes - tp * 2 * 2**30) / kv_per_token)
+    c = kv_per_token / (tp * bw * 0.7)
+    return EngineFigures(a_s=a, b_s_per_seq=0.35e-3, c_s_per_ctx_token=c, d_s_per_prefill_token=d,
+                         e_s_per_attn_work=d * 0.05 / 1000.0, kv_tokens=kv_tokens, source="roofline")
+
+
+# --------------------------------------------------------------------------- queries and answers
+
+
+@dataclass(frozen=True)
+class LatencyQuery:
+    """One row per (candidate, step, pool); every array has the same shape (any shape)."""
+
+    pool_index: np.ndarray  # int, row into the model's pools
+    rps_per_replica: np.ndarray  # admitted requests/s per serving replica
+    prompt_tokens: np.ndarray  # mean prompt tokens per request
+    output_tokens: np.ndarray  # mean output tokens per request
+    hit_rate: np.ndarray  # prefix-cache hit rate, 0..1
+    inflight_cap: np.ndarray  # per replica, 0 = none
+    max_num_seqs: np.ndarray  # engine cap
+    max_num_batched_tokens: np.ndarray  # engine token budget per step
+
+
+@dataclass(frozen=True)
+class LatencyAnswer:
+    ttft_p50_s: np.ndarray
+    ttft_p95_s: np.ndarray  # excluding the fluid backlog the planner adds itself
+    tpot_p50_s: np.ndarray
+    tpot_p95_s: np.ndarray
+    capacity_rps: np.ndarray  # per replica, at the concurrency limit (fluid)
+    utilisation: np.ndarray  # rps / capacity_rps
+    batch: np.ndarray  # mean sequences running per replica
+    confidence: np.ndarray  # 0 (prior only, unchecked) .. 1
+
+
+@dataclass(frozen=True)
+class ReuseEstimate:
+    """The traffic's prefix reuse: what an infinite cache would hit, and over how many tokens."""
+
+    inf_hit: float = 0.0
+    working_set_tokens: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.inf_hit <= 1.0) or not (self.working_set_tokens >= 0):
+            raise ValueError(f"ReuseEstimate: inf_hit in [0, 1], working_set_tokens >= 0 (got {self})")
+
+
+class PlanModel(Protocol):
+    """What the planner asks, in bulk. Implementations: QueueingPrior, LearnedPlanModel."""
+
+    pools: tuple[str, ...]
+
+    def latency(self, q: LatencyQuery) -> LatencyAnswer: ...
+
+    def hit_rate(self, pool_index: np.ndarray, replicas: np.ndarray, prefix_weight: np.ndarray,
+                 load_weight: np.ndarray, reuse_inf_hit: np.ndarray, reuse_working_set: np.ndarray,
+                 batch_tokens: np.ndarray) -> np.ndarray: ...
+
+    def kv_tokens(self) -> np.ndarray: ...
+
+    def with_corrections(self, ttft: Sequence[float], tpot: Sequence[float], confidence: float,
+                         burst: Sequence[float] | None = None) -> PlanModel: ...
+
+
+def affinity(prefix_weight: np.ndarray, load_weight: np.ndarray) -> np.ndarray:
+    """Share of requests that follow their cached prefix: w / (w + w_half × load/4). 3 vs 2+2 → 0.67."""
+    half = AFFINITY_HALF_WEIGHT * np.maximum(load_weight, 1e-6) / 4.0
+    w = np.maximum(prefix_weight, 0.0)
+    return w / (w + half)
+
+
+def _halfin_whitt_wait(util: np.ndarray, servers: np.ndarray, service_s: np.ndarray, q: float) -> np.ndarray:
+    """q-quantile of the wait in an M/M/c queue (Halfin–Whitt P(wait), exponential conditional wait).
+
+    Example: c = 64 slots, utilisation 0.97, service 15 s → β = 0.24, P(wait) = 1/(1 + β·Φ(β)/φ(β))
+    = 0.79, p95 wait = ln(0.79/0.05) × 15 / (64 × 0.03) = 21.6 s.
+    """
+    u = np.clip(util, 0.0, UTIL_CLIP)
+    c = np.maximum(servers, 1.0)
+    beta = (1.0 - u) * np.sqrt(c)
+    phi = np.exp(-0.5 * beta * beta) / math.sqrt(2 * math.pi)
+    p_wait = 1.0 / (1.0 + beta * ndtr(beta) / np.maximum(phi, 1e-300))
+    p_wait = np.where(u <= 0.0, 0.0, p_wait)
+    tail = 1.0 - q
+    rate = c * (1.0 - u) / np.maximum(service_s, 1e-9)
+    return np.where(p_wait > tail, np.log(np.maximum(p_wait, tail) / tail) / rate, 0.0)
+
+
+@dataclass(frozen=True)
+class QueueingPrior:
+    """The prior-only PlanModel: fluid continuous batching + M/M/c waiting + log-normal spreads."""
+
+    pools: tuple[str, ...]
+    figures: tuple[EngineFigures, ...]
+    roles: tuple[str, ...] = ()
+    ttft_correction: tuple[float, ...] = ()  # observed / predicted p95 TTFT, per pool (1 = none)
+    tpot_correction: tuple[float, ...] = ()
+    burst: tuple[float, ...] = ()  # burst length, s: at the p95 a replica's prompts of this many seconds
+    # arrive together (0 = Poisson-smooth arrivals)
+    base_confidence: float = 0.3
+    _arr: Mapping[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.pools)
+        if len(self.figures) != n:
+            raise ValueError(f"QueueingPrior: {n} pools but {len(self.figures)} figures")
+        if not self.roles:
+            object.__setattr__(self, "roles", ("mixed",) * n)
+        if not self.ttft_correction:
+            object.__setattr__(self, "ttft_correction", (1.0,) * n)
+        if not self.tpot_correction:
+            object.__setattr__(self, "tpot_correction", (1.0,) * n)
+        if not self.burst:
+            object.__setattr__(self, "burst", (0.0,) * n)
+        f = self.figures
+        arr = {
+            "a": np.array([x.a_s for x in f]), "b": np.array([x.b_s_per_seq for x in f]),
+            "c": np.array([x.c_s_per_ctx_token for x in f]), "d": np.array([x.d_s_per_prefill_token for x in f]),
+            "e": np.array([x.e_s_per_attn_work for x in f]), "kv": np.array([x.kv_tokens for x in f]),
+            "prefill_only": np.array([r == "prefill" for r in self.roles]),
+            "decode_only": np.array([r == "decode" for r in self.roles]),
+            "k_ttft": np.array(self.ttft_correction, dtype=float), "k_tpot": np.array(self.tpot_correction, dtype=float),
+            "burst": np.array(self.burst, dtype=float),
+        }
+        object.__setattr__(self, "_arr", arr)
+
+    @staticmethod
+    def for_pools(pools: Sequence[PoolSpec], figures: Mapping[str, EngineFigures] | None = None) -> QueueingPrior:
+        """Figures by pool name from `figures`, else `figures_for(pool)`."""
+        figs = tuple(EngineFigures.of(figures[p.name]) if figures and p.name in figures else figures_for(p)
+                     for p in pools)
+        return QueueingPrior(pools=tuple(p.name for p in pools), figures=figs, roles=tuple(p.role for p in pools))
+
+    def with_corrections(self, ttft: Sequence[float], tpot: Sequence[float], confidence: float,
+                         burst: Sequence[float] | None = None) -> QueueingPrior:
+        return replace(self, ttft_correction=tuple(float(x) for x in ttft),
+                       tpot_correction=tuple(float(x) for x in tpot), base_confidence=float(confidence),
+                       burst=tuple(float(x) for x in burst) if burst is not None else self.burst, _arr={})
+
+    def kv_tokens(self) -> np.ndarray:
+        return self._arr["kv"]
+
+    # ---- latency
+
+    def latency(self, q: LatencyQuery) -> LatencyAnswer:
+        A = self._arr
+        i = q.pool_index
+        a, b, c, d, e, kv = A["a"][i], A["b"][i], A["c"][i], A["d"][i], A["e"][i], A["kv"][i]
+        pre_only, dec_only = A["prefill_only"][i], A["decode_only"][i]
+        lam = np.maximum(q.rps_per_replica, 0.0)
+        P = np.maximum(q.prompt_tokens, 1.0)
+        hit = np.clip(q.hit_rate, 0.0, 0.99)
+        O = np.where(pre_only, 1.0, np.maximum(q.output_tokens, 1.0))
+        u = np.where(dec_only, 0.0, P * (1.0 - hit))
+        # Prompt lengths are log-normal (σ = PROMPT_LOG_SIGMA): E[u^k] = u^k · exp(k(k−1)σ²/2).
+        s2 = PROMPT_LOG_SIGMA**2
+        u2, u3, u4 = u * u * math.exp(s2), u**3 * math.exp(3 * s2), u**4 * math.exp(6 * s2)
+        ph = P * hit  # cached context each uncached chunk attends to
+        pc = d * u + e * (u * ph + 0.5 * u2)
+        pc2 = (d + e * ph) ** 2 * u2 + (d + e * ph) * e * u3 + 0.25 * e * e * u4  # E[prefill seconds²]
+        ctx = P + 0.5 * O
+        beta = b + c * ctx
+        work = pc + O * beta  # GPU-seconds per request beyond the fixed step cost
+        seq_cap = np.where(q.max_num_seqs > 0, q.max_num_seqs, 256.0)
+        n_lim = np.minimum(seq_cap, KV_FREE_FRAC * kv / ctx)
+        n_lim = np.where(q.inflight_cap > 0, np.minimum(n_lim, q.inflight_cap), n_lim)
+        n_lim = np.maximum(n_lim, 1.0)
+        cap_rps = n_lim / (O * a + n_lim * work)
+        util = lam / np.maximum(cap_rps, 1e-12)
+        lam_eff = np.minimum(lam, cap_rps * UTIL_CLIP)
+        rho = lam_eff * work
+        free = np.maximum(1.0 - rho, 1e-3)
+        t = a / free
+        batch = lam_eff * O * t
+        # Waiting for a batch slot (engine queue, or the router behind an in-flight cap).
+        service = O * t
+        w95 = _halfin_whitt_wait(util, n_lim, service, 0.95)
+        w50 = _halfin_whitt_wait(util, n_lim, service, 0.50)
+        # Waiting behind other prompts' prefill (Pollaczek–Khinchine on the prefill work):
+        # mean λ·E[pc²] / (2(1−ρ)); its tail is roughly exponential (p95 ≈ 3 × mean).
+        w_pk = lam_eff * pc2 / (2.0 * free)
+        budget = np.where(q.max_num_batched_tokens > 0, q.max_num_batched_tokens, 8192.0)
+        budget = np.maximum(budget - batch, 256.0)
+
+        def prefill_s(uq: np.ndarray) -> np.ndarray:
+            steps = np.ceil(uq / budget)
+            return steps * t + d * uq + e * uq * (ph + 0.5 * uq)
+
+        u50 = u * _P50_OF_MEAN
+        u95 = u * _P95_OF_MEAN
+        k_ttft, k_tpot, burst = A["k_ttft"][i], A["k_tpot"][i], A["burst"][i]
+        # Bursts: when a replica's prompts of `burst` seconds arrive together, the steps of the
+        # burst carry chunks of that much prefill, so decoders then run at the chunked step time.
+        # More replicas make each replica's share of a burst smaller; the batch-token budget
+        # bounds the chunk, which is why a smaller max_num_batched_tokens protects TPOT under
+        # bursty arrivals. Example (8B, A100): 3 req/s per replica, 1,350 uncached tokens,
+        # burst 1 s → 4,050-token chunks → 11 ms + 65 µs × 4,050 = 0.28 s per step; a
+        # 1,024-token budget caps it at 0.08 s.
+        t_dec = a + beta * batch
+        chunk = np.minimum(budget, burst * lam_eff * u)
+        tpot_burst = t_dec + d * chunk + e * chunk * (ph + 0.5 * chunk)
+        ttft50 = (0.5 * t + prefill_s(u50) + 0.7 * w_pk + w50) * np.sqrt(k_ttft)
+        ttft95 = (TTFT_P95_FACTOR * (0.95 * t + prefill_s(u95)) + 3.0 * w_pk + w95) * k_ttft
+        # Decode-only pools: the first token is one decode step after the KV arrives.
+        ttft50 = np.where(dec_only, 1.5 * t + w50, ttft50)
+        ttft95 = np.where(dec_only, 1.95 * t + w95, ttft95)
+        # A request's TPOT averages the steps of its lifetime L = O·t; the prefill work that
+        # lands in them is compound Poisson (rate λ, sizes pc): sd √(λ·L·E[pc²]) / O per token.
+        spread = np.sqrt(lam_eff * service * pc2) / O
+        tpot50 = t * np.sqrt(k_tpot)
+        tpot95 = np.maximum(t * TPOT_P95_OF_MEAN + 1.645 * spread, tpot_burst) * k_tpot
+        # Past saturation the fluid model has no steady state: the planner adds the backlog;
+        # confidence drops there (we extrapolate) and near idle (little signal in corrections).
+        conf = np.where(util < 0.95, self.base_confidence, self.base_confidence * 0.5)
+        return LatencyAnswer(ttft_p50_s=ttft50, ttft_p95_s=ttft95, tpot_p50_s=tpot50, tpot_p95_s=tpot95,
+                             capacity_rps=cap_rps, utilisation=util, batch=batch, confidence=conf)
+
+    # ---- cache
+
+    def hit_rate(self, pool_index: np.ndarray, replicas: np.ndarray, prefix_weight: np.ndarray,
+                 load_weight: np.ndarray, reuse_inf_hit: np.ndarray, reuse_working_set: np.ndarray,
+                 batch_tokens: np.ndarray) -> np.ndarray:
+        """Steady-state hit rate; `batch_tokens` is the KV the running batch holds per replica."""
+        kv = self._arr["kv"][pool_index]
+        free = np.maximum(kv - batch_tokens, 0.1 * kv)
+        aff = affinity(prefix_weight, load_weight)
+        n = np.maximum(replicas, 1.0)
+        k_eff = free * (aff * n + 1.0 - aff)
+        cover = np.where(reuse_working_set > 0, np.minimum(1.0, k_eff / np.maximum(reuse_working_set, 1.0)), 1.0)
+        return reuse_inf_hit * cover**CACHE_COVERAGE_EXP
+
+    def burst_for(self, q: LatencyQuery, tpot_p95_s: float, hi: float = 200.0) -> float:
+        """The burst length (s) at which the burst term alone predicts the
+        observed p95 TPOT for the single-row query `q` (uncorrected): a bisection on [0, hi].
+        Returns hi when even the full batch-token budget per step cannot explain it."""
+        base = replace(self, ttft_correction=(1.0,) * len(self.pools), tpot_correction=(1.0,) * len(self.pools),
+                       _arr={})
+        lo, top = 0.0, hi
+        for _ in range(30):
+            mid = 0.5 * (lo + top)
+            b = list(base.burst)
+            b[int(q.pool_index[0])] = mid
+            m = replace(base, burst=tuple(b), _arr={})
+            if float(m.latency(q).tpot_p95_s[0]) < tpot_p95_s:
+                lo = mid
+            else:
+                top = mid
+        return lo
+
+    def sustainable_rps(self, pool_index: int, prompt_tokens: float, output_tokens: float, hit_rate: float,
+                        ttft_slo_s: float, tpot_slo_s: float, inflight_cap: float = 0.0,
+                        max_num_seqs: float = 256.0, max_num_batched_tokens: float = 8192.0) -> float:
+        """Largest rate per replica whose predicted p95s meet the SLOs (bisection; 0 if none)."""
+        lo, hi = 0.0, None
+
+        def query(lam: np.ndarray) -> LatencyAnswer:
+            n = len(lam)
+            return self.latency(LatencyQuery(
+                pool_index=np.full(n, pool_index), rps_per_replica=lam, prompt_tokens=np.full(n, prompt_tokens),
+                output_tokens=np.full(n, output_tokens), hit_rate=np.full(n, hit_rate),
+                inflight_cap=np.full(n, inflight_cap), max_num_seqs=np.full(n, max_num_seqs),
+                max_num_batched_tokens=np.full(n, max_num_batched_tokens)))
+
+        hi = float(query(np.array([1e-9])).capacity_rps[0])
+        for _ in range(30):
+            mid = 0.5 * (lo + hi)
+            r = query(np.array([mid]))
+            if r.ttft_p95_s[0] <= ttft_slo_s and r.tpot_p95_s[0] <= tpot_slo_s and r.utilisation[0] < 1.0:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+# --------------------------------------------------------------------------- forecaster
+
+
+@dataclass(frozen=True)
+class LoadForecast:
+    """Arrival-rate forecast at lead times (seconds from now): p50 and p90 arrays."""
+
+    lead_s: np.ndarray
+    p50: np.ndarray
+    p90: np.ndarray
+    level: float
+    trend_per_s: float
+    method: str = "prior"
+
+
+@dataclass(frozen=True)
+class PriorForecaster:
+    """Level + damped trend + empirical spread, from the series' own recent history.
+
+    - level: the newest value (a windowed rate, so already smoothed);
+    - trend: least-squares slope over the last `trend_window_s` (at least
+      `min_trend_samples` points), damped with time constant `damping_s` and moving the
+      forecast by at most `max_trend_frac` of the level (a trend never runs away over the
+      horizon), kept only when it is larger than twice its standard error (noise is not a
+      trend);
+    - spread: for lead L, an additive deviation (see `_spread`): the p90 is p50 + spread,
+      at most `max_rel_spread` × the larger of the level and the history's peak.
+    """
+
+    trend_window_s: float = 300.0
+    damping_s: float = 150.0
+    min_rel_spread: float = 0.03
+    max_rel_spread: float = 1.0
+    max_trend_frac: float = 0.25
+    min_trend_samples: int = 8
+    window_s: float = 60.0
+
+    def forecast(self, t_s: np.ndarray, y: np.ndarray, now_s: float, lead_s: np.ndarray) -> LoadForecast:
+        t_s = np.asarray(t_s, dtype=float)
+        y = np.asarray(y, dtype=float)
+        lead_s = np.asarray(lead_s, dtype=float)
+        ok = np.isfinite(y)
+        t_s, y = t_s[ok], y[ok]
+        if len(y) == 0:
+            z = np.zeros_like(lead_s)
+            return LoadForecast(lead_s, z, z, 0.0, 0.0)
+        level = float(max(y[-1], 0.0))
+        trend = 0.0
+        recent = t_s > now_s - self.trend_window_s
+        if recent.sum() >= self.min_trend_samples:
+            tt, yy = t_s[recent], y[recent]
+            tm = tt.mean()
+            den = float(((tt - tm) ** 2).sum())
+            if den > 0:
+                slope = float(((tt - tm) * (yy - yy.mean())).sum() / den)
+                resid = yy - (yy.mean() + slope * (tt - tm))
+                se = math.sqrt(float((resid**2).sum()) / max(len(yy) - 2, 1) / den)
+                if abs(slope) > 2.0 * se:
+                    trend = slope
+                    # the newest value is a window mean centred half a window back
+                    level = max(level + trend * 0.5 * self.window_s, 0.0)
+        grow = self.damping_s * (1.0 - np.exp(-lead_s / self.damping_s))
+        # a trend moves the forecast by at most max_trend_frac of the level (it is local, not a law)
+        move = np.clip(trend * grow, -self.max_trend_frac * level, self.max_trend_frac * level)
+        p50 = np.maximum(level + move, 0.0)
+        spread = np.array([self._spread(t_s, y, float(L), level) for L in lead_s])
+        p90 = p50 + np.minimum(spread, self.max_rel_spread * max(level, float(np.max(y))))
+        return LoadForecast(lead_s, p50, p90, level, trend)
+
+    def _spread(self, t_s: np.ndarray, y: np.ndarray, lead: float, level: float) -> float:
+        """Additive p90 deviation at `lead` (req/s): empirical when the history covers it, else a prior.
+
+        Empirical: the 90th percentile of |y(t+L) − y(t) − mean drift| over the history
+        (additive, so a bursty series that drops to zero between bursts keeps capacity for
+        the next one). The prior grows with the lead and saturates (rates revert to a level;
+        they are not a random walk): level × (0.05 + 0.2 × min(1, lead / 600 s)), never below
+        Poisson noise. Example: level 20 req/s, the series moved ±2.4 req/s over 5 minutes
+        before → p90 at 5 minutes = p50 + 2.4.
+        """
+        noise = 1.28 * math.sqrt(max(level, 0.0) / self.window_s)
+        base = self.min_rel_spread * level + noise
+        prior = max(base, level * (0.05 + 0.2 * min(1.0, lead / 600.0)))
+        if len(y) < 3:
+            return prior
+        dt = float(np.median(np.diff(t_s))) if len(t_s) > 1 else 15.0
+        k = max(1, int(round(lead / max(dt, 1e-9))))
+        if len(y) > k + 8:
+            dev = y[k:] - y[:-k]
+            emp = float(np.quantile(np.abs(dev - dev.mean()), 0.9))
+            # blend towards the prior while the history holds few independent windows
+            w = min(1.0, len(dev) * dt / (4.0 * max(lead, self.window_s)))
+            return max(base, w * emp + (1 - w) * prior)
+        return prior

@@ -1,0 +1,70 @@
+"""The learned models' lifecycle inside the daemon: load, record history, track error, refit.
+
+Built once in the composition root. Each tick the daemon hands it what it
+observed and what was in force; it appends that to the persisted history, scores
+the current models' predictions against what happened, and exposes the error for
+metrics and `governor status`. Refits run on the RefitJob's own thread, never on
+the tick path; the planner reads the current models through `slot.get()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from controller.core.coupling import CouplingModels, with_physics
+from controller.core.features import ObservationRecord, PoolSettings
+from controller.learning.history import HistoryBuffer
+from controller.learning.physics import physics_for_pool_spec
+from controller.learning.refit import ModelSet, ModelSlot, RefitConfig, RefitJob
+from controller.learning.store import ModelLoadError, ModelStore
+from controller.learning.tracker import ModelTracker
+from controller.sim.paths import PROJECT_ROOT
+from controller.types import Decision, FleetObservation, FleetSpec
+
+SHIPPED_MODELS_DIR = PROJECT_ROOT / "models"
+
+
+class Learning:
+    def __init__(self, fleet: FleetSpec, state_dir: str | Path, *, clock, logger: logging.Logger, seed: int = 0,
+                 models_dir: str | Path = SHIPPED_MODELS_DIR, refit_interval_s: float = 900.0,
+                 history_capacity: int = 5760) -> None:
+        self.log = logger
+        self.physics = {p.name: physics_for_pool_spec(p) for p in fleet.pools}
+        coupling, forecaster, source = self._load(Path(models_dir))
+        self.slot = ModelSlot(ModelSet(coupling, forecaster, source=source))
+        self.history = HistoryBuffer(capacity=history_capacity, state_dir=str(state_dir))
+        self.tracker = ModelTracker(self.physics, window=240)
+        self.job = RefitJob(self.history, self.slot, self.physics, clock=clock, logger=logger,
+                            store=ModelStore(Path(state_dir) / "models"), config=RefitConfig(interval_s=refit_interval_s),
+                            seed=seed)
+
+    def _load(self, models_dir: Path):
+        physics = list(self.physics.values())
+        try:
+            store = ModelStore(models_dir)
+            shipped, _ = store.load_coupling()
+            forecaster, _ = store.load_forecaster()
+            return with_physics(shipped, physics), forecaster, "shipped"
+        except ModelLoadError as exc:
+            self.log.warning(f"learned models refused, running on the physical prior alone: {exc}",
+                             extra={"event": "models"})
+            return CouplingModels.prior_only(physics), None, "prior"
+
+    def start(self) -> None:
+        self.job.start()
+
+    def stop(self) -> None:
+        self.job.stop()
+
+    def on_tick(self, now_s: float, observation: FleetObservation, in_force: Decision | None) -> None:
+        """Record the tick and score the models' predictions (cheap: one small predict per pool)."""
+        settings = {name: PoolSettings.from_decision(d) for name, d in in_force.pools.items()} if in_force else {}
+        record = ObservationRecord(at_s=now_s, observation=observation, settings=settings)
+        self.history.append(record)
+        self.tracker.update(record, self.slot.get().coupling)
+
+    def status(self) -> dict:
+        snap = self.tracker.snapshot().to_dict()
+        last = self.job.last
+        return {"source": self.slot.get().source, "tracker": snap, "last_refit": last.to_dict() if last else None}
