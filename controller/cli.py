@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--pools", type=int, default=10)
     b.add_argument("--replicas", type=int, default=200)
     b.add_argument("--ticks", type=int, default=200)
+    b.add_argument("--source", choices=["scrape", "prometheus"], default="scrape",
+                   help="read the fleet by direct scrape (sidecar mode) or through a real Prometheus")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=_handler("controller.bench.tick:cmd_bench_tick"))
     b = bsub.add_parser("models", help="accuracy, fit time and bulk-predict time of the learned models")

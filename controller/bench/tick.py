@@ -204,7 +204,9 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
 
 
-def measure(pools: int, replicas: int, ticks: int) -> dict[str, Any]:
+def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape") -> dict[str, Any]:
+    if source_kind not in ("scrape", "prometheus"):
+        raise ValueError(f"source: {source_kind!r} is not one of ['scrape', 'prometheus']")
     if pools < 1 or replicas < pools or ticks < 1:
         raise ValueError(f"need pools >= 1, replicas >= pools and ticks >= 1 (got {pools}, {replicas}, {ticks})")
     names = [f"pool-{k}" for k in range(pools)]
@@ -223,14 +225,18 @@ def measure(pools: int, replicas: int, ticks: int) -> dict[str, Any]:
     from controller.telemetry.source import ScrapeTarget
 
     grpc_server = None
-    source = actuator = None
+    source = actuator = prom = None
+    tmp = None
     try:
         if not ready.wait(30.0):
             raise RuntimeError("the /metrics server did not start within 30 s")
         base = f"http://127.0.0.1:{port.value}"
         targets = [ScrapeTarget(f"{base}/r/{i}/metrics", names[i % pools], "vllm") for i in range(replicas)]
         targets.append(ScrapeTarget(f"{base}/router/metrics", "", "router"))
-        source = ScrapeSource(names, targets=targets, timeout_s=5.0, window_s=60.0, stale_after_s=3600.0)
+        if source_kind == "scrape":
+            source = ScrapeSource(names, targets=targets, timeout_s=5.0, window_s=60.0, stale_after_s=3600.0)
+        else:
+            prom, tmp, source = _prometheus_source(names, base, replicas, pools)
         per_pool = replicas // pools
         fleet = FleetSpec(
             pools=tuple(PoolSpec(name=n, model="llama-3-8b", sku="a100-80gb", usd_per_replica_hour=2.0,
@@ -241,13 +247,15 @@ def measure(pools: int, replicas: int, ticks: int) -> dict[str, Any]:
         vclock = VirtualClock(1_000_000.0)
         actuator = GrpcActuator(address, address, clock=vclock, call_timeout_s=5.0)
         wall = WallClock()
+        if prom is not None:
+            vclock = wall  # Prometheus stamps samples with wall time; staleness is judged against it
         state = controller.initial_state()
         phases: dict[str, list[float]] = {"read": [], "step": [], "actuate": []}
         totals: list[float] = []
         failures = 0
         warmup = min(3, ticks)
         for k in range(ticks + warmup):
-            now = vclock.advance(TICK_S)
+            now = vclock.advance(TICK_S) if prom is None else wall.now_s()
             t0 = wall.monotonic_s()
             obs = source.read(now)
             t1 = wall.monotonic_s()
@@ -274,9 +282,13 @@ def measure(pools: int, replicas: int, ticks: int) -> dict[str, Any]:
             "actuate_p99_ms": round(_pct(phases["actuate"], 99), 2),
             "rss_mb": round(rss_mb, 1), "actuation_failures": failures, "pools_observed": pools_seen,
             "replicas_observed": int(sum(p.replicas_ready.value for p in obs.pools.values() if p.replicas_ready.ok)),
-            "policy": "slo-feedback",
+            "policy": "slo-feedback", "source": source_kind,
         }
     finally:
+        if prom is not None:
+            prom.stop()
+        if tmp is not None:
+            tmp.cleanup()
         if actuator is not None:
             actuator.close()
         if source is not None:
@@ -290,9 +302,38 @@ def measure(pools: int, replicas: int, ticks: int) -> dict[str, Any]:
             proc.join(5.0)
 
 
+def _prometheus_source(names: list[str], base: str, replicas: int, pools: int):
+    """A real Prometheus scraping the canned endpoints every second (pool as a target label), and
+    the daemon's PrometheusSource reading it; waits until rates exist for every pool."""
+    import tempfile
+    from pathlib import Path
+
+    from controller.bench.prometheus_server import PrometheusServer, wait_until
+    from controller.telemetry.prometheus import PrometheusSource
+
+    host = base.removeprefix("http://")
+    tmp = tempfile.TemporaryDirectory(prefix="governor-bench-tick-")
+    # One job per replica path is what Prometheus needs (metrics_path is per job); group by pool.
+    prom = PrometheusServer(Path(tmp.name), static_targets={}, scrape_interval="1s",
+                            extra_jobs=[{"job_name": f"r{i}", "metrics_path": f"/r/{i}/metrics",
+                                         "static_configs": [{"targets": [host], "labels": {"pool": names[i % pools], "instance": f"replica-{i}"}}]}
+                                        for i in range(replicas)]
+                            + [{"job_name": "router", "metrics_path": "/router/metrics",
+                                "static_configs": [{"targets": [host]}]}])
+    try:
+        wait_until(lambda: len(prom.query("count by (pool) (rate(vllm:prompt_tokens_total[30s]))")) == pools,
+                   deadline_s=90, interval_s=0.5, what="Prometheus to have rates for every pool")
+    except BaseException:
+        prom.stop()
+        tmp.cleanup()
+        raise
+    source = PrometheusSource(names, url=prom.url, timeout_s=10.0, window_s=30.0, stale_after_s=60.0)
+    return prom, tmp, source
+
+
 def cmd_bench_tick(args: argparse.Namespace) -> int:
     try:
-        out = measure(int(args.pools), int(args.replicas), int(args.ticks))
+        out = measure(int(args.pools), int(args.replicas), int(args.ticks), getattr(args, "source", "scrape"))
     except (ValueError, RuntimeError) as exc:
         print(f"governor bench tick: {exc}", file=sys.stderr)
         return 2
@@ -303,7 +344,7 @@ def cmd_bench_tick(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     t = Table(title=f"tick overhead: {out['replicas']} replicas in {out['pools']} pools, {out['ticks']} ticks "
-                    f"(policy {out['policy']})")
+                    f"(policy {out['policy']}, read via {out['source']})")
     for c in ("phase", "p50 ms", "p99 ms"):
         t.add_column(c, justify="left" if c == "phase" else "right")
     for k in ("read", "step", "actuate"):

@@ -24,6 +24,8 @@ metrics beyond turning query results into Readings (the PromQL does the maths).
 
 from __future__ import annotations
 
+from concurrent import futures
+
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -152,7 +154,8 @@ class PrometheusSource:
     def __init__(self, pools: Sequence[str], *, url: str = "http://127.0.0.1:9090", timeout_s: float = 5.0,
                  pool_label: str = promql.POOL, window_s: float = 60.0, stale_after_s: float = 60.0,
                  queries: Mapping[str, str] | None = None, clock: Clock | None = None,
-                 classes: Sequence[str] = PRIORITY_CLASSES, client: PrometheusConnect | None = None) -> None:
+                 classes: Sequence[str] = PRIORITY_CLASSES, client: PrometheusConnect | None = None,
+                 max_parallel: int = 4) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: {timeout_s} must be > 0")
         self.pools = tuple(pools)
@@ -168,6 +171,7 @@ class PrometheusSource:
             retry=Retry(total=0, connect=0, read=0, status=0, redirect=0, raise_on_status=False),
         )
         self._health = _Health(False, "not read yet")
+        self._pool = futures.ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="prometheus-query")
 
     def _query(self, promql_text: str, remaining_s: float) -> object:
         try:
@@ -177,27 +181,29 @@ class PrometheusSource:
             raise TransportError(describe_error(exc)) from None
 
     def read(self, now_s: float) -> FleetObservation:
+        """Run every query (a few at a time: Prometheus evaluates them in parallel) within the budget."""
         results: dict[str, object] = {}
         errors: list[str] = []
         deadline = self.clock.monotonic_s() + self.timeout_s
         answered = 0
-        for name, text in self.queries.items():
+        pending = {name: self._pool.submit(self._query, text, self.timeout_s) for name, text in self.queries.items()}
+        transport_error: str | None = None
+        for name, fut in pending.items():
             remaining = deadline - self.clock.monotonic_s()
-            if remaining <= 0:
-                errors.append(f"prometheus {self.url}: read budget of {self.timeout_s:g} s spent; "
-                              f"skipped from query {name} on")
-                break
             try:
-                results[name] = self._query(text, remaining)
+                results[name] = fut.result(timeout=max(0.0, remaining))
                 answered += 1
+            except futures.TimeoutError:
+                errors.append(f"prometheus {self.url}: read budget of {self.timeout_s:g} s spent; query {name} unanswered")
             except TransportError as exc:
-                errors = [f"prometheus {self.url}: {exc}"]
-                results = {}  # a broken connection taints the whole read: every reading MISSING
-                answered = 0
-                break
+                transport_error = transport_error or f"prometheus {self.url}: {exc}"
             except (PrometheusApiClientException, KeyError, TypeError, ValueError) as exc:
                 results[name] = exc
                 errors.append(f"query {name}: {describe_error(exc)}")
+        if transport_error is not None:
+            errors = [transport_error]
+            results = {}  # a broken connection taints the whole read: every reading MISSING
+            answered = 0
         obs = observation_from_results(now_s, self.pools, self.classes, results, pool_label=self.pool_label,
                                        stale_after_s=self.stale_after_s, source=self.name, errors=errors)
         total = len(self.queries)
@@ -213,6 +219,7 @@ class PrometheusSource:
         return h.ok, h.message
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
 
 
