@@ -2,16 +2,17 @@
 
 Each scenario in the repository's `scenarios/` folder is one job: the simulator's
 speed on it (`controller.bench.sim_speed.measure` on its 16-replica static variant,
-when that module is present) and `bench policies` with every registered policy (not the
-bench variants sla-planner-60s and hpa-queue) and the oracle limited to
-ORACLE_MAX_REPLAYS replays (same seed as the scenario file) at a 30 s tick: half the ticks of `bench
-policies`' 15 s default, because reading the simulated fleet's telemetry through the
-exposition + window path every tick costs more than simulating it (on
-mooncake-conv ~80 % of a replay), and at 15 s the full set does not fit the budget. Jobs run in `workers` processes (2 by
-default, one per core of the reference machine), longest first; each writes its JSON
-and PNG to --out as `bench policies` does, and this command prints one summary table
-(or, with --json, one JSON object on stdout). Per-scenario results do not depend on
-the number of workers or their order; only the wall times do.
+when that module is present) and `bench policies` with every registered policy (not
+the bench variants sla-planner-60s and hpa-queue) and the oracle limited to
+ORACLE_MAX_REPLAYS replays (same seed as the scenario file), at a 30 s tick: half the
+ticks of `bench policies`' 15 s default, because reading the simulated fleet's
+telemetry through the exposition + window path every tick costs more than simulating
+it (~85 % of a mooncake-conv replay), and at 15 s the full set does not fit the budget.
+Jobs run in `workers` processes (2 by default, as the reference machine has 2 vCPUs),
+longest first; each writes its JSON and PNG to --out as `bench policies` does, and
+this command prints one summary table (or, with --json, one JSON object on stdout).
+Per-scenario results do not depend on the number of workers or their order; only the
+wall times do.
 
 Budget: the whole run must fit in 20 minutes on a 2-core machine (`make bench`); the
 wall time is printed. Must not: write anywhere but --out.
@@ -151,7 +152,10 @@ def cmd_bench_all(args: argparse.Namespace) -> int:
             try:
                 row = f.result()
             except Exception as exc:  # noqa: BLE001 - one broken scenario must not hide the others
-                row = {"file": str(p), "scenario": p.stem, "error": f"{type(exc).__name__}: {exc}"}
+                # The worker's traceback travels as the text of __cause__: keep its last lines.
+                where = str(exc.__cause__ or "").strip().splitlines()[-4:-1]
+                row = {"file": str(p), "scenario": p.stem,
+                       "error": f"{type(exc).__name__}: {exc}" + (f" [{' | '.join(x.strip() for x in where)}]" if where else "")}
             rows[str(p)] = row
             status = "error" if "error" in row else f"{row.get('wall_s', 0):.0f} s"
             err.print(f"[{len(rows)}/{len(paths)}] {p.stem}: {status} ({clock.monotonic_s() - t0:.0f} s elapsed)")

@@ -18,7 +18,9 @@ Schedule (per pool, a dynamic programme over aligned windows of `window_s`, 60 s
   cost     = Σ_k m_k × window_s × price + starts × startup_cold_s × price
              + stops × drain_s × price, over m_k ≥ need_k, m_{-1} = the initial replicas;
   demand_k is the window's mean rate, or (burst window 20 s) the highest of its three
-  20 s thirds, for traces whose load comes in sub-minute bursts; the windows before a
+  20 s thirds, for traces whose load comes in sub-minute bursts; a scheduled fault adds
+  the replicas it takes away to the need until their replacements are up
+  (`fault_extra`: the oracle knows the scenario's faults as it knows its trace); the windows before a
   cold start-up ordered at t = 0 could serve only require what the initial replicas
   give. O(windows × replicas²) with numpy; ties go to fewer replicas.
 Example: demand 3, 9, 3 req/s over three windows, 4 req/s per replica, cold start
@@ -53,8 +55,8 @@ in replicas (larger pools multiplex better: margins below 1 let the search find
 that out); every start-up is charged as cold in the DP; demand inside a window is
 uniform or its 20 s peak; the routing is the scenario's and fixed; only replica
 counts are scheduled (no admission, batching or routing levers); the search is
-over a finite candidate list with bisection, not every schedule; faults are not
-foreseen (the schedule is replayed with them), nor are retries. Must not: read the
+over a finite candidate list with bisection, not every schedule; Poisson faults and
+retries are not foreseen (scheduled faults are). Must not: read the
 wall clock or write files.
 """
 
@@ -217,14 +219,45 @@ def plan_cost(replicas: Sequence[int], initial: int, *, window_s: float, usd_per
     return float((m.sum() * window_s + starts * startup_s + stops * drain_s) * usd_per_s)
 
 
+def fault_extra(scenario: Scenario, pool: str, n_windows: int, *, window_s: float, tick_s: float) -> np.ndarray:
+    """Replicas the scheduled faults of `pool` take away, per window (the oracle knows them in advance).
+
+    crash / preempt of `count` replicas at at_s: the fleet starts replacements at once (cold:
+    the crash takes the node's copy of the weights), so `count` replicas are missing from at_s
+    until startup_cold_s + one tick later. slow (×factor for duration_s): each hit replica
+    serves 1/factor of its rate, ceil(count × (1 − 1/factor)) replicas' worth is missing.
+    Poisson faults (rate_per_hour) are random draws and are not foreseen.
+    Example: 3 replicas crash at 1,640 s, cold start 300 s, 60 s windows → +3 in windows 27–32.
+    """
+    spec = scenario.pool(pool)
+    extra = np.zeros(n_windows, dtype=np.int64)
+    for f in scenario.faults:
+        if f.pool != pool or f.at_s is None:
+            continue
+        if f.kind in ("crash", "preempt"):
+            lost, end = f.count, f.at_s + spec.startup_cold_s + tick_s
+        else:
+            lost, end = math.ceil(f.count * (1.0 - 1.0 / f.factor)), f.at_s + f.duration_s
+        first = int(f.at_s // window_s)
+        last = min(n_windows - 1, int(math.ceil(end / window_s)) - 1)
+        if first <= last:
+            extra[first:last + 1] += lost
+    return extra
+
+
 def plan_pool(spec: PoolSpecModel, rates_rps: np.ndarray, capacity_rps: float, *, margin: float = 1.0,
-              window_s: float = WINDOW_S, drain_s: float = 5.0) -> PoolPlan:
-    """The cheapest schedule (replicas per window) with m_k ≥ need_k under the cost model above."""
+              window_s: float = WINDOW_S, drain_s: float = 5.0, extra: np.ndarray | None = None) -> PoolPlan:
+    """The cheapest schedule (replicas per window) with m_k ≥ need_k under the cost model above.
+
+    `extra` (per window) is added to the need: replicas a scheduled fault takes away.
+    """
     if not (capacity_rps > 0 and math.isfinite(capacity_rps)):
         raise ValueError(f"pool {spec.name}: capacity must be a finite number > 0 (got {capacity_rps})")
     lo_floor, hi = replica_floor(spec), spec.max_replicas
     initial = spec.replicas
     raw = np.ceil(margin * np.asarray(rates_rps, dtype=np.float64) / capacity_rps - 1e-9).astype(np.int64)
+    if extra is not None:
+        raw = raw + np.asarray(extra, dtype=np.int64)
     need = np.clip(np.maximum(raw, lo_floor), lo_floor, hi)
     capped = int(np.sum(raw > hi))
     # Windows that end before a cold start-up ordered at t = 0 could serve: only what is there already.
@@ -371,13 +404,15 @@ def burst_rates(d: PoolDemand, window_s: float, burst_window_s: float, n_windows
 
 
 def plan_all(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: Mapping[str, PoolProfile], *,
-             margin: float, window_s: float, n_windows: int, burst_window_s: float | None = None) -> dict[str, PoolPlan]:
+             margin: float, window_s: float, n_windows: int, burst_window_s: float | None = None,
+             tick_s: float = 15.0) -> dict[str, PoolPlan]:
     plans = {}
     for spec in scenario.pools:
         prof = profiles[spec.name]
         rates = burst_rates(demands[spec.name], window_s, burst_window_s or window_s, n_windows)
+        extra = fault_extra(scenario, spec.name, n_windows, window_s=window_s, tick_s=tick_s)
         plans[spec.name] = plan_pool(spec, rates, prof.capacity.rps, margin=margin, window_s=window_s,
-                                     drain_s=drain_estimate_s(prof))
+                                     drain_s=drain_estimate_s(prof), extra=extra)
     return plans
 
 
@@ -388,7 +423,7 @@ def drain_estimate_s(prof: PoolProfile) -> float:
 
 def candidates(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: Mapping[str, PoolProfile], *,
                window_s: float, n_windows: int, margins: Sequence[float], burst_windows_s: Sequence[float],
-               static: Mapping[str, int], static_cost: float) -> list[Candidate]:
+               static: Mapping[str, int], static_cost: float, tick_s: float = 15.0) -> list[Candidate]:
     """Every (burst window, margin) schedule, cheapest planned first; none planned dearer than static."""
     out: list[Candidate] = []
     seen: set[tuple] = set()
@@ -396,7 +431,7 @@ def candidates(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: 
     for bw in burst_windows_s:
         for m in margins:
             plans = plan_all(scenario, demands, profiles, margin=m, window_s=window_s, n_windows=n_windows,
-                             burst_window_s=bw)
+                             burst_window_s=bw, tick_s=tick_s)
             planned = sum(p.planned_cost_usd for p in plans.values())
             if planned >= static_cost:
                 if static_plans is None:
@@ -439,7 +474,7 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
                                 usd_per_s=usd_per_replica_s(s), startup_s=s.startup_cold_s,
                                 drain_s=drain_estimate_s(profiles[s.name])) for s in scenario.pools)
     cands = candidates(scenario, demands, profiles, window_s=window_s, n_windows=n_windows, margins=margins,
-                       burst_windows_s=burst_windows_s, static=static, static_cost=static_cost)
+                       burst_windows_s=burst_windows_s, static=static, static_cost=static_cost, tick_s=tick_s)
     routing = {p.name: RoutingWeights(scenario.router.prefix_weight, scenario.router.queue_weight,
                                       scenario.router.kv_weight) for p in scenario.pools}
     # Before the first cold start-up ordered at t = 0 could serve, the fleet is what the scenario

@@ -20,7 +20,8 @@ the SLO" off that table. We do the same against the calibrated simulator:
 - the sweep climbs from the anchor until a point misses the SLO (or walks down until
   one meets it); `capacity_from_samples` (controller.policies.sla_planner) turns the
   points into a `ReplicaCapacity` (latency curves made non-decreasing, linear
-  interpolation, never extrapolated).
+  interpolation, never extrapolated); the curves it carries for a planner's
+  correction factors keep only the points where every request completed.
 
 The SLO is the tightest class's (min TTFT, min TPOT). Results are cached as JSON
 under `cache_dir`, keyed by a SHA-256 of every input (the pool, the router, the SLO,
@@ -35,7 +36,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from controller.sim.traces import Trace
 from controller.sim.workload import Workload
 from controller.types import SloSpec
 
-PROFILE_VERSION = 3  # bump when the procedure changes (part of the cache key)
+PROFILE_VERSION = 4  # bump when the procedure changes (part of the cache key)
 PROFILE_REPLICAS = 2
 SAMPLE_BLOCKS = 8
 GRID_RATIO = 1.15
@@ -349,6 +350,13 @@ def profile_pool(scenario: Scenario, pool: str, *, workload: Workload, slo: SloS
     mean_output = float(np.mean(workload.trace.output_tokens))
     cap = capacity_from_samples(loads, [p.ttft_p95_s for p in ordered], [p.tpot_p95_s for p in ordered], slo,
                                 mean_prompt_tokens=mean_prompt, mean_output_tokens=mean_output)
+    # The latency curves a planner reads (Dynamo's correction factors divide measured latency by
+    # them) keep only the points where every measured request completed: a point past saturation
+    # holds the PENALTY_S stand-in, not a latency, and would make any measured latency look tiny.
+    valid = [p for p in ordered if p.completed_frac >= 1.0] or ordered[:1]
+    cap = replace(cap, profile_rps=tuple(p.rps_per_replica for p in valid),
+                  profile_ttft_s=tuple(np.maximum.accumulate([p.ttft_p95_s for p in valid]).tolist()),
+                  profile_tpot_s=tuple(np.maximum.accumulate([p.tpot_p95_s for p in valid]).tolist()))
     ttft50 = float(np.interp(cap.rps, loads, np.maximum.accumulate([p.ttft_p50_s for p in ordered])))
     tpot50 = float(np.interp(cap.rps, loads, np.maximum.accumulate([p.tpot_p50_s for p in ordered])))
     prof = PoolProfile(pool=pool, capacity=cap, slo=slo, points=tuple(ordered), anchor_rps=anchor,

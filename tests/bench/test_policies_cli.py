@@ -1,0 +1,114 @@
+"""`governor bench policies`: the JSON interface, determinism, errors, and the PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controller.cli import main
+from controller.types import PRIORITY_CLASSES
+
+REQUIRED = ("cost_per_successful_task_usd", "successful_tasks", "tasks", "slo_attainment", "gpu_hours",
+            "ttft_p95_s", "tpot_p95_s", "hit_rate", "shed", "failed")
+POLICIES = "static,hpa,sla-planner,oracle"
+
+
+def bench(capsys, scenario: Path, out: Path, *extra: str) -> tuple[int, str, str]:
+    code = main(["bench", "policies", "--scenario", str(scenario), "--out", str(out), *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> tuple[Path, dict, str]:
+    from tests.bench.conftest import write_scenario
+
+    folder = tmp_path_factory.mktemp("bench")
+    scenario = write_scenario(folder)
+    out = folder / "out1"
+    # capsys is function-scoped: call the CLI and read stdout by redirecting it ourselves.
+    import contextlib
+    import io
+
+    buf, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+        code = main(["bench", "policies", "--scenario", str(scenario), "--out", str(out), "--policies", POLICIES,
+                     "--json"])
+    assert code == 0, err.getvalue()
+    return scenario, json.loads(buf.getvalue()), buf.getvalue()
+
+
+def test_json_has_the_interface_keys(first_run) -> None:
+    _, report, _ = first_run
+    assert report["scenario"] == "bench-tiny"
+    assert report["seed"] == 5
+    assert set(report["policies"]) == set(POLICIES.split(","))
+    for name, entry in report["policies"].items():
+        for key in REQUIRED:
+            assert key in entry, (name, key)
+        assert set(entry["slo_attainment"]) == set(PRIORITY_CLASSES)
+        assert entry["tasks"] > 0
+    assert report["policies"]["oracle"]["slo_met"] in (True, False)
+    assert report["static_replicas"]["small"] >= 1
+
+
+def test_json_on_stdout_is_one_object_and_files_are_written(first_run) -> None:
+    scenario, report, text = first_run
+    assert text.count("\n") == 1  # exactly one JSON object, one line
+    out = scenario.parent / "out1"
+    assert json.loads((out / "bench-tiny.json").read_text()) == report
+    png = (out / "bench-tiny.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_same_seed_gives_identical_json(first_run, capsys) -> None:
+    scenario, _, text = first_run
+    # A fresh output dir: the profile is recomputed, not read from the first run's cache.
+    code, out, err = bench(capsys, scenario, scenario.parent / "out2", "--policies", POLICIES, "--json")
+    assert code == 0, err
+    assert out == text
+
+
+def test_another_seed_gives_another_result(first_run, capsys) -> None:
+    scenario, report, _ = first_run
+    code, out, err = bench(capsys, scenario, scenario.parent / "out1", "--policies", "static", "--seed", "6", "--json")
+    assert code == 0, err
+    other = json.loads(out)
+    assert other["seed"] == 6
+    assert other["policies"]["static"]["successful_tasks"] != report["policies"]["static"]["successful_tasks"] or \
+        other["policies"]["static"]["cost_usd"] != report["policies"]["static"]["cost_usd"]
+
+
+def test_table_output(first_run, capsys) -> None:
+    scenario, _, _ = first_run
+    code, out, err = bench(capsys, scenario, scenario.parent / "out1", "--policies", "static")
+    assert code == 0, err
+    assert "static" in out and "$/succ. task" in out
+    assert "wrote" in err
+
+
+@pytest.mark.parametrize("policies, needle", [
+    ("static,no-such-policy", "'no-such-policy'"),
+    ("hpa,Static", "'Static'"),
+    (",", "at least one"),
+])
+def test_unknown_policy_exits_2_naming_it(first_run, capsys, policies: str, needle: str) -> None:
+    scenario, _, _ = first_run
+    code, out, err = bench(capsys, scenario, scenario.parent / "bad", "--policies", policies)
+    assert code == 2
+    assert needle in err
+    assert out == ""
+    assert not (scenario.parent / "bad").exists()  # nothing written
+
+
+def test_bad_scenario_exits_2(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\npools: []\n")
+    code, _, err = bench(capsys, bad, tmp_path / "out")
+    assert code == 2
+    assert "bad.yaml" in err
+    code, _, err = bench(capsys, tmp_path / "missing.yaml", tmp_path / "out")
+    assert code == 2
+    assert "missing.yaml" in err
