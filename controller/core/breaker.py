@@ -4,14 +4,22 @@ The pattern (DESIGN.md §7): replicas are lost → their caches go with them →
 lands on cold caches, the hit rate collapses, prefill work and latency jump, clients retry
 and add load, more replicas tip over. The breaker watches for it in telemetry alone:
 
-  loss      ready replicas of a pool fell by ≥ max(loss_min, loss_frac × before) within
-            `loss_window_s` while the target in force did not fall (not our own scale-down);
-  symptoms  the pool's hit rate fell ≥ hit_drop_frac below its baseline, or a class's p95
-            TTFT/TPOT rose above its SLO (or ≥ latency_rise × its baseline), or client
-            retries rose above retry_rise_rps + baseline.
+  loss      replicas of a pool vanished: the fleet started replacements nobody ordered (the
+            caller counts them: `lost`), or — when the starting count is not known — ready
+            replicas fell with no drain and no lower target in the window; at least
+            max(loss_min, loss_frac × target) within `loss_window_s`;
+  symptoms  the pool's hit rate fell ≥ hit_drop_frac below its baseline, or a protected
+            class's (critical, standard) p95 TTFT/TPOT rose above its SLO (or ≥
+            latency_rise × its baseline), or client retries not caused by shedding rose above
+            retry_rise_rps + baseline. Only the latency symptoms keep it open: a smaller
+            fleet may keep a lower hit rate, and shedding itself causes retries.
 
 It trips (phase "open") when a loss is followed by a symptom within `suspect_s`, or at once
-when a loss takes ≥ `big_loss_frac` of the pool. While open it hands the planner
+when a loss takes ≥ `big_loss_frac` of the pool — or, with no loss, on overload: a protected
+class late while a pool's engine queue holds ≥ `overload_waiting_per_replica` requests per
+ready replica or its batches run at ≥ `overload_batch_frac` of max_num_seqs (or clients
+retry), `overload_ticks` ticks in a row (a surge sets off the same
+cascade: full batches slow every stream, requests time out and retry). While open it hands the planner
 constraints, all at once:
 
   replacements   the pool's replica floor is its target before the loss (replacements start
@@ -44,6 +52,7 @@ from typing import Any
 from controller.types import FleetObservation, FleetSpec, PRIORITY_CLASSES
 
 CLOSED, OPEN, RECOVERING = "closed", "open", "recovering"
+PROTECTED = PRIORITY_CLASSES[:2]  # critical, standard: the classes whose lateness keeps the breaker open
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,9 @@ class BreakerConfig:
     shed_stage2: float = 0.5
     shed_stage3: float = 1.0
     standard_shed_stage3: float = 0.3
+    overload_waiting_per_replica: float = 8.0  # queued requests per ready replica that mean "swamped"
+    overload_batch_frac: float = 0.8  # ...or running batches this close to max_num_seqs
+    overload_ticks: int = 2
 
     def __post_init__(self) -> None:
         for name in ("loss_frac", "big_loss_frac", "hit_drop_frac", "baseline_alpha", "shed_stage2", "shed_stage3",
@@ -109,6 +121,7 @@ class BreakerState:
     tpot_baseline: Mapping[str, float] = field(default_factory=dict)
     retry_baseline: float | None = None
     floors: Mapping[str, int] = field(default_factory=dict)
+    overload_ticks: int = 0
 
     def status(self) -> dict[str, Any]:
         """The breaker as status/metrics show it."""
@@ -123,12 +136,13 @@ class BreakerAction:
 
     min_replicas: Mapping[str, int] = field(default_factory=dict)
     max_prefix_weight: Mapping[str, float] = field(default_factory=dict)
-    protect_streams: bool = False  # cap in-flight per replica at the SLO-safe batch
+    protect_streams: bool = False  # cap in-flight per replica at the SLO-safe batch (pools in `pools`)
+    pools: tuple[str, ...] = ()  # the pools the breaker acts on
     min_shed: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def active(self) -> bool:
-        return bool(self.min_replicas or self.max_prefix_weight or self.protect_streams or self.min_shed)
+        return bool(self.min_replicas or self.max_prefix_weight or self.protect_streams or self.min_shed or self.pools)
 
 
 def _ok(r) -> float | None:
@@ -136,13 +150,16 @@ def _ok(r) -> float | None:
 
 
 def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, observation: FleetObservation,
-                   fleet: FleetSpec, targets: Mapping[str, int]) -> tuple[BreakerState, BreakerAction, list[str]]:
-    """Advance the breaker one tick. `targets`: the replica target in force per pool.
+                   fleet: FleetSpec, targets: Mapping[str, int],
+                   lost: Mapping[str, int] | None = None) -> tuple[BreakerState, BreakerAction, list[str]]:
+    """Advance the breaker one tick. `targets`: the replica target in force per pool; `lost`: per
+    pool, replacements the fleet started this tick that nobody ordered (None: infer from ready).
 
     Returns (new state, constraints for the planner, notes on what changed: human-readable).
     """
     if not cfg.enabled:
         return state, BreakerAction(), []
+    lost_map = lost  # (the name `lost` is reused below for the count inside the loss window)
     notes: list[str] = []
     watch = dict(state.watch)
     losses_now: list[str] = []
@@ -158,19 +175,24 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
         losses = tuple((t, n) for t, n in w.losses if now_s - t < cfg.loss_window_s)
         loss_seen = w.loss_seen_s
         pre = w.pre_loss_target
-        if ready is not None and w.last_ready is not None:
+        starting = _ok(obs.replicas_starting) if obs is not None else None
+        if lost_map is not None and starting is not None:
+            if lost_map.get(name, 0) > 0:
+                losses = losses + ((now_s, int(lost_map[name])),)
+        elif ready is not None and w.last_ready is not None:
             drop = w.last_ready - int(round(ready))
-            planned = w.last_target is not None and target < w.last_target
+            draining = _ok(obs.replicas_draining) if obs is not None else None
+            planned = (w.last_target is not None and target < w.last_target) or (draining or 0) > 0
             if drop > 0 and not planned:
                 losses = losses + ((now_s, drop),)
-        lost = sum(n for _, n in losses)
+        lost_n = sum(n for _, n in losses)
         ref = max(target, 1)  # a crash leaves the target as it was: the size the pool should have
-        if lost >= max(cfg.loss_min, cfg.loss_frac * ref):
+        if lost_n >= max(cfg.loss_min, cfg.loss_frac * ref):
             if loss_seen is None or now_s - loss_seen >= cfg.loss_window_s:
                 pre = max(target, (w.last_target or 0))
             loss_seen = now_s
             losses_now.append(name)
-            if lost >= cfg.big_loss_frac * ref:
+            if lost_n >= cfg.big_loss_frac * ref:
                 big = True
         baseline = w.hit_baseline
         if hit is not None and baseline is not None and baseline > 0.05 and hit < baseline * (1 - cfg.hit_drop_frac):
@@ -192,8 +214,10 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
         ttft, tpot = _ok(co.ttft_p95_s), _ok(co.tpot_p95_s)
         r = _ok(co.retry_rps)
         if r is not None:
-            retries += r
+            retries += max(r - (_ok(co.shed_rps) or 0.0), 0.0)  # retries of shed requests are ours
             have_retry = True
+        if c not in PROTECTED:
+            continue
         over = False
         if slo is not None:
             if ttft is not None and (ttft > slo.ttft_s or (c in ttft_b and ttft > cfg.latency_rise * ttft_b[c]
@@ -221,8 +245,34 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
 
     phase, stage, since, tripped_at, trigger = state.phase, state.stage, state.since_s, state.tripped_at_s, state.trigger
     pools_hit, calm_since, late_since, trips = state.pools_hit, state.calm_since_s, state.late_since_s, state.trips
+    # Overload, the same cascade without a crash: protected classes late while a pool's queue
+    # grows (or clients retry), for `overload_ticks` ticks in a row.
+    swamped = []
+    for spec in fleet.pools:
+        po = observation.pools.get(spec.name)
+        if po is None:
+            continue
+        ready, waiting, running = _ok(po.replicas_ready), _ok(po.waiting), _ok(po.running)
+        queued = ready and waiting is not None and waiting / ready >= cfg.overload_waiting_per_replica
+        full = ready and running is not None and running / ready >= cfg.overload_batch_frac * spec.max_num_seqs
+        if queued or full:
+            swamped.append(spec.name)
+    overload_now = bool(late) and (bool(swamped) or retry_rise)
+    overload_ticks = state.overload_ticks + 1 if overload_now else 0
     if phase == CLOSED:
-        if suspects and (symptoms or big):
+        if overload_ticks >= cfg.overload_ticks and not suspects:
+            phase, stage, since, tripped_at = OPEN, 2, now_s, now_s
+            pools_hit = tuple(swamped) or tuple(p.name for p in fleet.pools)
+            trigger = (f"overload: p95 latency over SLO for {', '.join(late)} with "
+                       + (f"queues building in {', '.join(swamped)}" if swamped else f"retries up to {retries:.2g}/s"))
+            calm_since, late_since, trips = None, (now_s if critical_late else None), trips + 1
+            notes.append(f"breaker tripped: {trigger}")
+            for name in pools_hit:  # overload: hold today's size (no loss to replace)
+                w = watch[name]
+                watch[name] = PoolWatch(w.last_ready, w.last_target, w.losses, w.loss_seen_s,
+                                        max(int(targets.get(name, 0)), w.pre_loss_target if w.loss_seen_s else 0),
+                                        w.hit_baseline)
+        elif suspects and (symptoms or big):
             why = []
             if big:
                 why.append("large replica loss")
@@ -250,7 +300,7 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
                 notes.append("breaker escalated: critical still late")
         else:
             late_since = None
-        if symptoms:
+        if late:
             calm_since = None
         else:
             calm_since = calm_since if calm_since is not None else now_s
@@ -279,9 +329,11 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
             shed["sheddable"] = cfg.shed_stage3 if stage >= 3 else cfg.shed_stage2
         if stage >= 3 and critical_late:
             shed["standard"] = cfg.standard_shed_stage3
-        action = BreakerAction(min_replicas=floors, max_prefix_weight={n: cap_pw for n in pools_hit},
-                               protect_streams=stage >= 2, min_shed=shed)
+        spread = {} if trigger.startswith("overload") else {n: cap_pw for n in pools_hit}  # no cache was lost
+        action = BreakerAction(min_replicas=floors, max_prefix_weight=spread, protect_streams=stage >= 2,
+                               min_shed=shed, pools=tuple(pools_hit))
     new = BreakerState(phase=phase, stage=stage, since_s=since, tripped_at_s=tripped_at, trigger=trigger,
                        pools_hit=pools_hit, calm_since_s=calm_since, late_since_s=late_since, trips=trips,
-                       watch=watch, ttft_baseline=ttft_b, tpot_baseline=tpot_b, retry_baseline=retry_b, floors=floors)
+                       watch=watch, ttft_baseline=ttft_b, tpot_baseline=tpot_b, retry_baseline=retry_b, floors=floors,
+                       overload_ticks=overload_ticks)
     return new, action, notes

@@ -12,6 +12,17 @@ Order of application, each adjustment recorded as a Reason with a `guard_` code:
 7. budget cap in $/hour: scale-ups are trimmed, most expensive pool first, until
    the fleet's hourly cost fits (scale-downs and pins are kept).
 
+Two more, added for the MPC planner (both off by default, so other policies see no change):
+
+- low model confidence (`min_confidence`): when the policy reports a confidence below it
+  (PolicyOutput.diagnostics["confidence"], 0..1), the last safe decision is held in the
+  unsafe direction: no scale-down and the routing/batching levers in force are kept; a
+  scale-up and admission (shedding) still pass, since they only add protection;
+- drain before removal (`max_concurrent_drains`): a pool never has more than this many
+  replicas draining at once; a scale-down that would exceed it waits for running streams
+  to finish on the replicas already draining (a drain never cuts a streaming request; this
+  bounds how much capacity and cache leave at once).
+
 Removal itself is a drain on the actuator side (the simulator and adapters finish
 running streams before a replica goes); guardrails only decide how many.
 """
@@ -39,6 +50,17 @@ class GuardConfig:
     max_step_down: int | None = None  # replicas removed per pool per tick; None = unlimited
     scale_down_stabilization_s: float = 0.0
     budget_usd_per_hour: float | None = None
+    min_confidence: float = 0.0  # hold the last safe decision below this model confidence (0 = never)
+    max_concurrent_drains: int | None = None  # replicas draining at once per pool; None = unlimited
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.min_confidence, (int, float)) and 0.0 <= self.min_confidence <= 1.0):
+            raise ValueError(f"guards.min_confidence must be in [0, 1] (got {self.min_confidence!r})")
+        if self.max_concurrent_drains is not None and (
+                isinstance(self.max_concurrent_drains, bool) or not isinstance(self.max_concurrent_drains, int)
+                or self.max_concurrent_drains < 1):
+            raise ValueError(f"guards.max_concurrent_drains must be an integer >= 1 or None "
+                             f"(got {self.max_concurrent_drains!r})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +116,13 @@ def apply_guards(
     overrides: tuple[Override, ...],
     config: GuardConfig,
     state: GuardState,
+    confidence: float | None = None,
 ) -> GuardResult:
     adjustments: list[Reason] = []
     current = current or {}
     active = _active(overrides, now_s)
+    unsure = (confidence is not None and config.min_confidence > 0 and confidence < config.min_confidence
+              and bool(current))
 
     # 1. everything stale: hold the last safe decision as a whole.
     if observation.all_stale and current:
@@ -122,6 +147,30 @@ def apply_guards(
         status = pool_telemetry_status(observation.pools.get(name))
         if cur_n is not None and n < cur_n and status != "ok":
             n = adjust(cur_n, "guard_missing_data_hold", f"telemetry {status}: not scaling down", telemetry=status)
+
+        # 2b. low model confidence: hold the last safe decision in the unsafe direction.
+        if unsure and base is not None:
+            if cur_n is not None and n < cur_n:
+                n = adjust(cur_n, "guard_low_confidence_hold",
+                           f"model confidence {confidence:.2f} < {config.min_confidence:g}: not scaling down",
+                           confidence=confidence)
+            levers = replace(base, replicas=want.replicas, warm_standby=max(want.warm_standby, base.warm_standby))
+            if levers != want:
+                adjustments.append(Reason("guard_low_confidence_hold",
+                                          f"model confidence {confidence:.2f} < {config.min_confidence:g}: "
+                                          "routing and batching levers held", pool=name,
+                                          data={"confidence": confidence}))
+                want = levers
+
+        # 2c. drain before removal: at most max_concurrent_drains replicas leaving at once.
+        if config.max_concurrent_drains is not None and cur_n is not None and n < cur_n:
+            obs_p = observation.pools.get(name)
+            draining = obs_p.replicas_draining.value if obs_p is not None and obs_p.replicas_draining.ok else 0.0
+            room = max(0, config.max_concurrent_drains - int(round(draining)))
+            if n < cur_n - room:
+                n = adjust(cur_n - room, "guard_drain_in_progress",
+                           f"{int(round(draining))} replica(s) still draining: at most "
+                           f"{config.max_concurrent_drains} leave at once", draining=draining)
 
         # 3. overrides (freeze wins over everything for this pool).
         pool_ovr = [o for o in active if o.pool == name]

@@ -37,7 +37,7 @@ anchors computed from the model), pool by pool with the others at the incumbent;
 cross-entropy refinement of the continuous levers (affinity, in-flight cap, traffic
 weights, shed fractions) around the warm start; then another replica sweep with the new
 levers; then the slow batch-cap options when a review is due. The budget is a count of
-evaluated candidates (`max_evaluations`, calibrated to ~200 ms for 10 pools on one core),
+evaluated candidate × pool rows (`max_evaluations`, calibrated to ~200 ms for 10 pools on one core),
 or wall time through an injected monotonic `timer` (the core reads no clock itself).
 
 Must not: do I/O, read the clock, draw randomness other than from the Generator passed in,
@@ -67,12 +67,15 @@ Timer = Callable[[], float]
 class MpcConfig:
     horizon_steps: int = 10
     step_s: float = 30.0
-    max_evaluations: int = 2500  # candidate plans scored per tick (the budget when no timer is given)
+    # Budget without a timer: candidate plans × pools scored per tick. 4,000 ≈ 200 ms of CPU on one
+    # core for 10 pools (400 plans) on the reference machine (see /work/notes/mpc-results.md); a
+    # single pool gets 4,000 plans, far more than its search needs.
+    max_evaluations: int = 4000
     time_budget_s: float = 0.2  # with a timer: stop starting new batches after this
     ce_iterations: int = 4
     ce_population: int = 48
     ce_elite_frac: float = 0.2
-    replica_span: int = 3  # constant-level candidates within ±span of the anchors
+    replica_span: int = 2  # constant-level candidates within ±span of the anchors
     cache_refill_s: float = 90.0  # time constant of a cache refilling after routing/replica changes
     client_retries: int = 2  # retries a client makes after a 429/503 (shed^(1+R) is finally rejected)
     client_timeout_s: float = 120.0
@@ -80,7 +83,8 @@ class MpcConfig:
     min_inflight_cap: int = 8
     standby_cost_frac: float = 1.0  # a warm-standby replica costs this share of a serving one
     batch_token_options: tuple[int, ...] = (1024, 2048, 4096, 8192)
-    batch_cap_gain: float = 0.03  # a batch-cap change must improve the objective by this share
+    batch_cap_gain: float = 0.1  # a batch-cap change must improve the objective by this share
+    terminal_steps: float = 5.0  # extra weight of the last step (the state left behind the horizon)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.horizon_steps, int) and 2 <= self.horizon_steps <= 40):
@@ -148,7 +152,7 @@ class ClassInput:
     ttft_slo_s: float
     tpot_slo_s: float
     p50_rps: tuple[float, ...]  # forecast arrival rate per step (whole fleet)
-    p90_rps: tuple[float, ...]
+    p90_rps: tuple[float, ...]  # the quantile planned for (ObjectiveWeights.plan_quantile), per step
     shed_now: float = 0.0
     min_shed: float = 0.0  # breaker floor
     max_shed: float = 1.0
@@ -189,7 +193,7 @@ class PoolPlan:
     standby: int
     prefix_weight: float
     inflight_cap: int  # 0 = none
-    traffic_weight: float
+    traffic_weight: float  # absolute router weight now (weight per ready replica × replicas ready)
     max_num_seqs: int
     max_num_batched_tokens: int
 
@@ -291,6 +295,8 @@ class _Evaluator:
         share = share / share.sum() if share.sum() > 0 else np.full(len(groups), 1.0 / len(groups))
         self.gshare = share
         self.has_decode_group = np.array([self.decode_hop[gidx == g].any() for g in range(len(groups))])
+        self.hop_size = np.array([int(((gidx == gidx[j]) & (self.decode_hop == self.decode_hop[j])).sum())
+                                  for j in range(P)])
         cls = prob.classes
         self.lam = np.stack([np.array([c.p50_rps for c in cls]).T, np.array([c.p90_rps for c in cls]).T])  # (2,H,K)
         if self.lam.shape[1] != H:
@@ -308,6 +314,8 @@ class _Evaluator:
         demand_now = self.lam[0, 0]
         share_k = demand_now / demand_now.sum() if K and demand_now.sum() > 0 else np.full(K, 1.0 / max(K, 1))
         self.q0 = self.backlog0[:, None] * share_k[None, :]
+        self.step_weight = np.ones(H)
+        self.step_weight[-1] += cfg.terminal_steps
         self.cur = self._current_cand()
         self.evaluations = 0
         self.need: np.ndarray | None = None  # (P, H) replicas each step's p90 load needs (set by solve)
@@ -317,11 +325,18 @@ class _Evaluator:
     def _current_cand(self) -> _Cand:
         pools, H = self.prob.pools, self.H
         repl = np.array([[p.target] * H for p in pools], dtype=float)[None]
+        def cap_of(p: PoolInput) -> float:
+            cap = float(p.inflight_cap if p.inflight_cap > 0 else p.max_num_seqs)
+            return min(cap, float(p.max_inflight_cap)) if p.max_inflight_cap else cap
+
+        def pw_of(p: PoolInput) -> float:
+            return min(p.prefix_weight, p.max_prefix_weight) if p.max_prefix_weight is not None else p.prefix_weight
+
         return _Cand(
             repl=repl, standby=np.array([[p.standby for p in pools]], dtype=float),
-            pw=np.array([[p.prefix_weight for p in pools]]),
-            cap=np.array([[p.inflight_cap if p.inflight_cap > 0 else p.max_num_seqs for p in pools]], dtype=float),
-            tw=np.array([[p.traffic_weight for p in pools]]),
+            pw=np.array([[pw_of(p) for p in pools]]),
+            cap=np.array([[cap_of(p) for p in pools]], dtype=float),
+            tw=np.array([[p.traffic_weight / max(p.ready, 1) for p in pools]]),  # weight per replica
             mbt=np.array([[p.max_num_batched_tokens for p in pools]], dtype=float),
             mns=np.array([[p.max_num_seqs for p in pools]], dtype=float),
             shed=np.array([[c.shed_now for c in self.prob.classes]]))
@@ -379,17 +394,28 @@ class _Evaluator:
         return ready_mid, billed, np.clip(fresh, 0.0, 1.0)
 
     def shed_active(self, ready: np.ndarray) -> np.ndarray:
-        """(C, H) bool: the plan's shed fractions apply in the steps where some pool has fewer
-        replicas ready than its p90 load needs (elsewhere only the breaker's floors stay):
+        """(C, H) bool: the plan's shed fractions apply in the steps where some route group has fewer
+        replicas ready than its planned-for load needs (elsewhere only the breaker's floors stay):
         shedding delays work while capacity is short or on its way, it is not a way to run small."""
         C, P, H = ready.shape
         if self.need is None:
             return np.ones((C, H), dtype=bool)
-        return (ready < self.need[None] - 1e-9).any(axis=1)
+        # per route group: traffic can move between its pools, so what counts is the group's total
+        short = np.zeros((C, H), dtype=bool)
+        for g in range(len(self.groups)):
+            m = self.gidx == g
+            short |= ready[:, m, :].sum(axis=1) < self.need[m].sum(axis=0)[None, :] - 1e-9
+        return short
 
     def shares(self, tw: np.ndarray) -> np.ndarray:
-        """(C, P): each pool's share of the fleet's class traffic (group share × weight within its hop)."""
+        """(…, P): each pool's share of the fleet's class traffic (group share × weight within its hop).
+
+        `tw` is the effective weight of each pool (the plan's weight per ready replica × the
+        replicas ready), so traffic follows capacity as it arrives unless the plan says otherwise.
+        """
         tw = np.maximum(tw, 0.0)
+        lead = tw.shape[:-1]
+        tw = tw.reshape(-1, self.P)
         C = tw.shape[0]
         share = np.zeros((C, self.P))
         for g in range(len(self.groups)):
@@ -400,7 +426,7 @@ class _Evaluator:
                 tot = tw[:, m].sum(axis=1, keepdims=True)
                 equal = np.full((C, int(m.sum())), 1.0 / m.sum())
                 share[:, m] = np.where(tot > 0, tw[:, m] / np.maximum(tot, 1e-12), equal) * self.gshare[g]
-        return share
+        return share.reshape(lead + (self.P,))
 
     # -- scoring
 
@@ -410,13 +436,14 @@ class _Evaluator:
         dt = self.dt
         self.evaluations += C
         ready, billed, fresh = self.dynamics(cand.repl, cand.standby)
-        share = self.shares(cand.tw)
+        eff = cand.tw[:, None, :] * np.maximum(np.transpose(ready, (0, 2, 1)), 1e-3)  # (C,H,P)
+        share = self.shares(eff)  # (C,H,P)
         active = self.shed_active(ready)  # (C,H): shedding holds until the capacity the load needs is ready
         floor = np.array([c.min_shed for c in prob.classes])
         shed = np.where(active[:, :, None], np.clip(cand.shed, 0.0, 1.0)[:, None, :], floor[None, None, :])
         rejected = shed ** (1 + cfg.client_retries)  # (C,H,K)
         adm = self.lam[None] * (1.0 - rejected)[:, None, :, :]  # (C,2,H,K)
-        pool_k = share[:, None, None, :, None] * adm[:, :, :, None, :]  # (C,2,H,P,K)
+        pool_k = share[:, None, :, :, None] * adm[:, :, :, None, :]  # (C,2,H,P,K)
         pool_rps = pool_k.sum(axis=4)  # (C,2,H,P)
         ready_t = np.transpose(ready, (0, 2, 1))[:, None]  # (C,1,H,P)
         fresh_t = np.transpose(fresh, (0, 2, 1))[:, None]
@@ -454,13 +481,31 @@ class _Evaluator:
             wait[:, :, h] = 0.5 * (q_cum + q_next) / np.maximum(m, 1e-9)
             q_cum = q_next
         wait = np.minimum(wait, 10 * cfg.client_timeout_s)
-        pf = _lognormal_exceed(ttft50[..., None] + wait, ttft95[..., None] + wait, self.slo_ttft)
+        # Waiting for a batch slot is served by priority (router holds and the engine queue both
+        # go critical first): Cobham's factor for non-preemptive priority, class k waits
+        # W × (1 − ρ) / ((1 − σ_{k−1})(1 − σ_k)), σ_k the utilisation of classes up to k.
+        # Example: ρ = 0.95 with critical 20 % of the load → critical waits 0.05/0.81 = 0.06 W;
+        # sheddable (the last 20 %) waits 0.05/(0.24 × 0.05) = 4.2 W.
+        if lat.slot_wait_p95_s is not None:
+            sw50 = lat.slot_wait_p50_s.reshape(shape)
+            sw95 = lat.slot_wait_p95_s.reshape(shape)
+            rho = np.minimum(pool_rps / np.maximum(cap_rps, 1e-9), 0.98)[..., None]
+            frac = cum_in / np.maximum(pool_rps[..., None], 1e-9)
+            sig_k = rho * frac
+            sig_prev = rho * np.concatenate([np.zeros_like(frac[..., :1]), frac[..., :-1]], axis=-1)
+            cob = (1.0 - rho) / np.maximum((1.0 - sig_prev) * (1.0 - sig_k), 1e-3)
+            cob = np.minimum(cob, 1.0 / np.maximum(1.0 - rho, 0.02))
+            t50 = ttft50[..., None] - sw50[..., None] + sw50[..., None] * cob
+            t95 = ttft95[..., None] - sw95[..., None] + sw95[..., None] * cob
+        else:
+            t50, t95 = ttft50[..., None], ttft95[..., None]
+        pf = _lognormal_exceed(t50 + wait, t95 + wait, self.slo_ttft)
         pt = _lognormal_exceed(tpot50[..., None], tpot95[..., None], self.slo_tpot)
         pf = np.where(wait > cfg.client_timeout_s, 1.0, pf)
         # Per class: combine the hops of each group, weighted by traffic share.
         v_first = np.zeros((C, 2, H, K))
         v_dec = np.zeros((C, 2, H, K))
-        w_share = share[:, None, None, :, None]
+        w_share = share[:, None, :, :, None]
         fh = self.first_hop[None, None, None, :, None]
         dh = self.decode_hop[None, None, None, :, None]
         mixed_v = 1.0 - (1.0 - pf) * (1.0 - pt)
@@ -472,24 +517,30 @@ class _Evaluator:
         v = 1.0 - (1.0 - v_first) * (1.0 - v_dec)
         v = np.clip(v, 0.0, 1.0)  # (C,2,H,K) late share of admitted requests
         # Aggregates over the horizon.
-        req = self.lam.sum(axis=1) * dt  # (2,K) requests offered
-        adm_n = adm.sum(axis=2) * dt  # (C,2,K)
+        # Terminal weight: the last step stands for the state the plan leaves behind, which lasts
+        # beyond the horizon (a replica ordered now keeps serving after it): it counts
+        # `terminal_steps` extra steps, so capacity arriving late in the horizon is not judged
+        # on a few steps of benefit against the whole horizon's cost.
+        wt = self.step_weight  # (H,)
+        req = (self.lam * wt[None, :, None]).sum(axis=1) * dt  # (2,K) requests offered
+        adm_n = (adm * wt[None, None, :, None]).sum(axis=2) * dt  # (C,2,K)
         # a shed attempt that is retried and admitted arrives at least one backoff late: count
         # half of those as late (partial shedding delays; it is not free)
         retried = self.lam[None] * (shed - rejected)[:, None, :, :]
-        late = (adm * v + 0.5 * retried).sum(axis=2) * dt  # (C,2,K)
+        late = (np.minimum(adm * v + 0.5 * retried, self.lam[None] - self.lam[None] * rejected[:, None])
+                * wt[None, None, :, None]).sum(axis=2) * dt
         shed_n = req[None] - adm_n
-        cost = (billed * self.price[None, :, None]).sum(axis=(1, 2)) * dt / 3600.0  # (C,)
+        cost = (billed * self.price[None, :, None] * wt[None, None, :]).sum(axis=(1, 2)) * dt / 3600.0  # (C,)
         succ = np.maximum(adm_n[:, 0].sum(axis=1) - late[:, 0].sum(axis=1), 1e-6)
         total = max(float(req[0].sum()), 1e-6)
         cpr = cost / succ
         pen = 1.0 + (late[:, 0] * self.wv).sum(axis=1) / total + (shed_n[:, 0] * self.ws_shed).sum(axis=1) / total
-        q_i = 1 if prob.weights.plan_quantile >= 0.9 else 0
+        q_i = 1  # the second load scenario is the planned-for quantile (see ClassInput.p90_rps)
         # chance constraint: late or shed, as a share of the class's offered requests (p90 load)
         v90 = (late[:, q_i] + shed_n[:, q_i]) / np.maximum(req[q_i][None], 1e-9)  # (C,K)
         excess = np.maximum(v90 - self.tol[None], 0.0)
-        cls_share = req[q_i] / max(float(req[q_i].sum()), 1e-9)
-        risk = prob.weights.risk_weight * (excess * np.maximum(cls_share, 0.05) * self.risk_prio).sum(axis=1)
+        # per class, not weighted by traffic share: each class has its own attainment target
+        risk = prob.weights.risk_weight * (excess * self.risk_prio).sum(axis=1)
         # Change penalties, in units of "one replica-step at this pool's price" per success.
         step_price = self.price * dt / 3600.0
         cur = self.cur
@@ -499,6 +550,8 @@ class _Evaluator:
                  + (np.abs(cand.tw - cur.tw) > 0.02) + (cand.standby != cur.standby))
         change += prob.weights.lever_change_weight * (lever * step_price).sum(axis=1)
         restart = (cand.mbt != cur.mbt) | (cand.mns != cur.mns)
+        # a rolling restart runs one surge replica per replica for its warm start, and every
+        # replica comes back with an empty cache: count twice the surge cost
         restart_usd = (restart * np.array([p.ready for p in prob.pools]) * self.price * self.d_warm / 3600.0).sum(axis=1)
         change += restart_usd * 2.0
         J = cpr * (pen + risk) + change / succ
@@ -528,7 +581,7 @@ def _need_per_step(ev: _Evaluator, base: _Cand, j: int) -> np.ndarray:
     """
     p = ev.prob.pools[j]
     levels = np.arange(max(p.lo, 1), max(p.hi, 1) + 1, dtype=float)
-    share = ev.shares(base.tw)[0, j]
+    share = ev.shares(base.tw[0] * np.maximum(ev.ready0 + ev.pend0.sum(axis=1), 1.0))[j]
     floor = np.array([c.min_shed for c in ev.prob.classes])
     rejected = np.clip(floor, 0.0, 1.0) ** (1 + ev.cfg.client_retries)  # only what must be shed
     demand = (ev.lam[1] * (1.0 - rejected)[None, :]).sum(axis=1) * share  # (H,)
@@ -546,7 +599,7 @@ def _need_per_step(ev: _Evaluator, base: _Cand, j: int) -> np.ndarray:
     lat = ev.model.latency(q)
     ok = ((lat.ttft_p95_s.reshape(shape) <= ttft_slo) & (lat.tpot_p95_s.reshape(shape) <= tpot_slo)
           & (lat.utilisation.reshape(shape) < 0.97))
-    need = np.full(H, p.hi)
+    need = np.full(H, p.hi + 1)  # hi + 1: even the pool's maximum is short this step
     for h in range(H):
         if demand[h] <= 0:
             need[h] = p.lo
@@ -554,7 +607,7 @@ def _need_per_step(ev: _Evaluator, base: _Cand, j: int) -> np.ndarray:
         idx = np.flatnonzero(ok[:, h])
         if len(idx):
             need[h] = int(levels[idx[0]])
-    return np.clip(need, p.lo, p.hi)
+    return np.clip(need, p.lo, p.hi + 1)
 
 
 def _templates(ev: _Evaluator, base: _Cand, j: int, need: np.ndarray, span: int) -> np.ndarray:
@@ -566,6 +619,7 @@ def _templates(ev: _Evaluator, base: _Cand, j: int, need: np.ndarray, span: int)
         return np.full((1, H), min(max(p.target, lo), hi) if p.frozen else lo)
     cur = int(base.repl[0, j, 0])
     serving = p.ready + len(p.starting_eta_s)
+    need = np.minimum(need, hi)
     centres = {cur, p.target, serving, int(need[0]), int(need.max()), int(need[: max(1, H // 3)].max())}
     levels: set[int] = set()
     for c in centres:
@@ -581,7 +635,7 @@ def _templates(ev: _Evaluator, base: _Cand, j: int, need: np.ndarray, span: int)
     nc = np.array([need[h: min(H, h + cold_ahead + 1)].max() for h in range(H)])
     rows.append(np.clip(nc, lo, hi))
     # hold today's target, then move to a level at step s
-    for s in (2, 4, 7):
+    for s in (2, 5):
         if s >= H:
             continue
         for lv in levels_l:
@@ -591,7 +645,7 @@ def _templates(ev: _Evaluator, base: _Cand, j: int, need: np.ndarray, span: int)
             r[s:] = lv
             rows.append(r)
     # change now, then settle at another level later (e.g. surge now, relax after it)
-    for s in (3, 6):
+    for s in (4,):
         if s >= H:
             continue
         for lv in (int(need[0]), int(need.max())):
@@ -616,7 +670,7 @@ class _Search:
             if self.timer() - self.t0 >= self.cfg.time_budget_s:
                 return 0
             return 10**9
-        return self.cfg.max_evaluations - self.ev.evaluations
+        return (self.cfg.max_evaluations - self.ev.evaluations * self.ev.P) // self.ev.P
 
     def run(self, cands: _Cand) -> np.ndarray:
         """Score a batch (truncated to the budget); keep the best; return the scores (inf where skipped)."""
@@ -689,14 +743,43 @@ def _continuous_bounds(ev: _Evaluator) -> tuple[np.ndarray, np.ndarray, list[tup
                 lo.append(0.0)
                 hi.append(1.0)
                 names.append(("tw", j))
-    for k, c in enumerate(prob.classes):
-        lo.append(c.min_shed)
-        hi.append(max(c.max_shed, c.min_shed))
-        names.append(("shed", k))
+    if prob.classes:
+        lo.append(0.0)
+        hi.append(float(len(prob.classes)))
+        names.append(("delay", 0))
     return np.array(lo), np.array(hi), names
 
 
-def _apply_vec(base: _Cand, X: np.ndarray, names: list[tuple[str, int]]) -> _Cand:
+def delay_ladder(level: np.ndarray, classes: Sequence[ClassInput]) -> np.ndarray:
+    """Shed fractions (…, K) from a delay level on the lever ladder (classes most protected first):
+    level 0..1 sheds the least protected class, 1..2 the next one (the first staying fully shed),
+    and so on; the breaker's floors and each class's ceiling still apply.
+    Example with (critical, standard, sheddable): 0.5 → (0, 0, 0.5); 1.3 → (0, 0.3, 1); 2.0 → (0, 1, 1)."""
+    level = np.asarray(level, dtype=float)
+    K = len(classes)
+    out = np.empty(level.shape + (K,))
+    for k in range(K):
+        rank = K - 1 - k  # 0 for the least protected class
+        out[..., k] = np.clip(level - rank, 0.0, 1.0)
+    floor = np.array([c.min_shed for c in classes])
+    ceil = np.array([max(c.max_shed, c.min_shed) for c in classes])
+    return np.minimum(np.maximum(out, floor), ceil)
+
+
+def ladder_level(shed: np.ndarray) -> float:
+    """The delay level of shed fractions (inverse of delay_ladder, for the lever order's shape)."""
+    K = len(shed)
+    return float(sum(min(max(float(shed[k]), 0.0), 1.0) for k in range(K)))
+
+
+def _lever_order(shed: np.ndarray) -> np.ndarray:
+    """Delay in the order the issue fixes: a class is never shed more than any less protected one
+    (classes are ordered most protected first): sheddable ≥ standard ≥ critical.
+    Example: (0.2, 0.5, 0.1) → (0.2, 0.5, 0.5)."""
+    return np.maximum.accumulate(shed, axis=1)
+
+
+def _apply_vec(base: _Cand, X: np.ndarray, names: list[tuple[str, int]], classes: Sequence[ClassInput]) -> _Cand:
     c = base.tile(X.shape[0])
     c.pw, c.cap, c.tw, c.shed = c.pw.copy(), c.cap.copy(), c.tw.copy(), c.shed.copy()
     for col, (kind, j) in enumerate(names):
@@ -707,14 +790,15 @@ def _apply_vec(base: _Cand, X: np.ndarray, names: list[tuple[str, int]]) -> _Can
         elif kind == "tw":
             c.tw[:, j] = X[:, col]
         else:
-            c.shed[:, j] = X[:, col]
+            c.shed = delay_ladder(X[:, col], classes)
+    c.shed = _lever_order(c.shed)
     return c
 
 
 def _to_vec(c: _Cand, names: list[tuple[str, int]]) -> np.ndarray:
     out = np.empty(len(names))
     for col, (kind, j) in enumerate(names):
-        out[col] = {"pw": c.pw, "cap": c.cap, "tw": c.tw, "shed": c.shed}[kind][0, j]
+        out[col] = ladder_level(c.shed[0]) if kind == "delay" else {"pw": c.pw, "cap": c.cap, "tw": c.tw}[kind][0, j]
     return out
 
 
@@ -737,14 +821,14 @@ def _cross_entropy(s: _Search) -> None:
         # structured probes: each lever alone at its bounds (the quadrant moves a human would try)
         X = np.clip(X, lo, hi)
         X[0] = mean
-        J = s.run(_apply_vec(base, X, names))
+        J = s.run(_apply_vec(base, X, names, ev.prob.classes))
         order = np.argsort(J, kind="stable")[:n_elite]
         elite = X[order]
         if not np.isfinite(J[order]).all():
             break
         mean = elite.mean(axis=0)
         std = np.maximum(elite.std(axis=0), 0.02 * span)
-    # the bounds of each shed lever and the cap, one at a time, from the best (coordinate probes)
+    # coordinate probes from the best: each lever at its bounds and middle
     if s.left() > 0 and s.best is not None:
         b = _to_vec(s.best, names)
         probes = []
@@ -753,7 +837,31 @@ def _cross_entropy(s: _Search) -> None:
                 x = b.copy()
                 x[col] = v
                 probes.append(x)
-        s.run(_apply_vec(s.best, np.array(probes), names))
+        s.run(_apply_vec(s.best, np.array(probes), names, ev.prob.classes))
+
+
+def _delay_sweep(s: _Search) -> None:
+    """Structured enumeration of the share and delay levers together: the delay ladder at quarter
+    steps × a few in-flight caps applied to every pool (none, 128 … 32 per replica), on the best
+    plan. Capping the batch (share) and queueing/shedding (delay) substitute for each other under
+    pressure, so they are searched jointly; the cross-entropy step then refines per pool."""
+    if s.best is None or s.left() <= 0 or not s.ev.prob.classes:
+        return
+    levels = np.arange(0.0, len(s.ev.prob.classes) + 1e-9, 0.25)
+    caps = [None, 128.0, 96.0, 64.0, 48.0, 32.0]
+    parts = []
+    for cap in caps:
+        c = s.best.tile(len(levels))
+        c.shed = _lever_order(delay_ladder(levels, s.ev.prob.classes))
+        if cap is not None:
+            c.cap = c.cap.copy()
+            for j, p in enumerate(s.ev.prob.pools):
+                if p.frozen or p.levers_fixed:
+                    continue
+                top = float(p.max_inflight_cap) if p.max_inflight_cap else float(p.max_num_seqs)
+                c.cap[:, j] = min(cap, top)
+        parts.append(c)
+    s.run(_Cand.concat(parts))
 
 
 def _batch_caps(s: _Search) -> None:
@@ -776,16 +884,74 @@ def _batch_caps(s: _Search) -> None:
             s.best = c.take(np.array([k]))
 
 
+def _settle(s: _Search, tolerance: float = 0.003) -> None:
+    """Put back every lever whose change does not pay: each continuous lever of the best plan is
+    reset to the value in force (shedding: to what is in force, or to none) if that alone costs
+    less than `tolerance` of the objective; the accepted resets are then checked together (one
+    batch of single resets + one row for their combination). Levers thus move only when they
+    matter, and the explanation names only levers pulled for a reason. Not budgeted (a few rows)."""
+    ev = s.ev
+    if s.best is None:
+        return
+    cur, best = ev.cur, s.best
+    trials: list[_Cand] = []
+    for j, p in enumerate(ev.prob.pools):
+        if p.frozen:
+            continue
+        for field_ in ("pw", "cap", "tw", "standby"):
+            b = float(getattr(cur, field_)[0, j])
+            if field_ == "cap" and p.max_inflight_cap:
+                b = min(b, float(p.max_inflight_cap))
+            if field_ == "pw" and p.max_prefix_weight is not None:
+                b = min(b, float(p.max_prefix_weight))
+            if getattr(best, field_)[0, j] == b:
+                continue
+            c = best.tile(1)
+            arr = getattr(c, field_).copy()
+            arr[0, j] = b
+            setattr(c, field_, arr)
+            trials.append(c)
+    lo = np.array([c.min_shed for c in ev.prob.classes])
+    hi = np.array([max(c.max_shed, c.min_shed) for c in ev.prob.classes])
+    for back in (_lever_order(np.clip(cur.shed, lo, hi)), _lever_order(lo[None, :].copy())):
+        if not np.allclose(back, best.shed):
+            c = best.tile(1)
+            c.shed = back.copy()
+            trials.append(c)
+    if not trials:
+        return
+    J, _ = ev.score(_Cand.concat(trials))
+    ok = [t for t, v in zip(trials, J) if v <= s.best_J * (1.0 + tolerance)]
+    if not ok:
+        return
+    combo = best.tile(1)
+    for t in ok:  # merge every accepted reset into one plan
+        for field_ in ("pw", "cap", "tw", "standby", "shed"):
+            diff = getattr(t, field_) != getattr(best, field_)
+            arr = getattr(combo, field_).copy()
+            arr[diff] = getattr(t, field_)[diff]
+            setattr(combo, field_, arr)
+    combo.shed = _lever_order(combo.shed)
+    Jc, _ = ev.score(combo)
+    if Jc[0] <= s.best_J * (1.0 + tolerance):
+        s.best, s.best_J = combo, min(float(Jc[0]), s.best_J)
+    else:
+        k = int(np.argmin(J))
+        if J[k] <= s.best_J * (1.0 + tolerance):
+            s.best, s.best_J = trials[k], min(float(J[k]), s.best_J)
+
+
 def _to_plan(ev: _Evaluator, c: _Cand) -> Plan:
+    ready, _, _ = ev.dynamics(c.repl, c.standby)
     pools = {}
     for j, p in enumerate(ev.prob.pools):
         cap = int(round(c.cap[0, j]))
         pools[p.name] = PoolPlan(
             replicas=tuple(int(x) for x in c.repl[0, j]), standby=int(c.standby[0, j]),
             prefix_weight=float(round(c.pw[0, j], 3)), inflight_cap=0 if cap >= p.max_num_seqs else cap,
-            traffic_weight=float(round(c.tw[0, j], 4)), max_num_seqs=int(c.mns[0, j]),
+            traffic_weight=(float(round(c.tw[0, j] * max(p.ready, 1), 4)) if ev.hop_size[j] > 1 else p.traffic_weight),
+            max_num_seqs=int(c.mns[0, j]),
             max_num_batched_tokens=int(c.mbt[0, j]))
-    ready, _, _ = ev.dynamics(c.repl, c.standby)
     active = bool(ev.shed_active(ready)[0, 0])
     shed = {cl.name: float(round(min(max(c.shed[0, k] if active else cl.min_shed, 0.0), 1.0), 4))
             for k, cl in enumerate(ev.prob.classes)}
@@ -806,9 +972,10 @@ def _from_plan(ev: _Evaluator, plan: Plan, shift: int) -> _Cand | None:
             continue
         c.standby[0, j] = pp.standby
         if not p.levers_fixed:
-            c.pw[0, j] = pp.prefix_weight
-            c.cap[0, j] = pp.inflight_cap if pp.inflight_cap > 0 else p.max_num_seqs
-            c.tw[0, j] = pp.traffic_weight
+            c.pw[0, j] = min(pp.prefix_weight, p.max_prefix_weight) if p.max_prefix_weight is not None else pp.prefix_weight
+            cap = float(pp.inflight_cap if pp.inflight_cap > 0 else p.max_num_seqs)
+            c.cap[0, j] = min(cap, float(p.max_inflight_cap)) if p.max_inflight_cap else cap
+            c.tw[0, j] = pp.traffic_weight / max(p.ready, 1)
     for k, cl in enumerate(ev.prob.classes):
         c.shed[0, k] = min(max(plan.shed.get(cl.name, 0.0), cl.min_shed), cl.max_shed)
     return c
@@ -847,10 +1014,14 @@ def solve(problem: PlanProblem, model: PlanModel, config: MpcConfig, rng: np.ran
     needs = [_need_per_step(ev, s.best, j) for j in range(len(problem.pools))]
     ev.need = np.array(needs, dtype=float)
     s.best_J = float(ev.score(s.best)[0][0])  # rescore: shedding now releases once capacity is ready
+    _delay_sweep(s)
     _sweep_replicas(s, needs, order)
+    _delay_sweep(s)
     _cross_entropy(s)
     _sweep_replicas(s, needs, order)
+    _delay_sweep(s)
     _batch_caps(s)
+    _settle(s)
     assert s.best is not None
     J, info = ev.score(s.best, detail=True)
     assert info is not None

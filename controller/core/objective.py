@@ -15,7 +15,8 @@ share that is ×1.08, i.e. worth $0.00032 per success of extra GPUs to avoid.
 
 On top of the ratio, a chance constraint per class: the share of its requests predicted
 late *or shed* under the forecast's p90 load may exceed `risk_tolerance[k]` only at a steep
-price (`risk_weight` × `risk_priority[k]` × cost per success per point of excess). This is what keeps critical and
+price (`risk_weight` × `risk_priority[k]` × cost per success per point of excess), per class
+and not weighted by the class's traffic share (each class has its own attainment target). This is what keeps critical and
 standard at ≥ 99 % while the ratio alone would trade a few late requests for GPUs.
 
 Workflow context: a request of a class whose tasks have `steps_per_task[k]` steps on
@@ -52,21 +53,22 @@ class ObjectiveWeights:
     """Weights of the planner's objective; units are noted per field."""
 
     # E[late requests of class k] / E[requests] is multiplied by this (× cost per success).
-    violation_weight: Mapping[str, float] = field(default_factory=lambda: _per_class(40.0, 20.0, 4.0))
+    violation_weight: Mapping[str, float] = field(default_factory=lambda: _per_class(60.0, 15.0, 3.0))
     # E[requests of class k finally rejected] / E[requests] × this (× cost per success).
-    shed_weight: Mapping[str, float] = field(default_factory=lambda: _per_class(400.0, 60.0, 6.0))
+    shed_weight: Mapping[str, float] = field(default_factory=lambda: _per_class(400.0, 40.0, 3.0))
     # Chance constraint: allowed violation fraction per class under the p90 forecast.
     risk_tolerance: Mapping[str, float] = field(default_factory=lambda: _per_class(0.004, 0.006, 0.03))
     # Price of exceeding the tolerance: × cost per success per unit of excess fraction, × the
     # class's priority (critical is protected first, sheddable last).
-    risk_weight: float = 400.0
-    risk_priority: Mapping[str, float] = field(default_factory=lambda: _per_class(1.0, 0.6, 0.05))
+    risk_weight: float = 100.0
+    risk_priority: Mapping[str, float] = field(default_factory=lambda: _per_class(1.0, 0.4, 0.03))
     # Change penalty: × (price of one replica for one planning step) per replica added or removed now.
     change_weight: float = 0.3
     # Penalty per routing/cap change (fraction of one replica-step's price), keeps levers steady.
     lever_change_weight: float = 0.05
-    # Forecast quantile the chance constraint is checked at (0.5 or 0.9).
-    plan_quantile: float = 0.9
+    # Forecast quantile the chance constraint is checked at (0.5 … 0.95; the policy interpolates
+    # between the forecaster's p50 and p90 assuming a normal spread: q = 0.75 → p50 + 0.53 × (p90 − p50)).
+    plan_quantile: float = 0.75
     # Mean steps per task of each class (workflow context); 1 = single requests.
     steps_per_task: Mapping[str, float] = field(default_factory=lambda: _per_class(1.0, 1.0, 1.0))
     # Plan p95 latency against SLO × this (latency profile plans below the SLO).
@@ -91,8 +93,8 @@ class ObjectiveWeights:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"objective.{name} must be a finite number >= 0 (got {v!r})")
-        if self.plan_quantile not in (0.5, 0.9):
-            raise ValueError(f"objective.plan_quantile must be 0.5 or 0.9 (got {self.plan_quantile!r})")
+        if not (isinstance(self.plan_quantile, (int, float)) and 0.5 <= self.plan_quantile <= 0.95):
+            raise ValueError(f"objective.plan_quantile must be in [0.5, 0.95] (got {self.plan_quantile!r})")
         if not (isinstance(self.slo_margin, (int, float)) and 0.3 <= self.slo_margin <= 1.0):
             raise ValueError(f"objective.slo_margin must be in [0.3, 1] (got {self.slo_margin!r})")
 
@@ -110,15 +112,15 @@ PROFILES: Mapping[str, ObjectiveWeights] = {
     "balanced": ObjectiveWeights(),
     "cost": ObjectiveWeights(violation_weight=_per_class(25.0, 12.0, 2.0),
                              shed_weight=_per_class(300.0, 40.0, 4.0),
-                             risk_tolerance=_per_class(0.006, 0.008, 0.05), risk_weight=250.0,
+                             risk_tolerance=_per_class(0.006, 0.008, 0.05), risk_weight=60.0,
                              change_weight=0.2),
-    "latency": ObjectiveWeights(violation_weight=_per_class(80.0, 40.0, 10.0),
+    "latency": ObjectiveWeights(plan_quantile=0.9, violation_weight=_per_class(80.0, 40.0, 10.0),
                                 shed_weight=_per_class(600.0, 120.0, 12.0),
-                                risk_tolerance=_per_class(0.002, 0.003, 0.01), risk_weight=800.0,
+                                risk_tolerance=_per_class(0.002, 0.003, 0.01), risk_weight=200.0,
                                 change_weight=0.3, slo_margin=0.8),
     "throughput": ObjectiveWeights(violation_weight=_per_class(30.0, 15.0, 6.0),
                                    shed_weight=_per_class(600.0, 200.0, 60.0),
-                                   risk_tolerance=_per_class(0.005, 0.008, 0.04), risk_weight=300.0,
+                                   risk_tolerance=_per_class(0.005, 0.008, 0.04), risk_weight=75.0,
                                    change_weight=0.3),
 }
 

@@ -93,6 +93,12 @@ class TickResult:
         }
 
 
+def _confidence(diagnostics: Mapping[str, Any]) -> float | None:
+    """The policy's model confidence (0..1) if it reports one (diagnostics["confidence"])."""
+    c = diagnostics.get("confidence")
+    return float(c) if isinstance(c, (int, float)) and math.isfinite(c) else None
+
+
 def _reason_dict(r: Reason) -> dict[str, Any]:
     return {"code": r.code, "message": r.message, "pool": r.pool, "data": _jsonable(dict(r.data))}
 
@@ -192,6 +198,7 @@ class Controller:
             now_s=now_s, fleet=fleet, proposal=out.pools, admission=out.admission,
             current=current.pools if current else None, observation=tick.observation,
             overrides=active, config=self.guards, state=state.guard_state,
+            confidence=_confidence(out.diagnostics),
         )
         decision = Decision(
             decision_id=f"d-{generation:08d}",

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from scipy.special import ndtri
 
 from controller.core.breaker import BreakerAction, BreakerConfig, BreakerState, update_breaker
 from controller.core.mpc import ClassInput, MpcConfig, Plan, PlanProblem, PlanResult, PoolInput, plan_steps, solve
@@ -72,6 +73,7 @@ from controller.types import (
 
 HISTORY_KEEP_S = 1800.0
 CORRECTION_BOUNDS = (0.4, 10.0)
+BURST_EVIDENCE = 2.0  # p95 TPOT this far above the smooth-arrival model is taken as bursts
 BURST_DECAY = 0.97  # per tick: a burst regime seen once is remembered for ~5 minutes (15 s ticks)
 WARM_BINS = 8
 
@@ -93,6 +95,7 @@ class MpcPoolMemory:
     recs: tuple[tuple[float, int], ...] = ()  # (t, desired replicas) for scale-down stabilisation
     caps: tuple[int, int] | None = None  # engine (max_num_seqs, max_num_batched_tokens) in force
     caps_changed_s: float = -math.inf
+    unordered: int = 0  # replicas the fleet started this tick that nobody ordered (crash replacements)
 
 
 @dataclass(frozen=True)
@@ -124,18 +127,28 @@ class MpcPolicy:
 
     name = "mpc"
 
-    def __init__(self, *, horizon_steps: int = 10, step_s: float = 30.0, max_evaluations: int = 2500,
+    def __init__(self, *, horizon_steps: int = 10, step_s: float = 30.0, max_evaluations: int = 4000,
                  time_budget_s: float = 0.2, weights: Mapping[str, Any] | None = None,
                  engine_figures: Mapping[str, Any] | None = None,
                  capacity: Mapping[str, ReplicaCapacity | Mapping[str, Any]] | None = None,
                  scale_down_stabilization_s: float = 120.0, warm_node_ttl_s: float = 600.0,
                  breaker: bool | Mapping[str, Any] = True, batch_review_s: float = 1200.0,
                  correction_alpha: float = 0.15, client_retries: int = 2, standby_cost_frac: float = 1.0,
-                 warmup_s: float = 60.0, min_history_s: float = 300.0,
+                 warmup_s: float = 60.0, min_history_s: float = 300.0, planner: Mapping[str, Any] | None = None,
+                 protect_streams: bool = True,
                  models: PlanModel | None = None, timer: Callable[[], float] | None = None) -> None:
-        self.config = MpcConfig(horizon_steps=horizon_steps, step_s=float(step_s), max_evaluations=max_evaluations,
-                                time_budget_s=float(time_budget_s), client_retries=int(client_retries),
-                                standby_cost_frac=float(standby_cost_frac))
+        extra = dict(planner or {})
+        known = set(MpcConfig.__dataclass_fields__)
+        bad = sorted(set(extra) - known)
+        if bad:
+            raise ValueError(f"mpc.planner: unknown field(s) {bad}; valid: {sorted(known)}")
+        for k, v in list(extra.items()):
+            if isinstance(v, list):
+                extra[k] = tuple(v)
+        self.config = MpcConfig(**{"horizon_steps": horizon_steps, "step_s": float(step_s),
+                                   "max_evaluations": max_evaluations, "time_budget_s": float(time_budget_s),
+                                   "client_retries": int(client_retries), "standby_cost_frac": float(standby_cost_frac),
+                                   **extra})
         resolve_weights("balanced", weights)  # validate now: a bad weight fails at build time
         self.weights = dict(weights or {})
         self.engine_figures = {k: EngineFigures.of(v) for k, v in (engine_figures or {}).items()}
@@ -147,6 +160,7 @@ class MpcPolicy:
         self.alpha = check_positive("mpc.correction_alpha", correction_alpha)
         self.warmup_s = check_positive("mpc.warmup_s", warmup_s, allow_zero=True)
         self.min_history_s = check_positive("mpc.min_history_s", min_history_s, allow_zero=True)
+        self.protect_streams = bool(protect_streams)
         if self.alpha > 1:
             raise ValueError(f"mpc.correction_alpha must be in (0, 1] (got {correction_alpha!r})")
         if isinstance(breaker, Mapping):
@@ -246,7 +260,8 @@ class MpcPolicy:
             targets[spec.name] = target
             mem[spec.name] = self._account(m0, spec, po, target, now, state.last_s)
         j_of = {p.name: j for j, p in enumerate(fleet.pools)}
-        mem, corr_diag = self._learn(mem, inp, prior, j_of)
+        settled = len(t_hist) > 1 and t_hist[-1] - t_hist[0] >= self.min_history_s
+        mem, corr_diag = self._learn(mem, inp, self.models or prior, j_of, settled)
         model: PlanModel = (self.models or prior).with_corrections(
             [math.exp(mem[p.name].log_k_ttft) for p in fleet.pools],
             [math.exp(mem[p.name].log_k_tpot) for p in fleet.pools],
@@ -254,7 +269,8 @@ class MpcPolicy:
 
         # --- breaker
         bstate, action, notes = update_breaker(state.breaker, self.breaker_cfg, now_s=now, observation=obs,
-                                               fleet=fleet, targets=targets)
+                                               fleet=fleet, targets=targets,
+                                               lost={p: mm.unordered for p, mm in mem.items()})
         for n in notes:
             code = ("breaker_closed" if "closed" in n else "breaker_recovering" if "relaxed" in n else "breaker_open")
             reasons.append(reason(code, None, n, **bstate.status()))
@@ -332,7 +348,9 @@ class MpcPolicy:
             a = value(co.arrival_rps)
             if a is None:
                 continue
-            per[c] = max(a - (value(co.retry_rps) or 0.0), 0.0)
+            # arrivals count every attempt; a shed request comes back as retries. What was
+            # admitted is a floor (an admitted retry counts once there).
+            per[c] = max(a - (value(co.retry_rps) or 0.0), value(co.admitted_rps) or 0.0, 0.0)
         total = sum(per.values())
         if per and total > 0:
             return total, {c: v / total for c, v in per.items()}
@@ -350,6 +368,7 @@ class MpcPolicy:
         ttl = self.warm_ttl_s
         warm = [t for t in m.warm if now - t < ttl]
         etas = sorted(m.etas)
+        unordered = 0
         t_order = last_s if last_s is not None else now
         ready = value(po.replicas_ready) if po is not None else None
         starting = value(po.replicas_starting) if po is not None else None
@@ -377,6 +396,7 @@ class MpcPolicy:
                 etas.pop(0)
             while len(etas) < n:  # started by the fleet itself (a crash replacement): cold
                 etas.append(now + spec.startup_cold_s)
+                unordered += 1
         fixed = []
         for e in etas:
             if e <= now:  # overdue: it was a cold start after all
@@ -396,10 +416,10 @@ class MpcPolicy:
                 if gtok is not None and gtok > 0:
                     out = _ewma(out, max(gtok / arr, 1.0), 0.3)
         return replace(m, etas=tuple(etas), warm=tuple(warm[-64:]), serving=serving_now, target=target,
-                       prompt_tokens=prompt, output_tokens=out)
+                       prompt_tokens=prompt, output_tokens=out, unordered=unordered if m.serving is not None else 0)
 
-    def _learn(self, mem: dict[str, MpcPoolMemory], inp: PolicyInput, prior: QueueingPrior,
-               j_of: Mapping[str, int]) -> tuple[dict[str, MpcPoolMemory], dict[str, Any]]:
+    def _learn(self, mem: dict[str, MpcPoolMemory], inp: PolicyInput, prior: PlanModel,
+               j_of: Mapping[str, int], settled: bool = True) -> tuple[dict[str, MpcPoolMemory], dict[str, Any]]:
         """Update reuse estimates and the p95 correction factors from what was observed this tick."""
         fleet, obs = inp.fleet, inp.observation
         out = dict(mem)
@@ -447,8 +467,8 @@ class MpcPolicy:
                     pred = float(a.tpot_p95_s[0]) * math.exp(lk_p)
                     errs.append(abs(math.log(o_tpot / max(pred, 1e-9))))
                     waiting = value(po.waiting) or 0.0
-                    calm = util < 0.7 and waiting <= ready  # not a backlog draining: arrivals themselves
-                    if o_tpot > 1.5 * fluid and calm:
+                    calm = util < 0.7 and waiting <= ready and settled  # arrivals themselves, not a backlog
+                    if o_tpot > BURST_EVIDENCE * fluid and calm:
                         # above what smooth arrivals explain: prompts come in bursts (chunk-bound
                         # steps); what a full chunk per step cannot explain goes to the factor
                         full_d = float(caps[1]) / max(float(q.prompt_tokens[0]) * (1 - float(q.hit_rate[0]))
@@ -460,7 +480,7 @@ class MpcPolicy:
                         # a decaying maximum, not a mean: the p95 is set by the bursty windows
                         burst = max(burst * BURST_DECAY, min(target, 2 * burst + 0.5))
                         lk_p = _step(lk_p, math.log(max(o_tpot / max(full, 1e-9), 1.0)), self.alpha)
-                    elif o_tpot <= 1.5 * fluid:
+                    elif o_tpot <= BURST_EVIDENCE * fluid:
                         burst = burst * BURST_DECAY
                         lk_p = _step(lk_p, math.log(o_tpot / fluid), self.alpha)
                     d["tpot_obs_over_smooth"] = round(o_tpot / fluid, 3)
@@ -527,7 +547,7 @@ class MpcPolicy:
         pools: list[PoolInput] = []
         tpot_slo = min((s.tpot_s for s in fleet.slos.values()), default=math.inf)
         # the slow lever is reviewed only in steady state: enough history, a trusted model, no breaker
-        steady = (history_s >= self.min_history_s and self._confidence(mem) >= 0.5 and not action.active)
+        steady = history_s >= self.min_history_s
         groups: dict[str, float] = {}
         for j, spec in enumerate(fleet.pools):
             m = mem[spec.name]
@@ -563,8 +583,12 @@ class MpcPolicy:
             inf_hit, ws = self._reuse(spec, m, po, pd, model, j, ready_n)
             caps = m.caps or (spec.max_num_seqs, spec.max_num_batched_tokens)
             max_cap = None
-            if action.protect_streams and spec.name in action.max_prefix_weight:
-                max_cap = self._safe_batch(model, j, m, spec, tpot_slo, hit)
+            if action.protect_streams and spec.name in action.pools and self.protect_streams:
+                # A router cap must not lock critical requests out of a priority-ordered engine
+                # queue that is still deep with older work: cap at the safe batch, but never below
+                # what the replicas already hold (the cap then bites as the backlog drains).
+                held = ((value(po.running) or 0.0) + waiting) / max(ready_n, 1) if po is not None else 0.0
+                max_cap = max(self._safe_batch(model, j, m, spec, tpot_slo, hit), int(math.ceil(held)))
             pools.append(PoolInput(
                 name=spec.name, model_index=j, group=spec.group, role=spec.role,
                 usd_per_hour=spec.usd_per_replica_hour, lo=lo, hi=hi, target=min(max(target, lo), hi) if not frozen
@@ -578,8 +602,10 @@ class MpcPolicy:
                 reuse_inf_hit=inf_hit, reuse_working_set=ws, backlog=waiting, frozen=frozen,
                 max_prefix_weight=action.max_prefix_weight.get(spec.name), max_inflight_cap=max_cap,
                 batch_review=self.batch_review_s > 0 and now - m.caps_changed_s >= self.batch_review_s
-                and ready_n > 0 and steady))
+                and ready_n > 0 and steady and m.burst >= 0.2))
         classes: list[ClassInput] = []
+        z = float(ndtri(weights.plan_quantile)) / float(ndtri(0.9))  # 0.75 → 0.53 of the way to p90
+        plan_q = fc.p50 + z * (fc.p90 - fc.p50)
         for c in PRIORITY_CLASSES:
             if c not in fleet.slos:
                 continue
@@ -594,7 +620,7 @@ class MpcPolicy:
                 shed_now = cur_adm.shed_frac
             classes.append(ClassInput(
                 name=c, ttft_slo_s=s.ttft_s, tpot_slo_s=s.tpot_s,
-                p50_rps=tuple(float(x) * share for x in fc.p50), p90_rps=tuple(float(x) * share for x in fc.p90),
+                p50_rps=tuple(float(x) * share for x in fc.p50), p90_rps=tuple(float(x) * share for x in plan_q),
                 shed_now=shed_now, min_shed=float(action.min_shed.get(c, 0.0)), max_shed=1.0,
                 backlog=(value(co.queue_depth) or 0.0) if co is not None else 0.0))
         total = sum(groups.values())

@@ -97,3 +97,56 @@ def test_forced_admission_override():
 ])
 def test_pool_telemetry_status(kwargs, want):
     assert pool_telemetry_status(pool_obs("a", **kwargs)) == want
+
+
+# --------------------------------------------------------------------------- added for the MPC (issue 6)
+
+
+def _run(proposal, current, *, config, confidence=None, draining=0.0, pin=()):
+    obs = fleet_obs(100.0, pool_obs("a", replicas_draining=draining), pool_obs("b"))
+    return apply_guards(now_s=100.0, fleet=FLEET, proposal=proposal, admission={"sheddable": ClassAdmission(shed_frac=1.0)},
+                        current=current, observation=obs, overrides=pin, config=config, state=GuardState(),
+                        confidence=confidence)
+
+
+CONF_ROWS = [
+    # label, confidence, proposal a, want a (replicas, prefix weight), codes
+    ("confident: passes", 0.9, PoolDecision(2, prefix_weight=8.0), (2, 8.0), set()),
+    ("unsure: no scale-down, levers held", 0.1, PoolDecision(2, prefix_weight=8.0), (5, 3.0), {"guard_low_confidence_hold"}),
+    ("unsure: a scale-up still passes", 0.1, PoolDecision(7, prefix_weight=3.0), (7, 3.0), set()),
+    ("no confidence reported: passes", None, PoolDecision(2, prefix_weight=8.0), (2, 8.0), set()),
+]
+
+
+@pytest.mark.parametrize("label,conf,prop,want,codes", CONF_ROWS, ids=[r[0] for r in CONF_ROWS])
+def test_low_confidence_holds_the_last_safe_decision(label, conf, prop, want, codes):
+    cur = {"a": PoolDecision(5, prefix_weight=3.0), "b": PoolDecision(2)}
+    res = _run({"a": prop, "b": PoolDecision(2)}, cur, config=GuardConfig(min_confidence=0.5), confidence=conf)
+    assert (res.pools["a"].replicas, res.pools["a"].prefix_weight) == want
+    assert {r.code for r in res.adjustments} == codes
+    assert res.admission["sheddable"].shed_frac == 1.0  # protection (shedding) is never held back
+
+
+DRAIN_ROWS = [
+    # label, replicas draining now, proposal (from 5), want, codes
+    ("nothing draining: two may leave", 0.0, 3, 3, set()),
+    ("nothing draining: not three at once", 0.0, 2, 3, {"guard_drain_in_progress"}),
+    ("one draining: only one more may leave", 1.0, 2, 4, {"guard_drain_in_progress"}),
+    ("two draining: none may leave", 2.0, 2, 5, {"guard_drain_in_progress"}),
+    ("scale-ups are not drains", 2.0, 7, 7, set()),
+]
+
+
+@pytest.mark.parametrize("label,draining,prop,want,codes", DRAIN_ROWS, ids=[r[0] for r in DRAIN_ROWS])
+def test_drain_before_removal_bounds_concurrent_drains(label, draining, prop, want, codes):
+    cur = {"a": PoolDecision(5), "b": PoolDecision(2)}
+    res = _run({"a": PoolDecision(prop), "b": PoolDecision(2)}, cur, config=GuardConfig(max_concurrent_drains=2),
+               draining=draining)
+    assert res.pools["a"].replicas == want
+    assert {r.code for r in res.adjustments} == codes
+
+
+@pytest.mark.parametrize("bad", [dict(min_confidence=1.5), dict(max_concurrent_drains=0), dict(max_concurrent_drains=True)])
+def test_new_guard_config_is_validated(bad):
+    with pytest.raises(ValueError):
+        GuardConfig(**bad)

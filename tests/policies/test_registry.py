@@ -15,6 +15,7 @@ MINIMAL = {
     "sla-planner": {"capacity": {"a": ReplicaCapacity(rps=4.0), "b": {"rps": 2.0}}},
     "scorer-kpa": {},
     "slo-feedback": {},
+    "mpc": {},
 }
 
 

@@ -1,0 +1,315 @@
+"""The MPC planner on hand-built situations: table rows of (situation → what the plan must do).
+
+Every row builds a PlanProblem by hand (pools of Llama-3-70B TP4 on H100, three classes with
+the default SLOs), runs `solve` with the prior-only model and checks the first step the
+policy would apply. Also: the model's pieces (fluid queue, burst term, forecaster), the
+budget and determinism of the solver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from controller.core.mpc import (
+    ClassInput,
+    MpcConfig,
+    PlanProblem,
+    PoolInput,
+    delay_ladder,
+    ladder_level,
+    plan_steps,
+    solve,
+)
+from controller.core.mpc_model import (
+    PROFILED_FIGURES,
+    EngineFigures,
+    LatencyQuery,
+    PriorForecaster,
+    QueueingPrior,
+    figures_for,
+)
+from controller.core.objective import PROFILES, ObjectiveWeights, resolve_weights
+from controller.types import PoolSpec
+
+SPEC = PoolSpec("p", "llama-3-70b", "h100-80gb", gpus_per_replica=4, usd_per_replica_hour=49.16, min_replicas=1,
+                max_replicas=16, startup_warm_s=60, startup_cold_s=300)
+SLO = {"critical": (2.5, 0.1), "standard": (5.0, 0.15), "sheddable": (10.0, 0.3)}
+SHARE = {"critical": 0.2, "standard": 0.6, "sheddable": 0.2}
+CFG = MpcConfig(max_evaluations=1500)
+
+
+def pool(name: str = "a", j: int = 0, **kw) -> PoolInput:
+    base = dict(name=name, model_index=j, group="g", role="mixed", usd_per_hour=49.16, lo=1, hi=16, target=4,
+                ready=4, startup_warm_s=60.0, startup_cold_s=300.0, prompt_tokens=1100.0, output_tokens=210.0,
+                hit_rate=0.3, reuse_inf_hit=0.3, reuse_working_set=20_000.0)
+    base.update(kw)
+    return PoolInput(**base)
+
+
+def classes(total: np.ndarray, spread: float = 0.1) -> tuple[ClassInput, ...]:
+    return tuple(ClassInput(c, *SLO[c], tuple(total * SHARE[c]), tuple(total * SHARE[c] * (1 + spread)))
+                 for c in SLO)
+
+
+def plan(pools: list[PoolInput], total, profile: str = "balanced", seed: int = 0, cfg: MpcConfig = CFG):
+    H = plan_steps(cfg, pools)
+    tot = np.full(H, float(total)) if np.ndim(total) == 0 else np.asarray(total, dtype=float)[:H]
+    prob = PlanProblem(pools=tuple(pools), classes=classes(tot), weights=resolve_weights(profile))
+    model = QueueingPrior.for_pools([SPEC] * len(pools))
+    return solve(prob, model, cfg, np.random.default_rng(seed))
+
+
+H20 = plan_steps(CFG, [pool()])
+SURGE = np.array([12.0] * 5 + [28.0] * (H20 - 5))  # 12 req/s now, 28 req/s from +150 s
+
+
+# --------------------------------------------------------------------------- table: replicas
+
+
+@dataclass
+class Row:
+    label: str
+    pools: list
+    total: object
+    check: object  # callable(result) -> bool
+    profile: str = "balanced"
+    note: str = ""
+
+
+ROWS = [
+    Row("surge beyond the cold start: scale up now",
+        [pool(warm_slots=0)], SURGE, lambda r: r.plan.pools["a"].replicas[0] >= 6,
+        note="the surge is 150 s away, a cold start takes 300 s"),
+    Row("same surge with warm slots: wait, then scale",
+        [pool(warm_slots=6)], SURGE,
+        lambda r: r.plan.pools["a"].replicas[0] == 4 and max(r.plan.pools["a"].replicas) >= 6),
+    Row("flat load the fleet already serves: no scale-up",
+        [pool()], 12.0, lambda r: r.plan.pools["a"].replicas[0] <= 4),
+    Row("surplus: the plan wants fewer replicas",
+        [pool(target=8, ready=8)], 10.0, lambda r: r.plan.pools["a"].replicas[0] < 8),
+    Row("pool maximum binds",
+        [pool(hi=5)], 40.0, lambda r: max(r.plan.pools["a"].replicas) <= 5),
+    Row("latency profile keeps more headroom than cost",
+        [pool(target=8, ready=8)], 22.0,
+        lambda r: r.plan.pools["a"].replicas[0] >= plan([pool(target=8, ready=8)], 22.0, "cost").plan.pools["a"].replicas[0],
+        profile="latency"),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.label)
+def test_planner_replica_table(row: Row):
+    r = plan(row.pools, row.total, row.profile)
+    assert row.check(r), (row.label, {p: pp.replicas[:6] for p, pp in r.plan.pools.items()}, r.plan.shed)
+    assert r.plan.shed["critical"] == 0.0
+
+
+# --------------------------------------------------------------------------- capacity short: the quadrant order
+
+
+def test_capacity_short_delays_in_lever_order():
+    """Two pools at their maximum, demand far beyond: sheddable is shed before standard, critical never."""
+    for total in (30.0, 45.0, 60.0):
+        r = plan([pool("a", 0, lo=4, hi=4), pool("b", 1, lo=2, hi=2, target=2, ready=2)], total)
+        s = r.plan.shed
+        assert s["critical"] == 0.0
+        assert s["sheddable"] >= s["standard"]
+        assert s["sheddable"] > 0.0, (total, s)
+
+
+def test_capacity_short_moves_before_it_delays():
+    """One pool pinned small, a sibling free: traffic moves to the sibling (and it grows); little is shed."""
+    free = plan([pool("a", 0, lo=2, hi=2, target=2, ready=2), pool("b", 1, target=4, ready=4, warm_slots=8)], 30.0)
+    a, b = free.plan.pools["a"], free.plan.pools["b"]
+    assert b.traffic_weight > a.traffic_weight  # move: the sibling takes the larger share
+    assert b.replicas[0] > 4 or max(b.replicas) > 4
+    assert free.plan.shed["standard"] == 0.0 and free.plan.shed["critical"] == 0.0
+
+
+def test_delay_ladder_order_and_inverse():
+    cls = classes(np.ones(3))
+    assert delay_ladder(np.array(0.5), cls).tolist() == [0.0, 0.0, 0.5]
+    assert delay_ladder(np.array(1.3), cls).round(6).tolist() == [0.0, 0.3, 1.0]
+    assert delay_ladder(np.array(3.0), cls).tolist() == [1.0, 1.0, 1.0]
+    assert ladder_level(np.array([0.0, 0.3, 1.0])) == pytest.approx(1.3)
+
+
+def test_override_pin_is_planned_around():
+    """A pin on pool a (lo = hi = 2): pool b takes more replicas than when a is free."""
+    pinned = plan([pool("a", 0, lo=2, hi=2), pool("b", 1)], 30.0)
+    free = plan([pool("a", 0), pool("b", 1)], 30.0)
+    assert pinned.plan.pools["a"].replicas[0] == 2
+    assert max(pinned.plan.pools["b"].replicas) > max(free.plan.pools["b"].replicas)
+
+
+def test_frozen_pool_keeps_everything():
+    r = plan([pool("a", 0, frozen=True, lo=4, hi=4, prefix_weight=5.0, inflight_cap=40), pool("b", 1)], 30.0)
+    a = r.plan.pools["a"]
+    assert set(a.replicas) == {4} and a.prefix_weight == 5.0 and a.inflight_cap == 40
+
+
+# --------------------------------------------------------------------------- solver properties
+
+
+def test_deterministic_for_a_seed_and_budgeted():
+    pools = [pool("a", 0), pool("b", 1, target=2, ready=2)]
+    r1, r2 = plan(pools, 30.0, seed=7), plan(pools, 30.0, seed=7)
+    assert r1.plan == r2.plan and r1.objective == r2.objective
+    small = plan(pools, 30.0, cfg=MpcConfig(max_evaluations=60))
+    assert small.evaluations <= 60 + 40  # the budget stops new batches (plus the fixed anchor/settle rows)
+    assert small.budget_exhausted
+    assert set(small.plan.pools) == {"a", "b"}  # never returns nothing
+
+
+def test_injected_timer_bounds_the_search():
+    """A fake monotonic clock that advances 50 ms per read: the search stops after the budget."""
+    t = {"now": 0.0}
+
+    def timer() -> float:
+        t["now"] += 0.05
+        return t["now"]
+
+    pools = [pool("a", 0)]
+    H = plan_steps(CFG, pools)
+    prob = PlanProblem(pools=tuple(pools), classes=classes(np.full(H, 20.0)), weights=resolve_weights("balanced"))
+    r = solve(prob, QueueingPrior.for_pools([SPEC]), MpcConfig(time_budget_s=0.2), np.random.default_rng(0), timer=timer)
+    assert r.budget_exhausted and r.plan.pools["a"].replicas
+
+
+def test_warm_start_plan_is_a_candidate():
+    pools = [pool("a", 0)]
+    first = plan(pools, 20.0)
+    H = plan_steps(CFG, pools)
+    prob = PlanProblem(pools=tuple(pools), classes=classes(np.full(H, 20.0)), weights=resolve_weights("balanced"))
+    again = solve(prob, QueueingPrior.for_pools([SPEC]), MpcConfig(max_evaluations=50), np.random.default_rng(1),
+                  warm=first.plan, warm_shift=1)
+    assert again.objective <= first.objective * 1.05
+
+
+def test_plan_steps_cover_the_cold_start():
+    assert plan_steps(MpcConfig(horizon_steps=10, step_s=30.0), [pool(startup_cold_s=300.0)]) == 20
+    assert plan_steps(MpcConfig(horizon_steps=10, step_s=30.0), [pool(startup_cold_s=90.0)]) == 13
+
+
+@pytest.mark.parametrize("bad", [dict(horizon_steps=1), dict(step_s=0.0), dict(max_evaluations=10),
+                                 dict(ce_elite_frac=1.5), dict(prefix_weight_range=(3.0, 1.0))])
+def test_config_rejects_bad_values(bad):
+    with pytest.raises(ValueError):
+        MpcConfig(**bad)
+
+
+def test_problem_rejects_bad_bounds():
+    with pytest.raises(ValueError, match="bounds"):
+        PlanProblem(pools=(pool(lo=5, hi=2),), classes=classes(np.ones(20)), weights=ObjectiveWeights())
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def _q(**kw) -> LatencyQuery:
+    base = dict(pool_index=0, rps_per_replica=3.0, prompt_tokens=1100.0, output_tokens=210.0, hit_rate=0.3,
+                inflight_cap=0.0, max_num_seqs=256.0, max_num_batched_tokens=8192.0)
+    base.update(kw)
+    n = max(np.size(v) for v in base.values())
+    q = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)).copy() for k, v in base.items()}
+    q["pool_index"] = q["pool_index"].astype(int)
+    return LatencyQuery(**q)
+
+
+def test_latency_rises_with_load_and_saturates():
+    m = QueueingPrior.for_pools([SPEC])
+    a = m.latency(_q(rps_per_replica=np.array([1.0, 3.0, 5.0, 7.0])))
+    assert np.all(np.diff(a.tpot_p95_s) > 0) and np.all(np.diff(a.utilisation) > 0)
+    assert a.utilisation[-1] > 1.0 > a.utilisation[0]
+    # worked example of the module docstring: ~55 ms mean step at 3.3 req/s, 35 % hits, 1,155 prompt tokens
+    b = m.latency(_q(rps_per_replica=3.3, prompt_tokens=1155.0, hit_rate=0.35, output_tokens=211.0))
+    assert 0.045 < b.tpot_p50_s[0] < 0.07
+
+
+def test_inflight_cap_trades_tpot_for_capacity():
+    m = QueueingPrior.for_pools([SPEC])
+    a = m.latency(_q(rps_per_replica=5.0, inflight_cap=np.array([0.0, 60.0])))
+    assert a.tpot_p95_s[1] < a.tpot_p95_s[0]
+    assert a.capacity_rps[1] < a.capacity_rps[0]
+
+
+def test_burst_term_makes_the_batch_budget_a_lever():
+    """Bursty arrivals: a smaller max_num_batched_tokens bounds the chunked step, so p95 TPOT falls."""
+    m = QueueingPrior.for_pools([SPEC]).with_corrections([1.0], [1.0], 0.5, burst=[2.0])
+    a = m.latency(_q(rps_per_replica=3.0, max_num_batched_tokens=np.array([8192.0, 1024.0])))
+    assert a.tpot_p95_s[1] < a.tpot_p95_s[0]
+    smooth = QueueingPrior.for_pools([SPEC]).latency(_q(rps_per_replica=3.0, max_num_batched_tokens=np.array([8192.0, 1024.0])))
+    assert smooth.tpot_p95_s[1] == pytest.approx(smooth.tpot_p95_s[0], rel=0.02)
+    assert QueueingPrior.for_pools([SPEC]).burst_for(_q(rps_per_replica=3.0), float(a.tpot_p95_s[0])) == pytest.approx(2.0, rel=0.05)
+
+
+def test_cache_model_affinity_and_replicas():
+    m = QueueingPrior.for_pools([SPEC])
+    args = dict(pool_index=np.zeros(3, dtype=int), load_weight=np.full(3, 4.0), reuse_inf_hit=np.full(3, 0.4),
+                reuse_working_set=np.full(3, 2e6), batch_tokens=np.zeros(3))
+    by_aff = m.hit_rate(replicas=np.full(3, 4.0), prefix_weight=np.array([0.0, 3.0, 8.0]), **args)
+    assert np.all(np.diff(by_aff) > 0) and by_aff[-1] <= 0.4
+    # without affinity each replica holds the whole working set: more replicas do not help
+    by_n = m.hit_rate(replicas=np.array([2.0, 4.0, 8.0]), prefix_weight=np.zeros(3), **args)
+    assert np.allclose(by_n, by_n[0])
+
+
+def test_figures_table_and_roofline_fallback():
+    assert figures_for(SPEC) is PROFILED_FIGURES["llama-3-70b/h100-80gb/tp4"]
+    odd = PoolSpec("x", "llama-2-13b", "a100-80gb", gpus_per_replica=1)
+    f = figures_for(odd)
+    assert f.source == "roofline" and 0.01 < f.a_s < 0.05
+    with pytest.raises(ValueError, match="unknown field"):
+        EngineFigures.of({"a_s": 0.01, "bogus": 1})
+
+
+def test_forecaster_level_trend_and_spread():
+    fc = PriorForecaster()
+    t = np.arange(0, 600, 15.0)
+    flat = fc.forecast(t, np.full(len(t), 20.0), 600.0, np.array([30.0, 300.0]))
+    assert flat.p50 == pytest.approx([20.0, 20.0]) and np.all(flat.p90 > flat.p50)
+    rising = fc.forecast(t, 10.0 + 0.02 * t, 600.0, np.array([30.0, 300.0]))
+    assert rising.p50[1] > rising.p50[0] > 20.0 and rising.trend_per_s > 0
+    # a bursty series keeps capacity for its bursts (additive spread)
+    tl = np.arange(0, 1800, 15.0)
+    bursty = np.where((tl // 60) % 2 == 0, 30.0, 0.5)
+    b = fc.forecast(tl, bursty, 1800.0, np.array([300.0]))
+    assert b.p90[0] >= 20.0
+
+
+# --------------------------------------------------------------------------- objective profiles
+
+
+def test_profiles_and_explicit_weights():
+    assert set(PROFILES) == {"cost", "balanced", "latency", "throughput"}
+    w = resolve_weights("cost", {"violation_weight": {"critical": 99.0}, "risk_weight": 5})
+    assert w.violation_weight["critical"] == 99.0 and w.violation_weight["standard"] == PROFILES["cost"].violation_weight["standard"]
+    assert w.risk_weight == 5.0
+    for bad, msg in [({"nope": 1}, "unknown field"), ({"risk_tolerance": {"gold": 0.1}}, "unknown class"),
+                     ({"plan_quantile": 0.3}, "plan_quantile"), ({"risk_weight": "x"}, "must be a number")]:
+        with pytest.raises(ValueError, match=msg):
+            resolve_weights("balanced", bad)
+    with pytest.raises(ValueError, match="unknown objective profile"):
+        resolve_weights("fastest")
+
+
+def test_learned_models_adapter_answers_in_bulk():
+    """The planner runs on the learned coupling models too (prior-only coupling models here)."""
+    from controller.core.coupling import CouplingModels
+    from controller.core.mpc_model import LearnedPlanModel
+    from controller.learning.physics import physics_for_pool_spec
+
+    coupling = CouplingModels.prior_only([physics_for_pool_spec(SPEC)])
+    m = LearnedPlanModel.for_pools(coupling, [SPEC])
+    a = m.latency(_q(rps_per_replica=np.array([[1.0, 3.0], [4.0, 5.0]])[0]))
+    assert a.tpot_p95_s.shape == (2,) and a.tpot_p95_s[1] > a.tpot_p95_s[0]
+    assert np.all(a.confidence == 0.0)  # prior only: the models say so
+    r = plan([pool()], 20.0)
+    H = plan_steps(CFG, [pool()])
+    prob = PlanProblem(pools=(pool(),), classes=classes(np.full(H, 20.0)), weights=resolve_weights("balanced"))
+    learned = solve(prob, m, MpcConfig(max_evaluations=400), np.random.default_rng(0))
+    assert 1 <= learned.plan.pools["a"].replicas[0] <= 16 and r.plan.pools["a"].replicas[0] >= 1
+    with pytest.raises(KeyError, match="no physics"):
+        LearnedPlanModel.for_pools(coupling, [PoolSpec("z", "llama-2-7b", "a100-80gb")])

@@ -1,0 +1,144 @@
+"""The MPC policy adapter: registry, closed loops on synthetic telemetry, profiles, breaker, explanation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from controller.core.guards import GuardConfig
+from controller.core.step import Controller, TickInput
+from controller.policies import ReplicaCapacity, build_policy
+from controller.policies.mpc import MpcPolicy
+from controller.types import ClassObservation, Decision, FleetObservation, PolicyInput, PoolDecision, Reading
+from tests.policies.builders import fleet, inp, obs_row, spec
+
+FL = fleet(spec("p", model="llama-3-70b", sku="h100-80gb", gpus_per_replica=4, usd_per_replica_hour=49.16,
+                min_replicas=1, max_replicas=16, startup_warm_s=60.0, startup_cold_s=300.0))
+FAST = dict(max_evaluations=300)
+
+
+def pool_signals(rps: float, ready: int, *, starting: int = 0, hit: float = 0.3, tpot: float | None = None,
+                 ttft: float | None = None, waiting: float = 0.0) -> dict:
+    per = rps / max(ready, 1)
+    return dict(ready=ready, starting=starting, rps=rps, prompt=rps * 1100.0, gen=rps * 210.0, hit_rate=hit,
+                tpot=tpot if tpot is not None else 0.05 + 0.008 * per, ttft=ttft if ttft is not None else 0.3 + 0.05 * per,
+                waiting=waiting, running=per * 15 * ready, kv=0.2)
+
+
+def loop(pol, series, start: int = 4, profile: str = "balanced"):
+    """series: list of (rps, ready override or None); ready follows the decision (instant) unless given."""
+    state, current, outs = pol.initial_state(), None, []
+    replicas = start
+    for k, (rps, ready) in enumerate(series):
+        t = 15.0 * (k + 1)
+        i = inp(t, {"p": pool_signals(rps, ready if ready is not None else replicas)}, fl=FL,
+                current=current if current is not None else {"p": start})
+        i = replace(i, profile=profile)
+        state, out = pol.decide(state, i, np.random.default_rng(k))
+        outs.append(out)
+        replicas = out.pools["p"].replicas
+        current = Decision(decision_id=f"d-{k}", generation=k, at_s=t, valid_until_s=t + 120, pools=dict(out.pools),
+                           admission=dict(out.admission))
+    return state, outs
+
+
+def test_registry_builds_mpc_and_checks_its_parameters():
+    pol = build_policy("mpc", FL, {"weights": {"risk_weight": 50}, "planner": {"terminal_steps": 2}})
+    assert pol.name == "mpc" and pol.config.terminal_steps == 2
+    for params, msg in [({"weights": {"bogus": 1}}, "unknown field"), ({"planner": {"nope": 1}}, "unknown field"),
+                        ({"breaker": {"loss_frac": 3}}, "loss_frac"), ({"scale_down_stabilization_s": -1}, "must be"),
+                        ({"engine_figures": {"p": {"a_s": 0}}}, "missing field")]:
+        with pytest.raises(ValueError, match=msg):
+            build_policy("mpc", FL, params)
+
+
+def test_surplus_scales_down_only_after_stabilisation():
+    pol = MpcPolicy(scale_down_stabilization_s=120.0, min_history_s=60.0, **FAST)
+    series = [(30.0, None)] * 24 + [(8.0, None)] * 24  # 6 minutes busy, then a sustained drop
+    _, outs = loop(pol, series, start=8)
+    reps = [o.pools["p"].replicas for o in outs]
+    drop = 24
+    assert min(reps[drop:drop + 7]) == reps[drop - 1]  # held for the window (120 s = 8 ticks, 1 tick of telemetry lag)
+    assert reps[-1] < reps[drop - 1]  # then down
+    held = [r.code for o in outs[drop:drop + 8] for r in o.reasons]
+    assert "scale_down_stabilised" in held
+    assert any(r.code == "mpc_scale_down" for o in outs[drop:] for r in o.reasons)
+
+
+def test_rising_load_scales_up_with_an_explanation():
+    pol = MpcPolicy(**FAST)
+    series = [(12.0 + 1.5 * k, 4) for k in range(14)]  # rising 1.5 req/s per tick, replicas still starting
+    _, outs = loop(pol, series, start=4)
+    up = [r for o in outs for r in o.reasons if r.code in ("mpc_scale_up", "mpc_scale_up_early")]
+    assert up, [r.code for o in outs for r in o.reasons]
+    d = outs[-1].diagnostics
+    for key in ("forecast", "plan", "predicted", "binding_constraints", "breaker", "confidence", "objective", "pools"):
+        assert key in d
+    assert d["forecast"]["p90_rps"][-1] >= d["forecast"]["p50_rps"][-1]
+    assert "cost_per_success_usd" in d["predicted"] and "late_or_shed_frac_p90" in d["predicted"]
+
+
+def test_profile_at_run_time_moves_the_cost_latency_point():
+    series = [(24.0, None)] * 16
+    _, cost = loop(MpcPolicy(**FAST), series, start=8, profile="cost")
+    _, lat = loop(MpcPolicy(**FAST), series, start=8, profile="latency")
+    assert lat[-1].pools["p"].replicas >= cost[-1].pools["p"].replicas
+    assert sum(o.pools["p"].replicas for o in lat) > sum(o.pools["p"].replicas for o in cost)
+
+
+def test_crash_trips_the_breaker_and_sheds_sheddable_first():
+    pol = MpcPolicy(**FAST)
+    series = [(25.0, None)] * 12
+    state, outs = loop(pol, series, start=8)
+    cur = Decision("d", 1, 180.0, 300.0, pools=dict(outs[-1].pools))
+    n = outs[-1].pools["p"].replicas
+    crash = dict(pool_signals(25.0, n - 3, starting=3, hit=0.1, tpot=0.16, ttft=3.5, waiting=40.0))
+    classes = {c: ClassObservation(priority_class=c, arrival_rps=Reading(25.0 * s), retry_rps=Reading(0.0),
+                                   shed_rps=Reading(0.0), ttft_p95_s=Reading(3.5), tpot_p95_s=Reading(0.16))
+               for c, s in (("critical", 0.2), ("standard", 0.6), ("sheddable", 0.2))}
+    i = inp(195.0, {"p": crash}, fl=FL, current=cur)
+    i = replace(i, observation=FleetObservation(at_s=195.0, pools=i.observation.pools, classes=classes))
+    state, out = pol.decide(state, i, np.random.default_rng(0))
+    b = out.diagnostics["breaker"]
+    assert b["phase"] == "open" and "replica loss" in b["trigger"]
+    assert out.pools["p"].replicas >= n  # replacements, never a scale-down
+    assert out.admission["sheddable"].shed_frac >= 0.5
+    assert out.admission.get("critical") is None or out.admission["critical"].shed_frac == 0.0
+    assert out.pools["p"].inflight_cap > 0  # running streams protected
+    assert any(r.code == "breaker_open" for r in out.reasons)
+
+
+def test_capacity_profile_seeds_the_corrections():
+    cap = ReplicaCapacity(rps=4.0, prompt_tokens_per_s=4400.0, generation_tokens_per_s=840.0,
+                          profile_rps=(1.0, 2.0, 3.0, 4.0), profile_ttft_s=(1.0, 1.2, 1.5, 2.0),
+                          profile_tpot_s=(0.08, 0.09, 0.1, 0.12))
+    seeded = MpcPolicy(capacity={"p": cap}, **FAST)._prior(FL)
+    plain = MpcPolicy(**FAST)._prior(FL)
+    assert seeded.ttft_correction[0] > 1.5 and seeded.tpot_correction[0] > 1.0
+    assert plain.ttft_correction == (1.0,)
+
+
+def test_low_confidence_guard_holds_through_the_controller():
+    """The Controller passes the policy's confidence to the guards: early on (prior only) a scale-down is held."""
+    pol = MpcPolicy(min_history_s=0.0, warmup_s=0.0, **FAST)
+    ctl = Controller(FL, pol, guards=GuardConfig(min_confidence=0.95))
+    st = ctl.initial_state(current=Decision("d0", 0, 0.0, 120.0, pools={"p": PoolDecision(10)}))
+    seen = set()
+    for t in (15.0, 30.0, 45.0):
+        obs = FleetObservation(at_s=t, pools={"p": obs_row("p", **pool_signals(5.0, 10))})
+        st, res = ctl.step(st, TickInput(now_s=t, observation=obs))
+        assert res.decision.pools["p"].replicas == 10
+        seen |= {r.code for r in res.guard_adjustments}
+    assert "guard_low_confidence_hold" in seen
+    assert res.diagnostics["confidence"] < 0.95
+
+
+def test_missing_telemetry_is_not_a_reason_to_scale_down():
+    pol = MpcPolicy(**FAST)
+    state, outs = loop(pol, [(20.0, None)] * 6, start=6)
+    cur = Decision("d", 1, 90.0, 200.0, pools=dict(outs[-1].pools))
+    i = PolicyInput(now_s=105.0, observation=FleetObservation(at_s=105.0, pools={}), fleet=FL, current=cur)
+    _, out = pol.decide(state, i, np.random.default_rng(0))
+    assert out.pools["p"].replicas >= outs[-1].pools["p"].replicas
