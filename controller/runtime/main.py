@@ -72,8 +72,12 @@ def _host_port(listen: str) -> tuple[str, int]:
 def build_controller(settings: Settings) -> Controller:
     fleet = settings.fleet_spec()
     g = settings.guards
+    params = dict(settings.policy_params)
+    if settings.policy == "mpc":
+        # In the daemon the planner's search is bounded by wall time (the bench uses an evaluation count).
+        params.setdefault("timer", WallClock().monotonic_s)
     return Controller(
-        fleet, build_policy(settings.policy, fleet, settings.policy_params),
+        fleet, build_policy(settings.policy, fleet, params),
         guards=GuardConfig(max_step_up=g.max_step_up, max_step_down=g.max_step_down,
                            scale_down_stabilization_s=g.scale_down_stabilization_s,
                            budget_usd_per_hour=g.budget_usd_per_hour),
