@@ -47,6 +47,8 @@ class DaemonMetrics:
         self.reasons = Counter("governor_decision_reasons", "Policy reasons by code", ["code"], registry=r)
         self.model_error = Gauge("governor_model_error", "Recent prediction error of the learned models "
                                  "(APE for latency, absolute error for hit rate)", ["metric"], registry=r)
+        self.breaker_stage = Gauge("governor_breaker_stage", "Cascading-failure breaker stage (0 = closed)", registry=r)
+        self.breaker_trips = Gauge("governor_breaker_trips", "Times the cascading-failure breaker has tripped", registry=r)
         self.overrides_active = Gauge("governor_overrides_active", "Operator overrides in force", registry=r)
         self._server: WSGIServer | None = None
 

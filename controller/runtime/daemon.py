@@ -149,6 +149,10 @@ class Daemon:
             m.decisions.labels(outcome.status).inc()
             for target, r in outcome.targets.items():
                 m.actuation.labels(target, r.status).inc()
+        breaker = result.diagnostics.get("breaker")
+        if isinstance(breaker, dict):
+            m.breaker_stage.set(float(breaker.get("stage") or 0))
+            m.breaker_trips.set(float(breaker.get("trips") or 0))
         if self.learning is not None:
             for name, v in self.learning.tracker.snapshot().errors.items():
                 if v is not None:
@@ -225,8 +229,11 @@ class Daemon:
             if ls["last_refit"]:
                 lr = ls["last_refit"]
                 details.append(("models.last_refit", ", ".join(f"{k}={v}" for k, v in lr.items() if not isinstance(v, (dict, list)))))
-        for key, value in (rep.result.diagnostics.get("status", {}) if rep else {}).items():
-            details.append((str(key), str(value)))
+        breaker = rep.result.diagnostics.get("breaker") if rep else None
+        if isinstance(breaker, dict):  # the MPC's cascading-failure breaker
+            for key in ("phase", "stage", "trigger", "pools", "trips"):
+                if key in breaker:
+                    details.append((f"breaker.{key}", str(breaker[key])))
         return StatusView(
             mode=self.mode, profile=self.profile, policy=self.controller.policy.name,
             last_tick_s=self.last_tick_s, last_decision_id=d.decision_id if d else "",
