@@ -247,39 +247,47 @@ class ControlPlane:
             self.fleet.set_admission(cls, rate_limit_rps=a["rate_limit_rps"], queue_budget=int(a["queue_budget"]),
                                      shed_frac=a["shed_frac"])
 
-    def apply_routing(self, msg: pb.RoutingPolicy) -> pb.Ack:
+    def _command(self, ch: _Channel, msg, validate: Callable[[Any], None], apply: Callable[[Any], str]) -> pb.Ack:
+        """One command, all or nothing: deadlines, generation rules, validation, then apply."""
         with self.lock:
             self.check_deadlines()
-            ch = self.router
             ack = self._check_meta(ch, msg)
             if ack is not None:
                 return ack
             try:
-                self._validate_routing(msg)
+                validate(msg)
             except CommandInvalid as exc:
                 return self._invalid(ch, str(exc))
-            routing: dict[str, dict[str, float]] = {}
-            for p in msg.pools:
-                s = dict(self.views.routing[p.pool])
-                s["traffic_weight"] = p.traffic_weight
-                s["inflight_cap"] = p.inflight_cap
-                if p.HasField("weights"):
-                    s.update(prefix_weight=p.weights.prefix, queue_weight=p.weights.queue,
-                             kv_weight=p.weights.kv_usage)
-                routing[p.pool] = s
-            admission = {a.priority_class: {"rate_limit_rps": a.rate_limit_rps, "queue_budget": a.queue_budget,
-                                            "shed_frac": a.shed_fraction} for a in msg.admission}
-            steps = [(lambda p=p: self._apply_routing_settings({p: routing[p]}, {}),
-                      lambda p=p: self._apply_routing_settings({p: self.views.routing[p]}, {})) for p in routing]
-            steps += [(lambda c=c: self._apply_routing_settings({}, {c: admission[c]}),
-                       lambda c=c: self._apply_routing_settings({}, {c: self.views.admission[c]})) for c in admission]
-            error = self._apply_all_or_nothing(steps)
+            error = apply(msg)
             if error:
                 return self._invalid(ch, error)
+            return self._accept(ch, msg)
+
+    def apply_routing(self, msg: pb.RoutingPolicy) -> pb.Ack:
+        return self._command(self.router, msg, self._validate_routing, self._apply_routing_msg)
+
+    def _apply_routing_msg(self, msg: pb.RoutingPolicy) -> str:
+        routing: dict[str, dict[str, float]] = {}
+        for p in msg.pools:
+            s = dict(self.views.routing[p.pool])
+            s["traffic_weight"] = p.traffic_weight
+            s["inflight_cap"] = p.inflight_cap
+            if p.HasField("weights"):
+                s.update(prefix_weight=p.weights.prefix, queue_weight=p.weights.queue,
+                         kv_weight=p.weights.kv_usage)
+            routing[p.pool] = s
+        admission = {a.priority_class: {"rate_limit_rps": a.rate_limit_rps, "queue_budget": a.queue_budget,
+                                        "shed_frac": a.shed_fraction} for a in msg.admission}
+        steps = [(lambda p=p: self._apply_routing_settings({p: routing[p]}, {}),
+                  lambda p=p: self._apply_routing_settings({p: self.views.routing[p]}, {})) for p in routing]
+        steps += [(lambda c=c: self._apply_routing_settings({}, {c: admission[c]}),
+                   lambda c=c: self._apply_routing_settings({}, {c: self.views.admission[c]})) for c in admission]
+        error = self._apply_all_or_nothing(steps)
+        if not error:
             self.views.routing.update(routing)
             self.views.admission.update(admission)
             log.info("router: applied generation %d (%s)", msg.meta.generation, msg.meta.decision_id)
-            return self._accept(ch, msg)
+        return error
 
     def routing_policy(self) -> pb.RoutingPolicy:
         """The routing and admission settings in force, with the meta of the last applied command.
@@ -338,34 +346,26 @@ class ControlPlane:
                                        max_num_batched_tokens=s["max_num_batched_tokens"] or None)
 
     def apply_scaling(self, msg: pb.ScalingPlan) -> pb.Ack:
-        with self.lock:
-            self.check_deadlines()
-            ch = self.autoscaler
-            ack = self._check_meta(ch, msg)
-            if ack is not None:
-                return ack
-            try:
-                self._validate_scaling(msg)
-            except CommandInvalid as exc:
-                return self._invalid(ch, str(exc))
-            scaling: dict[str, dict[str, int]] = {}
-            for p in msg.pools:
-                s = dict(self.views.scaling[p.pool])
-                s.update(replicas=p.replicas, warm_standby=p.warm_standby)
-                if p.max_num_seqs:
-                    s["max_num_seqs"] = p.max_num_seqs
-                if p.max_num_batched_tokens:
-                    s["max_num_batched_tokens"] = p.max_num_batched_tokens
-                scaling[p.pool] = s
-            error = self._apply_all_or_nothing(
-                [(lambda p=p: self._apply_scaling_settings({p: scaling[p]}),
-                  lambda p=p: self._apply_scaling_settings({p: self.views.scaling[p]})) for p in scaling])
-            if error:
-                return self._invalid(ch, error)
+        return self._command(self.autoscaler, msg, self._validate_scaling, self._apply_scaling_msg)
+
+    def _apply_scaling_msg(self, msg: pb.ScalingPlan) -> str:
+        scaling: dict[str, dict[str, int]] = {}
+        for p in msg.pools:
+            s = dict(self.views.scaling[p.pool])
+            s.update(replicas=p.replicas, warm_standby=p.warm_standby)
+            if p.max_num_seqs:
+                s["max_num_seqs"] = p.max_num_seqs
+            if p.max_num_batched_tokens:
+                s["max_num_batched_tokens"] = p.max_num_batched_tokens
+            scaling[p.pool] = s
+        error = self._apply_all_or_nothing(
+            [(lambda p=p: self._apply_scaling_settings({p: scaling[p]}),
+              lambda p=p: self._apply_scaling_settings({p: self.views.scaling[p]})) for p in scaling])
+        if not error:
             self.views.scaling.update(scaling)
             log.info("autoscaler: applied generation %d (%s): %s", msg.meta.generation, msg.meta.decision_id,
                      {p: s["replicas"] for p, s in scaling.items()})
-            return self._accept(ch, msg)
+        return error
 
     def fleet_state(self) -> pb.FleetState:
         """Autoscaler view. fallback_active: some command (router or autoscaler) expired and defaults are in force."""
