@@ -98,24 +98,33 @@ class LiveView:
         self._header = text
 
     def on_tick(self, report: TickReport, slo_ttft_s: float) -> None:
-        table = Table(title=self.title, expand=False)
-        for col in ("pool", "ready/desired", "starting", "load rps", "p95 TTFT", "SLO", "hit rate", "KV", "telemetry", "last reason"):
-            table.add_column(col)
+        table = Table(title=f"{self.title} · TTFT SLO {slo_ttft_s:g}s", expand=False)
+        # One line per pool whatever the terminal width: the reason is cut, never wrapped.
+        wide = self.console.width >= 110  # narrow terminals drop the KV and telemetry columns
+        widths = {"pool": 12, "ready/want": 10, "rps": 5, "p95 TTFT": 8, "hit": 4}
+        if wide:
+            widths.update({"KV": 4, "data": 7})
+        for col, width in widths.items():
+            table.add_column(col, no_wrap=True, min_width=width)
+        fixed = sum(widths.values()) + 3 * (len(widths) + 1) + 1
+        table.add_column("last reason", no_wrap=True, overflow="ellipsis",
+                         max_width=max(12, self.console.width - fixed))
         for row in pool_rows(report, slo_ttft_s):
             ttft = row["ttft_p95_s"]
             breach = ttft is not None and ttft > slo_ttft_s
-            table.add_row(
+            starting = row["replicas_starting"]
+            cells = [
                 row["pool"],
-                f"{_num(row['replicas_ready'], '{}')}/{_num(row['replicas_desired'], '{}')}",
-                _num(row["replicas_starting"], "{}"),
+                f"{_num(row['replicas_ready'], '{}')}/{_num(row['replicas_desired'], '{}')}"
+                + (f" +{starting}" if starting else ""),
                 _num(row["arrival_rps"], "{:.1f}"),
                 Text(_num(ttft, "{:.2f}s"), style="bold red" if breach else "green"),
-                f"{slo_ttft_s:.2f}s",
                 _num(row["hit_rate"], "{:.0%}"),
-                _num(row["kv_usage_frac"], "{:.0%}"),
-                Text(row["telemetry"], style="green" if row["telemetry"] == "ok" else "yellow"),
-                f"{row['reason']}: {row['reason_text']}"[:70],
-            )
+            ]
+            if wide:
+                cells += [_num(row["kv_usage_frac"], "{:.0%}"),
+                          Text(row["telemetry"], style="green" if row["telemetry"] == "ok" else "yellow")]
+            table.add_row(*cells, f"{row['reason']}: {row['reason_text']}")
         first = report.result.explanation.splitlines()[0] if report.result.explanation else ""
         outcome = report.outcome.status if report.outcome is not None else "paused"
         if report.result.changed or not self.decisions:
