@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
 from controller.api.auth import TlsConfig
+from controller.api.serving import add_health_and_reflection, bind
 from controller.gen.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
 
 POOL_KEY = "pool"
@@ -168,20 +168,8 @@ class KedaScalerServer:
             raise RuntimeError("KedaScalerServer already started")
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_streams + 4, thread_name_prefix="keda"))
         externalscaler_pb2_grpc.add_ExternalScalerServicer_to_server(_Scaler(self), server)
-        self._health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        for name in ("", SERVICE_NAME):
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        try:
-            if self._tls is not None:
-                port = server.add_secure_port(self.listen, self._tls.server_credentials())
-            else:
-                port = server.add_insecure_port(self.listen)
-        except RuntimeError as exc:
-            raise OSError(f"KEDA scaler: cannot listen on {self.listen!r}: {exc}") from exc
-        if not port:
-            raise OSError(f"KEDA scaler: cannot listen on {self.listen!r}")
+        self._health = add_health_and_reflection(server, SERVICE_NAME)
+        port = bind(server, self.listen, self._tls, "KEDA scaler")
         server.start()
         self._server = server
         self.port = port

@@ -23,11 +23,11 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
 from controller import __version__
 from controller.api.auth import BearerTokenInterceptor, TlsConfig, check_listen_safe
+from controller.api.serving import add_health_and_reflection, bind
 from controller.api.store import DecisionRow, InvalidRequest, StateStore
 from controller.clock import Clock
 from controller.gen.governor.v1 import policy_pb2, policy_pb2_grpc
@@ -390,18 +390,8 @@ class PolicyServer:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="policy-api"),
                              interceptors=interceptors)
         policy_pb2_grpc.add_PolicyServiceServicer_to_server(_PolicyService(self.handle, self.store, self.clock), server)
-        self._health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        for name in ("", SERVICE_NAME):
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        try:
-            port = (server.add_secure_port(self.listen, self.tls.server_credentials()) if self.tls is not None
-                    else server.add_insecure_port(self.listen))
-        except RuntimeError as exc:
-            raise OSError(f"PolicyService: cannot listen on {self.listen!r}: {exc}") from exc
-        if not port:
-            raise OSError(f"PolicyService: cannot listen on {self.listen!r}")
+        self._health = add_health_and_reflection(server, SERVICE_NAME)
+        port = bind(server, self.listen, self.tls, "PolicyService")
         server.start()
         self._server = server
         self.port = port

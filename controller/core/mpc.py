@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -588,7 +588,7 @@ def _need_per_step(ev: _Evaluator, base: _Cand, j: int) -> np.ndarray:
     active = ev.lam[1].sum(axis=0) > 0
     ttft_slo = float(ev.slo_ttft[active].min()) if active.any() else math.inf
     tpot_slo = float(ev.slo_tpot[active].min()) if active.any() else math.inf
-    L, H = len(levels), ev.H
+    H = ev.H
     lam = demand[None, :] / levels[:, None]
     shape = lam.shape
     q = LatencyQuery(

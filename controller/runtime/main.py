@@ -8,12 +8,10 @@ decides anything: it wires the edges to the pure core and starts the servers.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
