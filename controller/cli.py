@@ -41,6 +41,13 @@ def _api_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="daemon config file, to find the API address and token")
     p.add_argument("--token", default=None, help="bearer token (default: $GOVERNOR_API_TOKEN or the config's)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--tls-ca", default=None, metavar="FILE",
+                   help="connect over TLS, verifying the daemon's certificate with this CA bundle "
+                   "(TLS is also used, with the system's roots, when the --config file sets api.tls.cert)")
+    p.add_argument("--tls-cert", default=None, metavar="FILE", help="client certificate, when the daemon requires mTLS")
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="client private key (with --tls-cert)")
+    p.add_argument("--tls-server-name", default=None, metavar="NAME",
+                   help="name to check in the daemon's certificate instead of the address' host")
 
 
 def build_parser() -> argparse.ArgumentParser:

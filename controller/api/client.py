@@ -2,7 +2,9 @@
 
 Address: --api, else the config file's `api.listen`, else 127.0.0.1:50051. Token:
 --token, else $GOVERNOR_API_TOKEN, else the config's `api.token` (or the file named
-by `api.token_file`). The config's `api:` section is read directly with PyYAML so
+by `api.token_file`). TLS: when any --tls-* flag is given, or the config sets
+`api.tls.cert` (the daemon serves TLS); --tls-ca verifies the daemon (else the
+system's roots), --tls-cert/--tls-key answer a daemon that requires mTLS. The config's `api:` section is read directly with PyYAML so
 these commands do not depend on the daemon's config model. Output is a readable
 table (rich) or JSON with --json. Exit codes: 0 ok, 1 the call failed (cannot
 reach the daemon, refused credentials, rejected request...), 2 bad arguments.
@@ -30,6 +32,7 @@ from google.protobuf.json_format import MessageToDict
 from rich.console import Console
 from rich.table import Table
 
+from controller.actuation.grpc_actuator import ClientTls, make_channel
 from controller.clock import WallClock
 from controller.gen.governor.v1 import policy_pb2, policy_pb2_grpc
 
@@ -140,20 +143,42 @@ def resolve_target(args: argparse.Namespace) -> tuple[str, str | None]:
     return _connect_address(address), (str(token) if token else None)
 
 
+def resolve_tls(args: argparse.Namespace) -> ClientTls | None:
+    """TLS settings for the channel, or None for plaintext (see the module docstring for the rules)."""
+    ca, cert, key = (getattr(args, f"tls_{k}", None) for k in ("ca", "cert", "key"))
+    server_name = getattr(args, "tls_server_name", None)
+    if (cert is None) != (key is None):
+        raise UsageError("--tls-cert and --tls-key must be given together (the client certificate for mTLS)")
+    tls_section = _config_api_section(getattr(args, "config", None)).get("tls") or {}
+    server_tls = isinstance(tls_section, dict) and bool(tls_section.get("cert"))
+    if not (ca or cert or server_name or server_tls):
+        return None
+    for flag, path in (("--tls-ca", ca), ("--tls-cert", cert), ("--tls-key", key)):
+        if path is not None and not Path(path).is_file():
+            raise UsageError(f"{flag}: no such file {path!r}")
+    return ClientTls(ca_file=ca, cert_file=cert, key_file=key, server_name=server_name)
+
+
 def _call(args: argparse.Namespace, rpc: Callable[[policy_pb2_grpc.PolicyServiceStub, tuple], Any]) -> Any:
     address, token = resolve_target(args)
+    tls = resolve_tls(args)
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    with grpc.insecure_channel(address) as channel:
+    try:
+        channel = make_channel(address, tls)
+    except ValueError as exc:  # an unreadable certificate or key file
+        raise UsageError(str(exc)) from None
+    with channel:
         stub = policy_pb2_grpc.PolicyServiceStub(channel)
         try:
             return rpc(stub, metadata)
         except grpc.RpcError as exc:
-            raise _ApiError(address, exc, bool(token)) from None
+            raise _ApiError(address, exc, bool(token), tls is not None) from None
 
 
 class _ApiError(Exception):
-    def __init__(self, address: str, exc: grpc.RpcError, had_token: bool) -> None:
+    def __init__(self, address: str, exc: grpc.RpcError, had_token: bool, used_tls: bool = False) -> None:
         self.address = address
+        self.used_tls = used_tls
         self.code = exc.code()
         self.details = exc.details() or ""
         self.had_token = had_token
@@ -165,8 +190,11 @@ class _ApiError(Exception):
                     else f"no token was sent; pass --token, set ${TOKEN_ENV}, or --config with api.token")
             return f"not authorized by the Governor API at {self.address}: {hint}"
         if self.code == grpc.StatusCode.UNAVAILABLE:
+            tls_hint = ("; over TLS, check --tls-ca (the CA that signed the daemon's certificate) and, if the "
+                        "daemon requires mTLS, --tls-cert/--tls-key" if self.used_tls else
+                        "; if the daemon serves TLS, pass --tls-ca (or --config with api.tls)")
             return (f"cannot reach the Governor API at {self.address} ({self.details}); is the daemon running? "
-                    "Use --api HOST:PORT or --config to point at it")
+                    f"Use --api HOST:PORT or --config to point at it{tls_hint}")
         if self.code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return f"the Governor API at {self.address} did not answer within {CALL_TIMEOUT_S:g} s"
         if self.code == grpc.StatusCode.INVALID_ARGUMENT:

@@ -181,3 +181,46 @@ def test_parse_since():
     for bad in ("25:00", "12:61", "yesterday", "-3"):
         with pytest.raises(UsageError):
             parse_since(bad, noon)
+
+
+@pytest.fixture
+def mtls_api(tmp_path, certs):
+    from controller.api.auth import TlsConfig
+    from controller.api.server import PolicyServer
+    from controller.api.store import StateStore
+    from controller.clock import VirtualClock
+    from tests.fakes.act_daemon import FakeDaemon
+
+    store = StateStore(tmp_path / "tls.db")
+    tls = TlsConfig(str(certs / "server.crt"), str(certs / "server.key"), client_ca_file=str(certs / "ca.crt"))
+    server = PolicyServer(FakeDaemon(), store, "127.0.0.1:0", token=None, tls=tls, clock=VirtualClock(WallClock().now_s()))
+    port = server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(0)
+    store.close()
+
+
+def test_cli_over_mtls(mtls_api, certs, capsys, tmp_path):
+    ca, cert, key = (str(certs / f) for f in ("ca.crt", "client.crt", "client.key"))
+    rc, out, _ = run(["status", "--api", mtls_api, "--tls-ca", ca, "--tls-cert", cert, "--tls-key", key], capsys)
+    assert rc == 0 and "generation: 7" in out
+    # Plaintext against a TLS daemon: a clear error that says which flag is missing.
+    rc, _, err = run(["status", "--api", mtls_api], capsys)
+    assert rc == 1 and "--tls-ca" in err
+    # TLS without the client certificate the daemon requires.
+    rc, _, err = run(["status", "--api", mtls_api, "--tls-ca", ca], capsys)
+    assert rc == 1 and "--tls-cert" in err
+    # The config file's api.tls.cert switches TLS on; the CA still comes from --tls-ca.
+    cfg = tmp_path / "governor.yaml"
+    cfg.write_text(yaml.safe_dump({"api": {"listen": mtls_api, "tls": {"cert": str(certs / "server.crt")}}}))
+    rc, out, _ = run(["status", "--config", str(cfg), "--tls-ca", ca, "--tls-cert", cert, "--tls-key", key], capsys)
+    assert rc == 0 and "generation: 7" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--tls-cert", "c.crt"], "--tls-cert and --tls-key must be given together"),
+    (["--tls-ca", "/nonexistent/ca.crt"], "--tls-ca: no such file"),
+])
+def test_bad_tls_flags_exit_2(argv, needle, capsys):
+    rc, _, err = run(["status", "--api", "127.0.0.1:1", *argv], capsys)
+    assert rc == 2 and needle in err

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
 import grpc
 import pytest
@@ -244,27 +242,6 @@ def test_render_explanation_of_a_sparse_record():
 
 
 # ---------------------------------------------------------------- mTLS
-
-
-def _openssl(*args: str, cwd) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
-
-
-@pytest.fixture
-def certs(tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    d = tmp_path / "pki"
-    d.mkdir()
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=governor-test-ca", cwd=d)
-    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-        extra = ["-extfile", "server.ext"] if name == "server" else []
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.crt", "-days", "2", *extra, cwd=d)
-    return d
 
 
 def test_mtls_requires_a_client_certificate(tmp_path, certs):
