@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ticks", type=int, default=200)
     b.add_argument("--source", choices=["scrape", "prometheus"], default="scrape",
                    help="read the fleet by direct scrape (sidecar mode) or through a real Prometheus")
+    b.add_argument("--no-recording-rules", action="store_true",
+                   help="with --source prometheus: run the raw queries instead of reading Governor's recorded series")
+    b.add_argument("--scrape-interval", type=float, default=10.0,
+                   help="with --source prometheus: Prometheus' scrape and rule-evaluation interval, s (default 10)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=_handler("controller.bench.tick:cmd_bench_tick"))
     b = bsub.add_parser("models", help="accuracy, fit time and bulk-predict time of the learned models")

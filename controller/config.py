@@ -114,6 +114,9 @@ class PrometheusSettings(_Strict):
     timeout_s: float = Field(default=5.0, gt=0, le=120)  # budget for one whole read (all queries)
     pool_label: str = Field(default="pool", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
     queries: dict[str, str] = Field(default_factory=dict)  # name -> PromQL template ($pool, $window)
+    # read the series recorded by deploy/prometheus/governor-rules.yml with one query instead of evaluating
+    # every default query per read (controller/telemetry/rules.py); overridden queries still run raw
+    recording_rules: bool = False
 
     @field_validator("queries")
     @classmethod

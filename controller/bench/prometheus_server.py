@@ -9,7 +9,9 @@ Listens on 127.0.0.1 only; `stop()` ends the process. Usage in a test:
         prom.query('sum(vllm:num_requests_running)')
 
 `static_targets` maps a `pool` label to host:port targets; `http_sd_url` adds an
-HTTP service-discovery job (the simulator serves one). Scrapes every second.
+HTTP service-discovery job (the simulator serves one). Scrapes every second
+by default (`scrape_interval`); `rule_files` are loaded as recording rules,
+evaluated every `evaluation_interval` (default: the scrape interval).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def wait_until(predicate, deadline_s: float, interval_s: float = 0.1, what: str 
 class PrometheusServer:
     def __init__(self, workdir: Path, static_targets: dict[str, list[str]] | None = None,
                  http_sd_url: str | None = None, scrape_interval: str = "1s",
-                 extra_jobs: list[dict] | None = None) -> None:
+                 extra_jobs: list[dict] | None = None, rule_files: list[Path] | None = None,
+                 evaluation_interval: str | None = None) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             raise RuntimeError("the prometheus binary is not installed (make test installs Debian's package)")
@@ -62,8 +65,11 @@ class PrometheusServer:
         jobs.extend(extra_jobs or [])
         if http_sd_url:
             jobs.append({"job_name": "sim", "http_sd_configs": [{"url": http_sd_url, "refresh_interval": "1s"}]})
-        config = {"global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval,
+        config = {"global": {"scrape_interval": scrape_interval,
+                             "evaluation_interval": evaluation_interval or scrape_interval,
                              "scrape_timeout": scrape_interval}, "scrape_configs": jobs}
+        if rule_files:
+            config["rule_files"] = [str(Path(f).resolve()) for f in rule_files]
         workdir.mkdir(parents=True, exist_ok=True)
         cfg = workdir / "prometheus.yml"
         cfg.write_text(yaml.safe_dump(config))

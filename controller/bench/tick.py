@@ -5,14 +5,19 @@ Setup, all on loopback:
   `replicas` engines in `pools` pools (rendered once by the simulator's vLLM
   collector; counters and histogram series grow by one tick's worth of traffic on
   every scrape, gauges stay), plus the router's /metrics;
-- `ScrapeSource` (controller/telemetry/scrape.py) reads all of them every tick;
+- `ScrapeSource` (controller/telemetry/scrape.py) reads all of them every tick; or, with
+  `--source prometheus`, a real Prometheus scrapes them every `--scrape-interval` s
+  (default 10, production-like) and evaluates Governor's recording rules
+  (controller/telemetry/rules.py) as often, and `PrometheusSource` reads the recorded
+  series with one query (`--no-recording-rules`: the ~24 raw queries instead);
 - the pure `Controller` steps with the slo-feedback policy (cheap on purpose: this
   measures the plumbing, not a planner's search);
 - `GrpcActuator` sends each decision to a small in-process gRPC fake fleet
   (RouterControl + AutoscalerControl that ack with control.proto's generation rules).
 
-Ticks run back to back on a virtual clock (15 s of fleet time each) and each phase
-is timed with the wall clock's monotonic time. Output: p50/p99 of the whole tick
+Ticks run back to back on a virtual clock (15 s of fleet time each; through
+Prometheus, on the wall clock and 0.1 s apart, so that they meet its scrapes and
+rule evaluations) and each phase is timed with the wall clock's monotonic time. Output: p50/p99 of the whole tick
 and p99 per phase in ms, and the process RSS (MB), as a table or one JSON object
 (`tick_p50_ms`, `tick_p99_ms`, `rss_mb`, `phases_p99_ms`, ...). The server runs in
 another process so its rendering does not compete with the measured process for
@@ -26,6 +31,7 @@ import json
 import multiprocessing
 import sys
 import threading
+import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -36,6 +42,9 @@ from controller.clock import VirtualClock, WallClock
 from controller.types import FleetSpec, PoolSpec, SloSpec
 
 TICK_S = 15.0
+PROMETHEUS_SCRAPE_S = 10.0  # a production-like scrape and rule-evaluation interval (production: 10-30 s)
+PROMETHEUS_WINDOW_S = 60.0  # the default telemetry.window_s, which the shipped rules are generated for
+PROMETHEUS_PACE_S = 0.1  # pause between ticks through Prometheus (see measure)
 MODEL_NAME = "meta-llama/Meta-Llama-3-8B-Instruct"
 
 
@@ -204,9 +213,13 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
 
 
-def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape") -> dict[str, Any]:
+def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", *, recording_rules: bool = True,
+            scrape_interval_s: float = PROMETHEUS_SCRAPE_S) -> dict[str, Any]:
+    """Run the bench; `recording_rules` and `scrape_interval_s` apply to `source_kind="prometheus"` only."""
     if source_kind not in ("scrape", "prometheus"):
         raise ValueError(f"source: {source_kind!r} is not one of ['scrape', 'prometheus']")
+    if not 1 <= scrape_interval_s <= 60:
+        raise ValueError(f"scrape interval: {scrape_interval_s:g} s is outside [1, 60]")
     if pools < 1 or replicas < pools or ticks < 1:
         raise ValueError(f"need pools >= 1, replicas >= pools and ticks >= 1 (got {pools}, {replicas}, {ticks})")
     names = [f"pool-{k}" for k in range(pools)]
@@ -236,7 +249,7 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape") 
         if source_kind == "scrape":
             source = ScrapeSource(names, targets=targets, timeout_s=5.0, window_s=60.0, stale_after_s=3600.0)
         else:
-            prom, tmp, source = _prometheus_source(names, base, replicas, pools)
+            prom, tmp, source = _prometheus_source(names, base, replicas, pools, recording_rules, scrape_interval_s)
         per_pool = replicas // pools
         fleet = FleetSpec(
             pools=tuple(PoolSpec(name=n, model="llama-3-8b", sku="a100-80gb", usd_per_replica_hour=2.0,
@@ -255,6 +268,10 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape") 
         failures = 0
         warmup = min(3, ticks)
         for k in range(ticks + warmup):
+            if prom is not None and k > 0:
+                # Through Prometheus, pace the ticks so that they span its scrapes and rule evaluations
+                # (back to back, 200 ticks would fit between two of them and never meet that load).
+                time.sleep(PROMETHEUS_PACE_S)
             now = vclock.advance(TICK_S) if prom is None else wall.now_s()
             t0 = wall.monotonic_s()
             obs = source.read(now)
@@ -283,6 +300,10 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape") 
             "rss_mb": round(rss_mb, 1), "actuation_failures": failures, "pools_observed": pools_seen,
             "replicas_observed": int(sum(p.replicas_ready.value for p in obs.pools.values() if p.replicas_ready.ok)),
             "policy": "slo-feedback", "source": source_kind,
+            **({"recording_rules": recording_rules, "scrape_interval_s": scrape_interval_s,
+                "queries_per_read": 1 if recording_rules else len(source.queries), "pace_s": PROMETHEUS_PACE_S,
+                "read_errors": list(obs.errors[:3])}
+               if prom is not None else {"page_lines_kept_frac": _kept_fraction(source)}),
         }
     finally:
         if prom is not None:
@@ -302,38 +323,58 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape") 
             proc.join(5.0)
 
 
-def _prometheus_source(names: list[str], base: str, replicas: int, pools: int):
-    """A real Prometheus scraping the canned endpoints every second (pool as a target label), and
-    the daemon's PrometheusSource reading it; waits until rates exist for every pool."""
+def _prometheus_source(names: list[str], base: str, replicas: int, pools: int, recording_rules: bool,
+                       scrape_interval_s: float):
+    """A real Prometheus scraping the canned endpoints every `scrape_interval_s` (pool as a target label) and
+    evaluating Governor's recording rules as often, and the daemon's PrometheusSource reading it (the
+    recorded series with one query, or the raw queries); waits until what it reads exists for every pool."""
     import tempfile
     from pathlib import Path
 
     from controller.bench.prometheus_server import PrometheusServer, wait_until
+    from controller.telemetry import rules
     from controller.telemetry.prometheus import PrometheusSource
 
     host = base.removeprefix("http://")
     tmp = tempfile.TemporaryDirectory(prefix="governor-bench-tick-")
+    rules_path = Path(tmp.name) / "governor-rules.yml"
+    rules_path.write_text(rules.render_rules_yaml("pool", PROMETHEUS_WINDOW_S))
+    interval = f"{scrape_interval_s:g}s"
     # One job per replica path is what Prometheus needs (metrics_path is per job); group by pool.
-    prom = PrometheusServer(Path(tmp.name), static_targets={}, scrape_interval="1s",
+    prom = PrometheusServer(Path(tmp.name), static_targets={}, scrape_interval=interval, rule_files=[rules_path],
                             extra_jobs=[{"job_name": f"r{i}", "metrics_path": f"/r/{i}/metrics",
                                          "static_configs": [{"targets": [host], "labels": {"pool": names[i % pools], "instance": f"replica-{i}"}}]}
                                         for i in range(replicas)]
                             + [{"job_name": "router", "metrics_path": "/router/metrics",
                                 "static_configs": [{"targets": [host]}]}])
+    ready = (f"count({rules.record_name('prompt_tokens_rps', PROMETHEUS_WINDOW_S)})" if recording_rules
+             else f"count(count by (pool) (rate(vllm:prompt_tokens_total[{PROMETHEUS_WINDOW_S:g}s])))")
     try:
-        wait_until(lambda: len(prom.query("count by (pool) (rate(vllm:prompt_tokens_total[30s]))")) == pools,
-                   deadline_s=90, interval_s=0.5, what="Prometheus to have rates for every pool")
+        wait_until(lambda: (r := prom.query(ready)) and int(float(r[0]["value"][1])) == pools,
+                   deadline_s=30 + 4 * scrape_interval_s, interval_s=0.5,
+                   what="Prometheus to have rates for every pool")
     except BaseException:
         prom.stop()
         tmp.cleanup()
         raise
-    source = PrometheusSource(names, url=prom.url, timeout_s=10.0, window_s=30.0, stale_after_s=60.0)
+    source = PrometheusSource(names, url=prom.url, timeout_s=10.0, window_s=PROMETHEUS_WINDOW_S,
+                              stale_after_s=120.0, recording_rules=recording_rules)
     return prom, tmp, source
+
+
+def _kept_fraction(source) -> float | None:
+    """Share of /metrics lines the scrape source kept after filtering (None if it does not filter)."""
+    stats = getattr(source, "filter_stats", None)
+    if not stats or not stats[1]:
+        return None
+    return round(stats[0] / stats[1], 3)
 
 
 def cmd_bench_tick(args: argparse.Namespace) -> int:
     try:
-        out = measure(int(args.pools), int(args.replicas), int(args.ticks), getattr(args, "source", "scrape"))
+        out = measure(int(args.pools), int(args.replicas), int(args.ticks), getattr(args, "source", "scrape"),
+                      recording_rules=not getattr(args, "no_recording_rules", False),
+                      scrape_interval_s=float(getattr(args, "scrape_interval", PROMETHEUS_SCRAPE_S)))
     except (ValueError, RuntimeError) as exc:
         print(f"governor bench tick: {exc}", file=sys.stderr)
         return 2
@@ -353,4 +394,8 @@ def cmd_bench_tick(args: argparse.Namespace) -> int:
     Console().print(t)
     print(f"RSS {out['rss_mb']:.0f} MB; observed {out['replicas_observed']} replicas in {out['pools_observed']} pools; "
           f"{out['actuation_failures']} actuation failures")
+    if out["source"] == "prometheus":
+        how = "recorded series (1 query)" if out["recording_rules"] else f"{out['queries_per_read']} raw queries"
+        print(f"read via Prometheus: {how}; scrape and rule evaluation every {out['scrape_interval_s']:g} s; "
+              f"ticks {out['pace_s']:g} s apart")
     return 0

@@ -4,6 +4,7 @@
 - `promql.py`: the named default PromQL queries (vLLM V1, SGLang, DCGM, llm-d router);
 - `prometheus.py`: `PrometheusSource`, through the Prometheus HTTP API;
 - `scrape.py`: `ScrapeSource`, straight from /metrics endpoints;
+- `rules.py`: the same queries as Prometheus recording rules (deploy/prometheus/governor-rules.yml);
 - `window.py`: `FamiliesWindow`, rates/quantiles/gauges from scraped families (no HTTP;
   the in-process bench feeds it the simulator's collectors).
 
@@ -33,7 +34,7 @@ def build_source(settings: Settings, clock: Clock) -> TelemetrySource:
         prom = tel.prometheus
         return PrometheusSource(pools, url=prom.url, timeout_s=prom.timeout_s, pool_label=prom.pool_label,
                                 window_s=tel.window_s, stale_after_s=tel.stale_after_s, queries=prom.queries,
-                                clock=clock)
+                                clock=clock, recording_rules=prom.recording_rules)
     if tel.source == "scrape":
         from controller.telemetry.scrape import ScrapeSource
 

@@ -18,6 +18,18 @@ Prometheus as its own `timeout`). Every outcome becomes a Reading:
 A pool with no engine series at all (e.g. scaled to zero) reads MISSING here,
 not 0: from Prometheus' answers alone that cannot be told from a broken scrape.
 
+With `recording_rules=True` (config `telemetry.prometheus.recording_rules`)
+the default queries are not evaluated at read time: Prometheus evaluates them as
+the recording rules of `rules.py` (deploy/prometheus/governor-rules.yml) and a
+read selects every recorded series with ONE instant query, split back by record
+name into the same per-query results, so the observation is the same. A query
+overridden in the config still runs as its own raw query (an override always
+wins). Recorded values are as old as the last rule evaluation (at most one
+`evaluation_interval`) on top of the scrape age; the `*_sample_time` series carry
+the sample times, so STALE is judged exactly as without rules. If the rules are
+not loaded (no recorded series at all), the read says so in its errors and
+health and falls back to the raw queries, so control goes on.
+
 Never raises for anything the fleet or Prometheus does. Must not interpret
 metrics beyond turning query results into Readings (the PromQL does the maths).
 """
@@ -35,7 +47,7 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from controller.clock import Clock, WallClock
-from controller.telemetry import promql
+from controller.telemetry import promql, rules
 from controller.telemetry.source import describe_error
 from controller.types import (
     PRIORITY_CLASSES,
@@ -146,7 +158,9 @@ class PrometheusSource:
 
     `client` may be a pre-built PrometheusConnect (custom headers, auth, TLS);
     by default one is built for `url` with no retries (the next tick is the retry)
-    and `timeout_s` as the request timeout.
+    and `timeout_s` as the request timeout. `recording_rules` reads the series
+    recorded by Governor's rules (rules.py) with one query instead of evaluating
+    every default query.
     """
 
     name = "prometheus"
@@ -155,7 +169,7 @@ class PrometheusSource:
                  pool_label: str = promql.POOL, window_s: float = 60.0, stale_after_s: float = 60.0,
                  queries: Mapping[str, str] | None = None, clock: Clock | None = None,
                  classes: Sequence[str] = PRIORITY_CLASSES, client: PrometheusConnect | None = None,
-                 max_parallel: int = 4) -> None:
+                 max_parallel: int = 4, recording_rules: bool = False) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: {timeout_s} must be > 0")
         self.pools = tuple(pools)
@@ -165,6 +179,14 @@ class PrometheusSource:
         self.pool_label = pool_label
         self.stale_after_s = float(stale_after_s)
         self.queries = promql.render_all(pool_label, window_s, queries)
+        self.recording_rules = bool(recording_rules)
+        overridden = set(queries or {})
+        # record name -> query name, for the default queries not overridden in the config
+        self.records: dict[str, str] = rules.record_names(
+            window_s, {n: None for n in promql.QUERY_NAMES if n not in overridden}) if self.recording_rules else {}
+        self._raw_with_rules = {n: self.queries[n] for n in promql.QUERY_NAMES if n in overridden}
+        self._rules_selector = rules.selector(list(self.records)) if self.records else ""
+        self._windowed = {r for r in self.records if r.rsplit(":", 1)[1].startswith(("rate", "histogram_quantile"))}
         self.clock = clock or WallClock()
         self.client = client or PrometheusConnect(
             url=self.url, timeout=self.timeout_s,
@@ -180,14 +202,13 @@ class PrometheusSource:
         except requests.RequestException as exc:  # refused, reset, timed out, not JSON: nothing can be trusted
             raise TransportError(describe_error(exc)) from None
 
-    def read(self, now_s: float) -> FleetObservation:
-        """Run every query (a few at a time: Prometheus evaluates them in parallel) within the budget."""
-        results: dict[str, object] = {}
-        errors: list[str] = []
-        deadline = self.clock.monotonic_s() + self.timeout_s
+    def _run(self, queries: Mapping[str, str], deadline: float,
+             results: dict[str, object], errors: list[str]) -> tuple[int, str | None]:
+        """Run `queries` (a few at a time) until `deadline`; fill `results`/`errors`; (answered, transport error)."""
         answered = 0
-        pending = {name: self._pool.submit(self._query, text, self.timeout_s) for name, text in self.queries.items()}
         transport_error: str | None = None
+        budget = max(0.001, deadline - self.clock.monotonic_s())
+        pending = {name: self._pool.submit(self._query, text, budget) for name, text in queries.items()}
         for name, fut in pending.items():
             remaining = deadline - self.clock.monotonic_s()
             try:
@@ -200,17 +221,71 @@ class PrometheusSource:
             except (PrometheusApiClientException, KeyError, TypeError, ValueError) as exc:
                 results[name] = exc
                 errors.append(f"query {name}: {describe_error(exc)}")
+        return answered, transport_error
+
+    def _split_recorded(self, result: object, results: dict[str, object], errors: list[str]) -> bool:
+        """Distribute the recorded series into per-query results; False when no recorded series came back."""
+        if not isinstance(result, list):
+            errors.append(f"query recording_rules: expected an instant vector, got {type(result).__name__}")
+            return False
+        by_query: dict[str, list] = {name: [] for name in self.records.values()}
+        seen: set[str] = set()
+        for item in result:
+            try:
+                record = item["metric"]["__name__"]
+            except (KeyError, TypeError):
+                continue
+            name = self.records.get(record)
+            if name is not None:
+                by_query[name].append(item)
+                seen.add(record)
+        if not seen:
+            return False
+        if self._windowed and not (seen & self._windowed):
+            tag = next(iter(self._windowed)).rsplit("rate", 1)[1]
+            errors.append(f"recording rules: gauges are recorded but no rate over {tag}: were the rules generated "
+                          f"for another telemetry.window_s? (python -m controller.telemetry.rules --window-s ...)")
+        results.update(by_query)
+        return True
+
+    def read(self, now_s: float) -> FleetObservation:
+        """Run every query (a few at a time: Prometheus evaluates them in parallel) within the budget."""
+        results: dict[str, object] = {}
+        errors: list[str] = []
+        deadline = self.clock.monotonic_s() + self.timeout_s
+        fell_back = False
+        if self.recording_rules:
+            raw: dict[str, object] = {}
+            asked = {"recording_rules": self._rules_selector, **self._raw_with_rules} if self.records \
+                else dict(self._raw_with_rules)
+            answered, transport_error = self._run(asked, deadline, raw, errors)
+            total = len(asked)
+            recorded = raw.pop("recording_rules", None)
+            results.update(raw)
+            if transport_error is None and self.records and not isinstance(recorded, BaseException | None):
+                if not self._split_recorded(recorded, results, errors):
+                    # The rules are not loaded (or not evaluated yet): say so, and read the raw queries instead.
+                    fell_back = True
+                    errors.append(f"recording rules: no governor:* series in {self.url} (are "
+                                  f"deploy/prometheus/governor-rules.yml loaded and evaluated? or is there nothing "
+                                  f"to record?); read the raw queries instead")
+                    rest = {n: self.queries[n] for n in self.records.values()}
+                    more, transport_error = self._run(rest, deadline, results, errors)
+                    answered += more
+                    total += len(rest)
+        else:
+            answered, transport_error = self._run(self.queries, deadline, results, errors)
+            total = len(self.queries)
         if transport_error is not None:
             errors = [transport_error]
             results = {}  # a broken connection taints the whole read: every reading MISSING
             answered = 0
         obs = observation_from_results(now_s, self.pools, self.classes, results, pool_label=self.pool_label,
                                        stale_after_s=self.stale_after_s, source=self.name, errors=errors)
-        total = len(self.queries)
         if answered == 0:
             self._health = _Health(False, errors[0] if errors else "no query answered")
         else:
-            self._health = _Health(answered == total, f"{answered}/{total} queries answered"
+            self._health = _Health(answered == total and not fell_back, f"{answered}/{total} queries answered"
                                    + (f"; first error: {errors[0]}" if errors else ""))
         return obs
 

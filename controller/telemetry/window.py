@@ -3,8 +3,10 @@
 `FamiliesWindow` is what `ScrapeSource` delegates to, and what the in-process
 bench calls directly with families from the simulator's collectors: it needs no
 HTTP and no Prometheus. Each `update(now_s, scraped)` takes the families of every
-target (or the exception its scrape raised) and returns a `FleetObservation`
-that means the same as the PromQL in `promql.py`:
+target — prometheus_client metric families, or a `SampleMap` (sample name →
+samples) as the scrape source's parser and the simulator's observer build — or
+the exception its scrape raised, and returns a `FleetObservation` that means the
+same as the PromQL in `promql.py`:
 
 - counters and histogram buckets keep a per-target, per-series history over the
   last `window_s`; a rate is the increase between the first and last sample in
@@ -18,6 +20,10 @@ that means the same as the PromQL in `promql.py`:
 - gauges are summed (running, waiting) or averaged (KV usage, GPU busy) over the
   targets that answered;
 - `replicas_ready` counts the engine targets that answered this update.
+
+Cost: per target, each scrape's samples are keyed once per label set (memoised)
+and appended to per-series histories, so a tick costs O(series) and a rate
+O(points in the window), with the same floats as recomputing from all snapshots.
 
 Missing, NaN and stale data are Readings, never exceptions. A pool whose engine
 targets all failed keeps its last computed view, aged: OK while younger than
@@ -98,12 +104,37 @@ _ROUTER_SIGNALS: tuple[_Signal, ...] = (
 _DCGM_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # ratio 0..1, needs profiling metrics
 _DCGM_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent 0..100, always collected
 
+_DCGM_NAMES = (_DCGM_ACTIVE, _DCGM_UTIL)
+
+
+def read_sample_names(kind: str) -> frozenset[str]:
+    """Every sample name the window reads from a target of `kind` (vllm, sglang, dcgm, router).
+
+    A reader may drop every other series before parsing (the scrape source does: a
+    vLLM page has ~330 lines, of which ~60 are read); the observation is the same.
+    """
+    if kind == "router":
+        signals: Sequence[_Signal] = _ROUTER_SIGNALS
+    elif kind == "dcgm":
+        return frozenset(_DCGM_NAMES)
+    else:
+        signals = _ENGINE_SIGNALS
+    return frozenset(n for sig in signals for n in sig.names)
+
+
 # A series key inside one target: (signal id, group, series labels without le, le bound or None).
 _Key = tuple[str, str, tuple[tuple[str, str], ...], float | None]
 
 
-def _flatten(families: Iterable[Metric]) -> dict[str, list]:
+SampleMap = Mapping[str, Sequence]
+"""Sample name → samples (anything with `.labels` and `.value`, e.g. prometheus_client's Sample): what an
+in-process reader may hand the window instead of metric families (the simulator's observer does)."""
+
+
+def _flatten(families: Iterable[Metric] | SampleMap) -> Mapping[str, Sequence]:
     """Sample name → samples, whatever the family grouping (the text parser and collectors differ)."""
+    if isinstance(families, Mapping):
+        return families
     out: dict[str, list] = {}
     for fam in families:
         for s in fam.samples:
@@ -118,84 +149,153 @@ def _le(value: str) -> float | None:
         return None
 
 
-@dataclass(slots=True)
-class _Snapshot:
-    t_s: float
-    cumulative: dict[_Key, float]  # counters and buckets, per series
-    gauges: dict[tuple[str, str], tuple[float, int]]  # (signal, group) -> (sum, number of series)
+_SKIP = object()  # memo value of a sample the signal does not count (label filter, bad `le`)
+_MEMO_MAX = 20_000  # label sets remembered per target; a target with ever-new label values just recomputes
 
 
-def _snapshot(t_s: float, samples: Mapping[str, list], signals: Sequence[_Signal], group_label: str | None) -> _Snapshot:
+def _sample_key(sig: _Signal, labels: Mapping[str, str], group_label: str | None) -> object:
+    """Where a sample of `sig` with `labels` is counted: (signal, group) for a gauge, the series key for
+    counters and buckets, or _SKIP."""
+    if sig.only is not None and any(labels.get(k) not in v for k, v in sig.only.items()):
+        return _SKIP
+    group = labels.get(group_label, "") if group_label else ""
+    if sig.kind == GAUGE:
+        return (sig.sid, group)
+    le = None
+    if sig.kind == HIST:
+        le = _le(labels.get("le", ""))
+        if le is None:
+            return _SKIP
+    series = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+    return (sig.sid, group, series, le)
+
+
+def _snapshot(samples: Mapping[str, Sequence], signals: Sequence[_Signal], group_label: str | None,
+              memo: dict) -> tuple[dict[_Key, float], dict[tuple[str, str], tuple[float, int]]]:
+    """(per-series cumulative values, per-(signal, group) gauge sums and series counts) of one scrape.
+
+    `memo` maps (signal, label items) to where the sample counts: a target shows
+    the same label sets scrape after scrape, so the sorting and `le` parsing are
+    done once per series, not once per sample and tick.
+    """
     cumulative: dict[_Key, float] = {}
     gauges: dict[tuple[str, str], tuple[float, int]] = {}
+    if len(memo) > _MEMO_MAX:
+        memo.clear()
     for sig in signals:
-        found = next((samples[n] for n in sig.names if n in samples), None)
+        found = None
+        for n in sig.names:
+            found = samples.get(n)
+            if found is not None:
+                break
         if found is None:
             continue
+        sid = sig.sid
+        is_gauge = sig.kind == GAUGE
         for s in found:
             labels = s.labels
-            if sig.only is not None and any(labels.get(k) not in v for k, v in sig.only.items()):
+            mk = (sid, tuple(labels.items()))
+            key = memo.get(mk)
+            if key is None:
+                key = memo[mk] = _sample_key(sig, labels, group_label)
+            if key is _SKIP:
                 continue
-            group = labels.get(group_label, "") if group_label else ""
-            if sig.kind == GAUGE:
-                total, n = gauges.get((sig.sid, group), (0.0, 0))
-                gauges[(sig.sid, group)] = (total + float(s.value), n + 1)
-                continue
-            le = None
-            if sig.kind == HIST:
-                le = _le(labels.get("le", ""))
-                if le is None:
-                    continue
-            series = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
-            key = (sig.sid, group, series, le)
-            cumulative[key] = cumulative.get(key, 0.0) + float(s.value)
-    return _Snapshot(t_s, cumulative, gauges)
+            if is_gauge:
+                total, n = gauges.get(key, (0.0, 0))
+                gauges[key] = (total + float(s.value), n + 1)
+            else:
+                cumulative[key] = cumulative.get(key, 0.0) + float(s.value)
+    return cumulative, gauges
 
 
-def _increase(points: Sequence[float]) -> float:
-    """Increase of a counter over consecutive samples; a drop is a restart from 0 (Prometheus' rule)."""
-    inc = 0.0
-    for prev, cur in zip(points, points[1:]):
-        inc += cur - prev if cur >= prev else cur
-    return inc
+class _Series:
+    """The retained points of one counter or bucket series, and the increase between consecutive ones."""
+
+    __slots__ = ("times", "values", "incs")
+
+    def __init__(self) -> None:
+        self.times: deque[float] = deque()
+        self.values: deque[float] = deque()
+        self.incs: deque[float] = deque()  # incs[i]: increase from point i to point i + 1
 
 
 class _TargetHistory:
-    __slots__ = ("target", "snapshots", "signals", "group_label")
+    """One target's samples over the window, kept per series: each scrape appends one point and one
+    increase per series, so a rate costs O(points of that series), with no re-walk of every snapshot."""
+
+    __slots__ = ("target", "signals", "group_label", "times", "series", "newest", "gauges", "memo")
 
     def __init__(self, target: ScrapeTarget, signals: Sequence[_Signal], group_label: str | None) -> None:
         self.target = target
-        self.snapshots: deque[_Snapshot] = deque()
         self.signals = signals
         self.group_label = group_label
+        self.times: deque[float] = deque()  # scrape times kept (every series' points are among them)
+        self.series: dict[_Key, _Series] = {}
+        self.newest: dict[_Key, float] = {}  # the series of the newest scrape
+        self.gauges: dict[tuple[str, str], tuple[float, int]] = {}  # the newest scrape's gauge sums
+        self.memo: dict = {}
 
-    def add(self, now_s: float, families: Sequence[Metric], window_s: float) -> None:
-        while self.snapshots and self.snapshots[-1].t_s >= now_s:  # same instant again, or the clock went back
-            self.snapshots.pop()
-        self.snapshots.append(_snapshot(now_s, _flatten(families), self.signals, self.group_label))
+    def add(self, now_s: float, families: Sequence[Metric] | SampleMap, window_s: float) -> None:
+        if self.times and self.times[-1] >= now_s:  # same instant again, or the clock went back: replace
+            while self.times and self.times[-1] >= now_s:
+                self.times.pop()
+            for ser in self.series.values():
+                while ser.times and ser.times[-1] >= now_s:
+                    ser.times.pop()
+                    ser.values.pop()
+                    if ser.incs:
+                        ser.incs.pop()
+        cumulative, self.gauges = _snapshot(_flatten(families), self.signals, self.group_label, self.memo)
+        series = self.series
+        for key, v in cumulative.items():
+            ser = series.get(key)
+            if ser is None:
+                ser = series[key] = _Series()
+            elif ser.values:
+                prev = ser.values[-1]
+                ser.incs.append(v - prev if v >= prev else v)  # a drop is a restart from 0 (Prometheus' rule)
+            ser.times.append(now_s)
+            ser.values.append(v)
+        self.newest = cumulative
+        self.times.append(now_s)
         self.prune(now_s, window_s)
 
     def prune(self, now_s: float, window_s: float) -> None:
-        while self.snapshots and self.snapshots[0].t_s < now_s - window_s:
-            self.snapshots.popleft()
+        cutoff = now_s - window_s
+        if not self.times or self.times[0] >= cutoff:
+            return  # nothing older than the window (series points are a subset of the scrape times)
+        while self.times and self.times[0] < cutoff:
+            self.times.popleft()
+        gone = []
+        for key, ser in self.series.items():
+            while ser.times and ser.times[0] < cutoff:
+                ser.times.popleft()
+                ser.values.popleft()
+                if ser.incs:
+                    ser.incs.popleft()
+            if not ser.times:
+                gone.append(key)
+        for key in gone:
+            del self.series[key]
 
     def rates(self) -> dict[_Key, float]:
-        """Per-series rate over the samples kept (needs two samples of the series)."""
-        snaps = self.snapshots
-        if len(snaps) < 2:
+        """Per-series rate over the samples kept (needs two samples of the series).
+
+        Example: points 100, 160, 20 at t = 0, 15, 30 s → increases 60 and 20 (the drop
+        is a restart) → 80 / 30 s = 2.67/s.
+        """
+        if len(self.times) < 2:
             return {}
         out: dict[_Key, float] = {}
-        newest = snaps[-1]
-        for key in newest.cumulative:
-            times: list[float] = []
-            values: list[float] = []
-            for snap in snaps:
-                v = snap.cumulative.get(key)
-                if v is not None:
-                    times.append(snap.t_s)
-                    values.append(v)
-            if len(values) >= 2 and times[-1] > times[0]:
-                out[key] = _increase(values) / (times[-1] - times[0])
+        series = self.series
+        for key in self.newest:
+            ser = series[key]
+            times = ser.times
+            if len(times) >= 2 and times[-1] > times[0]:
+                inc = 0.0
+                for d in ser.incs:  # summed in order (not sum(), which compensates on 3.12+): same floats
+                    inc += d
+                out[key] = inc / (times[-1] - times[0])
         return out
 
 
@@ -211,8 +311,7 @@ class _Totals:
         self.buckets: dict[tuple[str, str], dict[float, float]] = {}
 
     def add(self, history: _TargetHistory) -> None:
-        newest = history.snapshots[-1]
-        for k, (total, n) in newest.gauges.items():
+        for k, (total, n) in history.gauges.items():
             t0, n0 = self.gauges.get(k, (0.0, 0))
             self.gauges[k] = (t0 + total, n0 + n)
         for (sid, group, _series, le), rate in history.rates().items():
@@ -481,4 +580,4 @@ def _gpu_busy_frac(results: list[Sequence[Metric]]) -> float | None:
     return sum(values) / len(values)
 
 
-__all__ = ["FamiliesWindow"]
+__all__ = ["FamiliesWindow", "read_sample_names"]

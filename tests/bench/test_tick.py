@@ -37,3 +37,17 @@ def test_cli_json_and_bad_arguments(capsys) -> None:
     assert {"tick_p50_ms", "tick_p99_ms", "rss_mb", "phases_p99_ms"} <= set(out)
     assert main(["bench", "tick", "--pools", "3", "--replicas", "2", "--ticks", "2"]) == 2
     assert "replicas >= pools" in capsys.readouterr().err
+
+
+def test_measure_through_prometheus_with_recording_rules() -> None:
+    """A real Prometheus loading Governor's rules; the read is one query of the recorded series."""
+    out = measure(pools=2, replicas=4, ticks=3, source_kind="prometheus", scrape_interval_s=1.0)
+    assert out["recording_rules"] is True and out["queries_per_read"] == 1 and out["scrape_interval_s"] == 1.0
+    assert out["read_errors"] == []
+    assert out["pools_observed"] == 2 and out["replicas_observed"] == 4
+    assert out["actuation_failures"] == 0
+
+
+def test_cli_rejects_a_silly_scrape_interval(capsys) -> None:
+    assert main(["bench", "tick", "--source", "prometheus", "--scrape-interval", "0.1", "--ticks", "1"]) == 2
+    assert "scrape interval" in capsys.readouterr().err
