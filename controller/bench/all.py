@@ -3,11 +3,12 @@
 Each scenario in the repository's `scenarios/` folder is one job: the simulator's
 speed on it (`controller.bench.sim_speed.measure` on its 16-replica static variant,
 when that module is present) and `bench policies` with every registered policy (not
-the bench variants sla-planner-60s and hpa-queue) and the oracle limited to
-ORACLE_MAX_REPLAYS replays (same seed as the scenario file), at a 30 s tick: half the
-ticks of `bench policies`' 15 s default, because reading the simulated fleet's
-telemetry through the exposition + window path every tick costs more than simulating
-it (~85 % of a mooncake-conv replay), and at 15 s the full set does not fit the budget.
+the bench variants sla-planner-60s and hpa-queue) and the oracle, its bisection limited
+to ORACLE_MAX_REPLAYS replays (its repair rounds are bounded on their own), with the
+scenario file's seed, at a 30 s tick: half the ticks of `bench policies`' 15 s
+default, because reading the simulated fleet's telemetry through the exposition +
+window path every tick costs more than simulating it (~85 % of a mooncake-conv
+replay), and at 15 s the full set does not fit the budget.
 Jobs run in `workers` processes (2 by default, as the reference machine has 2 vCPUs),
 longest first; each writes its JSON and PNG to --out as `bench policies` does, and
 this command prints one summary table (or, with --json, one JSON object on stdout).
@@ -33,7 +34,8 @@ from controller.clock import WallClock
 DEFAULT_OUT = "bench-out"
 TICK_S = 30.0  # twice the daemon default: the in-process observer dominates replay time (see docstring)
 WORKERS = 2
-ORACLE_MAX_REPLAYS = 3  # the cheapest schedule, the dearest, one bisection step
+ORACLE_MAX_REPLAYS = 3  # bisection: the nominal schedule, the dearest, one step (repairs add up to
+# oracle.REPAIR_ROUNDS more, and one for the dearest DP schedule when nothing met)
 # Rough relative cost of each scenario (sessions and bursty prompts replay slower): longest first.
 _COST_HINT = {"mooncake": 3.0, "azure-conv": 2.0, "servegen": 2.0, "azure-code": 1.0}
 

@@ -37,17 +37,25 @@ scenario's router weights).
 
 Search: one candidate schedule per (burst window 60 s / 20 s) × (margin 0.8 … 2.0);
 a candidate planned at or above static peak provisioning's cost is replaced by the
-static schedule itself, so the oracle is never planned dearer than static. Sorted by
-planned cost, the nominal one (margin 1, per-minute demand) is replayed first; if it
-meets the SLO the cheaper ones are bisected, else the dearest is replayed and, if that
-meets it, the ones in between are bisected (about 2 + log2(candidates) replays). The replay
-meets the SLO when, for every class, at least `SLO_TARGET_FRAC` (95 %) of the
-requests of tasks that started after the first cold start-up could complete
-(max startup_cold_s + one tick) met both their TTFT and TPOT SLOs — the p95
-criterion the capacity was profiled with; before that the fleet is whatever the
-scenario starts with, under any schedule. The oracle is the cheapest replayed
-candidate that meets it, else the one with the best worst-class figure, reported
-with slo_met = false (e.g. a surge that needs more than max_replicas).
+static schedule itself. Sorted by planned cost, the nominal one (margin 1, per-minute
+demand) is replayed first; if it meets the SLO the cheaper ones are bisected, else the
+dearest (static) is replayed and, if that meets it, the ones in between are bisected.
+Then the repair: the dearest DP schedule that missed below the cheapest that met (or, if
+none met, the dearest DP schedule below static) gets replicas added in the windows where
+its late requests were sent (`repair_schedule`), each ordered a start-up ahead, and is
+replayed again, a bounded number of rounds (REPAIR_ROUNDS); a repaired schedule that meets
+and is planned cheaper than the best so far wins. A schedule planned dearer than static is
+kept only when static itself misses (then `dearer_than_static` says so).
+
+The SLO the oracle must meet is the one the MPC is judged on (issue "The MPC planner":
+≥ 99 % for critical and standard), measured as the bench table measures it, in *tasks*
+(every step within its class's TTFT and TPOT SLO): `TASK_SLO_TARGETS`, critical 99 %,
+standard 99 %, sheddable 95 % (the class meant to give way first). Only tasks that
+started after the first cold start-up ordered at t = 0 could serve (max startup_cold_s +
+one tick) are judged: before that the fleet is whatever the scenario starts with, under
+any schedule (the shipped scenarios start at what their first minutes need, so this
+leaves out little). The oracle is the cheapest replayed schedule that meets it, else the
+one with the smallest worst-class shortfall, reported with slo_met = false.
 
 Assumptions (why it is a near-lower bound, not an exact one): capacity is the
 profiled per-replica rate at the tightest SLO on a 2-replica pool, taken as linear
@@ -65,6 +73,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -76,11 +85,16 @@ from controller.sim.calibration import SKUS
 from controller.sim.fleet import WARM_NODE_TTL_S
 from controller.sim.scenario import PoolSpecModel, Scenario
 from controller.sim.workload import Workload
-from controller.types import PolicyInput, PolicyOutput, PoolDecision, Reason
+from controller.types import PRIORITY_CLASSES, PolicyInput, PolicyOutput, PoolDecision, Reason
 
 WINDOW_S = 60.0
 PEAK_WINDOW_S = 60.0  # static provisioning's sliding window for the peak rate
-SLO_TARGET_FRAC = 0.95
+SLO_TARGET_FRAC = 0.95  # the per-request p95 criterion the capacity is profiled with (kept for callers)
+# What the oracle must meet, per class, in *tasks* (every step within its TTFT and TPOT SLO), the
+# bench table's measure: the bar the MPC is judged at (issue #6: ≥ 99 % for critical and standard);
+# sheddable traffic is the first to give way, so 95 %.
+TASK_SLO_TARGETS: Mapping[str, float] = MappingProxyType({"critical": 0.99, "standard": 0.99, "sheddable": 0.95})
+REPAIR_ROUNDS = 6  # replays spent adding replicas where late requests happen
 MARGINS: tuple[float, ...] = (0.8, 0.9, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0)
 # Demand per DP window: its mean (60 s), or the peak of its 20 s thirds for bursty traces.
 BURST_WINDOWS_S: tuple[float, ...] = (60.0, 20.0)
@@ -367,6 +381,7 @@ class Candidate:
     burst_window_s: float
     fallback_static: bool
     plans: Mapping[str, PoolPlan]
+    repaired: int = 0  # repair rounds applied to the DP schedule
 
 
 @dataclass(frozen=True)
@@ -392,6 +407,75 @@ def request_slo_ok(run: RunResult, target: float = SLO_TARGET_FRAC) -> tuple[boo
     vals = [v for v in att.values() if v is not None and math.isfinite(v)]
     worst = min(vals) if vals else 0.0
     return worst >= target, worst
+
+
+def task_slo_ok(run: RunResult, targets: Mapping[str, float] = TASK_SLO_TARGETS) -> tuple[bool, float]:
+    """(every class meets its task target, the worst shortfall: min over classes of attainment − target).
+
+    Over the tasks the oracle is judged on (started after `slo_check_from_s`). Example: critical
+    99.4 %, standard 98.7 %, sheddable 97 % against 99 / 99 / 95 → (False, −0.003).
+    """
+    att = run.extra.get("task_slo_attainment_checked") or run.summary.get("slo_attainment", {})
+    gaps = [float(att[c]) - tgt for c, tgt in targets.items()
+            if att.get(c) is not None and math.isfinite(float(att[c]))]
+    worst = min(gaps) if gaps else -1.0
+    return worst >= -1e-12, worst
+
+
+def repair_schedule(scenario: Scenario, replicas: Mapping[str, Sequence[int]], run: RunResult, *,
+                    window_s: float, targets: Mapping[str, float] = TASK_SLO_TARGETS) -> dict[str, tuple[int, ...]]:
+    """Add replicas in the windows where the replay's late requests were sent.
+
+    Only classes that miss their target count, and only the windows with the most late
+    requests that together hold twice the misses to put right (a class at 98.5 % against
+    99 % must lose a third of its misses). Window k with b_k late out of s_k sent requests
+    gets + max(1, ceil(m_k × b_k / s_k)) replicas (within max_replicas), and so does the window
+    before it when b_k is at least 5 % of s_k (its queue started building there). Each pool of
+    the scenario gets the same treatment (the late request's pool is not recorded; one pool in
+    every shipped scenario but the demo). `schedule_targets` then orders each added replica a
+    start-up ahead of its window. Example: 6 replicas, 40 late of 400 sent in window 14 →
+    7 in window 13 (10 % ≥ 5 %) and 7 in window 14.
+    """
+    att = run.extra.get("task_slo_attainment_checked") or {}
+    missing = [k for k, c in enumerate(PRIORITY_CLASSES)
+               if c in targets and att.get(c) is not None and float(att[c]) < targets[c]]
+    late = run.extra.get("late_requests")
+    out = {n: tuple(int(x) for x in r) for n, r in replicas.items()}
+    if late is None or not missing:
+        return out
+    mask = np.isin(late["late_prio"], missing)
+    n_windows = len(next(iter(out.values())))
+    if n_windows == 0:
+        return out
+    late_k = np.minimum((late["late_sent_s"][mask] // window_s).astype(np.int64), n_windows - 1)
+    bad = np.bincount(late_k, minlength=n_windows)[:n_windows]
+    # Late requests to put right: a class at 98.5 % against 99 % must lose a third of its misses.
+    # Cover twice that, busiest windows first (the others are often noise spread thinly).
+    need = 0.0
+    for k in missing:
+        c = PRIORITY_CLASSES[k]
+        a = float(att[c])
+        need += float(np.sum(late["late_prio"][mask] == k)) * min(1.0, (targets[c] - a) / max(1.0 - a, 1e-9))
+    order = np.argsort(-bad, kind="stable")
+    covered = np.cumsum(bad[order])
+    n_pick = int(np.searchsorted(covered, min(2.0 * need, float(covered[-1])) - 1e-9)) + 1
+    chosen = np.zeros(n_windows, dtype=bool)
+    chosen[order[:n_pick]] = True
+    bad = np.where(chosen, bad, 0)
+    sent = np.bincount(np.minimum((late["sent_s"] // window_s).astype(np.int64), n_windows - 1),
+                       minlength=n_windows)[:n_windows]
+    frac = np.where(sent > 0, bad / np.maximum(sent, 1), 0.0)
+    for name, reps in out.items():
+        spec = scenario.pool(name)
+        m = np.asarray(reps, dtype=np.int64)
+        add = np.zeros(n_windows, dtype=np.int64)
+        for k in np.flatnonzero(bad > 0):
+            inc = max(1, int(math.ceil(m[k] * frac[k])))
+            add[k] = max(add[k], inc)
+            if k > 0 and frac[k] >= 0.05:
+                add[k - 1] = max(add[k - 1], inc)
+        out[name] = tuple(int(x) for x in np.minimum(m + add, spec.max_replicas))
+    return out
 
 
 def burst_rates(d: PoolDemand, window_s: float, burst_window_s: float, n_windows: int) -> np.ndarray:
@@ -454,57 +538,77 @@ def candidates(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: 
 def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str, PoolProfile],
                demands: Mapping[str, PoolDemand], seed: int, tick_s: float = 15.0, window_s: float = WINDOW_S,
                margins: Sequence[float] = MARGINS, burst_windows_s: Sequence[float] = BURST_WINDOWS_S,
-               target_frac: float = SLO_TARGET_FRAC, max_replays: int | None = None,
+               targets: Mapping[str, float] = TASK_SLO_TARGETS, max_replays: int | None = None,
+               repair_rounds: int = REPAIR_ROUNDS,
                progress: Callable[[str], Progress | None] | None = None) -> OracleResult:
-    """Plan candidate schedules, replay them (cheapest first, then bisect), return the cheapest that meets the SLO.
+    """Plan candidate schedules, replay, repair and bisect; return the cheapest replayed schedule that meets the SLO.
 
-    Replays: the nominal candidate (margin 1, per-minute demand); if it meets the SLO, bisect
-    the cheaper ones; else the dearest (static provisioning or the largest margin below it)
-    and, if that meets the SLO, bisect between them on planned cost (attainment grows with
-    provisioned capacity, nearly monotonically). About 2 + log2(candidates) replays, or `max_replays` (the bisection then stops early and
-    the cheapest candidate seen to meet the SLO is kept). If no replayed candidate meets the
-    SLO, the one with the best worst-class attainment is the oracle, flagged slo_met = false.
+    1. Bisect the DP candidates (sorted by planned cost) on "meets the task targets": the
+       nominal one (margin 1, per-minute demand) first; if it meets, bisect the cheaper ones;
+       else replay the dearest (static provisioning) and bisect between (attainment grows with
+       capacity, nearly monotonically).
+    2. Repair: from the dearest DP candidate seen to miss below the cheapest that meets (if
+       none meets, the dearest DP candidate below static's cost), add replicas where the replay's late requests were sent
+       (`repair_schedule`) and replay, up to `repair_rounds` times; a repaired schedule that
+       meets and is planned cheaper than the best so far replaces it.
+    3. Never dearer than static: a schedule planned at or above static's cost is not kept if the
+       static schedule meets the targets (static is then the oracle).
+    `max_replays` bounds the bisection's replays (repairs have their own bound). If nothing
+    meets, the schedule with the smallest worst-class shortfall is returned with slo_met = false.
     """
     if max_replays is not None and max_replays < 1:
         raise ValueError(f"max_replays must be >= 1 (got {max_replays})")
+    if repair_rounds < 0:
+        raise ValueError(f"repair_rounds must be >= 0 (got {repair_rounds})")
     last_send = max((float(d.send_s[-1]) for d in demands.values() if len(d.send_s)), default=0.0)
     n_windows = int(last_send // window_s) + 2  # the last window with traffic, plus one to drain
     static = static_replicas(scenario, demands, profiles)
-    static_cost = sum(plan_cost([static[s.name]] * n_windows, s.replicas, window_s=window_s,
-                                usd_per_s=usd_per_replica_s(s), startup_s=s.startup_cold_s,
-                                drain_s=drain_estimate_s(profiles[s.name])) for s in scenario.pools)
+
+    def pool_planned(name: str, reps: Sequence[int]) -> float:
+        s = scenario.pool(name)
+        return plan_cost(list(reps), s.replicas, window_s=window_s, usd_per_s=usd_per_replica_s(s),
+                         startup_s=s.startup_cold_s, drain_s=drain_estimate_s(profiles[name]))
+
+    def planned(reps: Mapping[str, Sequence[int]]) -> float:
+        return sum(pool_planned(s.name, reps[s.name]) for s in scenario.pools)
+
+    static_cost = planned({s.name: [static[s.name]] * n_windows for s in scenario.pools})
     cands = candidates(scenario, demands, profiles, window_s=window_s, n_windows=n_windows, margins=margins,
                        burst_windows_s=burst_windows_s, static=static, static_cost=static_cost, tick_s=tick_s)
     routing = {p.name: RoutingWeights(scenario.router.prefix_weight, scenario.router.queue_weight,
                                       scenario.router.kv_weight) for p in scenario.pools}
     # Before the first cold start-up ordered at t = 0 could serve, the fleet is what the scenario
-    # starts with, whatever the schedule: those tasks are not held against it.
+    # starts with, whatever the schedule: those tasks are not held against it. The shipped
+    # scenarios start at the replicas their first minutes need, so this excludes little.
     check_from_s = max(p.startup_cold_s for p in scenario.pools) + tick_s
-    results: dict[int, tuple[bool, float, RunResult]] = {}
     tried: list[dict[str, Any]] = []
+
+    def play(c: Candidate, label: str) -> tuple[bool, float, RunResult]:
+        targets_t = {n: schedule_targets(scenario.pool(n), p.replicas, window_s=window_s, tick_s=tick_s)
+                     for n, p in c.plans.items()}
+        run = run_closed_loop(scenario, SchedulePolicy(targets_t, routing), seed=seed, tick_s=tick_s,
+                              workload=workload, label="oracle", slo_check_from_s=check_from_s,
+                              progress=progress(label) if progress else None)
+        ok, worst = task_slo_ok(run, targets)
+        tried.append({"label": label, "margin": c.margin, "burst_window_s": c.burst_window_s,
+                      "fallback_static": c.fallback_static, "repaired": c.repaired,
+                      "planned_cost_usd": c.planned_cost_usd, "cost_usd": run.summary.get("cost_usd"),
+                      "task_slo_attainment": dict(run.extra.get("task_slo_attainment_checked") or {}),
+                      "worst_class_shortfall": worst, "slo_met": ok})
+        return ok, worst, run
+
+    results: dict[int, tuple[bool, float, RunResult]] = {}
 
     def replay(i: int) -> bool:
         if i not in results:
             c = cands[i]
-            targets = {n: schedule_targets(scenario.pool(n), p.replicas, window_s=window_s, tick_s=tick_s)
-                       for n, p in c.plans.items()}
-            label = "oracle static" if c.fallback_static else f"oracle ×{c.margin:g}/{c.burst_window_s:g}s"
-            run = run_closed_loop(scenario, SchedulePolicy(targets, routing), seed=seed, tick_s=tick_s,
-                                  workload=workload, label="oracle", slo_check_from_s=check_from_s,
-                                  progress=progress(label) if progress else None)
-            ok, worst = request_slo_ok(run, target_frac)
-            results[i] = (ok, worst, run)
-            tried.append({"margin": c.margin, "burst_window_s": c.burst_window_s, "fallback_static": c.fallback_static,
-                          "planned_cost_usd": c.planned_cost_usd, "cost_usd": run.summary.get("cost_usd"),
-                          "worst_class_request_slo": worst, "slo_met": ok})
+            results[i] = play(c, "oracle static" if c.fallback_static else f"oracle ×{c.margin:g}/{c.burst_window_s:g}s")
         return results[i][0]
 
     budget = max_replays if max_replays is not None else len(cands)
-    # Start from the nominal schedule (margin 1, per-minute demand); bisect down if it meets
-    # the SLO, else check the dearest and bisect up. Invariant: lo misses (or is -1), hi meets.
     start = next((i for i, c in enumerate(cands) if c.margin == 1.0 and c.burst_window_s == window_s
                   and not c.fallback_static), 0)
-    lo, hi = -1, None
+    lo, hi = -1, None  # invariant: lo misses (or is -1), hi meets
     if replay(start):
         hi = start
     else:
@@ -518,18 +622,59 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
             hi = mid
         else:
             lo = mid
-    passing = [i for i, (ok, _, _) in results.items() if ok]
-    if passing:
-        pick = min(passing, key=lambda i: (cands[i].planned_cost_usd, i))
-    else:
-        pick = max(results, key=lambda i: (results[i][1], -cands[i].planned_cost_usd))
-    ok, worst, run = results[pick]
-    c = cands[pick]
-    extra = {**run.extra, "margin": c.margin, "burst_window_s": c.burst_window_s, "slo_met": ok,
-             "worst_class_request_slo": worst, "slo_target_frac": target_frac, "fallback_static": c.fallback_static,
-             "planned_cost_usd": c.planned_cost_usd, "static_planned_cost_usd": static_cost, "window_s": window_s,
-             "candidates": len(cands), "tried": tried,
-             "schedule": {n: list(p.replicas) for n, p in c.plans.items()},
-             "capped_windows": {n: p.capped_windows for n, p in c.plans.items()}}
+    # (candidate, ok, worst, run) of everything replayed so far
+    played: list[tuple[Candidate, bool, float, RunResult]] = [(cands[i], *results[i]) for i in sorted(results)]
+
+    def best_meeting() -> tuple[Candidate, bool, float, RunResult] | None:
+        ok = [x for x in played if x[1]]
+        return min(ok, key=lambda x: (x[0].planned_cost_usd, x[0].fallback_static)) if ok else None
+
+    # Repair: start from the dearest schedule that misses yet is planned cheaper than the best that
+    # meets; when nothing meets (static misses too), from the dearest DP schedule below static's
+    # cost (it follows the load, so repairing it stays cheaper than repairing static).
+    best = best_meeting()
+    if best is None:
+        dp = [i for i, c in enumerate(cands) if not c.fallback_static]
+        if dp and dp[-1] not in results:
+            replay(dp[-1])
+            played.append((cands[dp[-1]], *results[dp[-1]]))
+        best = best_meeting()
+    missing = [x for x in played if not x[1] and not x[0].fallback_static
+               and (best is None or x[0].planned_cost_usd < best[0].planned_cost_usd)]
+    if missing:
+        base = max(missing, key=lambda x: x[0].planned_cost_usd)
+        cur_c, cur_run = base[0], base[3]
+        for r in range(repair_rounds):
+            reps = repair_schedule(scenario, {n: p.replicas for n, p in cur_c.plans.items()}, cur_run,
+                                   window_s=window_s, targets=targets)
+            if all(reps[n] == p.replicas for n, p in cur_c.plans.items()):
+                break  # nothing to add (at max_replicas everywhere it is late)
+            cost = planned(reps)
+            best = best_meeting()
+            if best is not None and cost >= best[0].planned_cost_usd:
+                break  # dearer than a schedule known to meet: stop
+            plans = {n: replace(p, replicas=reps[n], planned_cost_usd=pool_planned(n, reps[n]))
+                     for n, p in cur_c.plans.items()}
+            cur_c = replace(cur_c, planned_cost_usd=cost, plans=plans, repaired=r + 1)
+            ok, worst, cur_run = play(cur_c, f"oracle repair {r + 1}")
+            played.append((cur_c, ok, worst, cur_run))
+            if ok:
+                break
+    best = best_meeting()
+    if best is not None and best[0].planned_cost_usd >= static_cost and not best[0].fallback_static:
+        stat = next((x for x in played if x[0].fallback_static and x[1]), None)
+        if stat is not None:
+            best = stat
+    if best is None:
+        best = max(played, key=lambda x: (x[2], -x[0].planned_cost_usd))
+    c, ok, worst, run = best
+    extra = {k: v for k, v in run.extra.items() if k != "late_requests"}
+    extra.update({"margin": c.margin, "burst_window_s": c.burst_window_s, "slo_met": ok, "repaired": c.repaired,
+                  "worst_class_shortfall": worst, "slo_targets": dict(targets), "fallback_static": c.fallback_static,
+                  "planned_cost_usd": c.planned_cost_usd, "static_planned_cost_usd": static_cost,
+                  "dearer_than_static": c.planned_cost_usd > static_cost + 1e-9, "window_s": window_s,
+                  "candidates": len(cands), "replays": len(tried), "tried": tried,
+                  "schedule": {n: list(p.replicas) for n, p in c.plans.items()},
+                  "capped_windows": {n: p.capped_windows for n, p in c.plans.items()}})
     return OracleResult(run=replace(run, extra=extra), candidate=c, slo_met=ok, static_planned_cost_usd=static_cost,
                         tried=tuple(tried))

@@ -102,6 +102,16 @@ def _fmt(v: Any, spec: str = ".3g", pct: bool = False) -> str:
     return format(v, spec)
 
 
+def _oracle_suffix(e: Mapping[str, Any]) -> str:
+    """" (×1.15, 2 repairs)", " (static)" or " (×1, SLO missed)": how the oracle's schedule was found."""
+    parts = ["static" if e.get("fallback_static") else f"×{e['margin']:g}"]
+    if e.get("repaired"):
+        parts.append(f"{e['repaired']} repair{'s' if e['repaired'] > 1 else ''}")
+    if not e.get("slo_met"):
+        parts.append("SLO missed")
+    return " (" + ", ".join(parts) + ")"
+
+
 def render_table(report: Mapping[str, Any]):
     """A rich Table with one row per policy (sorted by cost per successful task, oracle last)."""
     from rich.table import Table
@@ -124,7 +134,7 @@ def render_table(report: Mapping[str, Any]):
         att = e["slo_attainment"]
         label = n + (" *" if n == report.get("best_baseline") else "")
         if n == "oracle" and e.get("margin") is not None:
-            label += f" (×{e['margin']:g}{'' if e.get('slo_met') else ', SLO missed'})"
+            label += _oracle_suffix(e)
         tpot = lambda v: None if v is None else 1000.0 * v  # noqa: E731
         t.add_row(
             label,
@@ -161,7 +171,7 @@ def table_markdown(report: Mapping[str, Any]) -> str:
         att = e["slo_attainment"]
         label = f"**{n}**" if n == report.get("best_baseline") else n
         if n == "oracle" and e.get("margin") is not None:
-            label += f" (×{e['margin']:g}{'' if e.get('slo_met') else ', SLO missed'})"
+            label += _oracle_suffix(e)
         tp50 = None if e["tpot_p50_s"] is None else 1000 * e["tpot_p50_s"]
         tp95 = None if e["tpot_p95_s"] is None else 1000 * e["tpot_p95_s"]
         lines.append(

@@ -117,6 +117,46 @@ def request_slo_attainment(fleet: Fleet, from_s: float = 0.0) -> dict[str, float
     return out
 
 
+def task_slo_attainment(fleet: Fleet, from_s: float = 0.0) -> dict[str, float | None]:
+    """Per class: the fraction of tasks whose every request completed within both its SLOs.
+
+    The task-level figure the bench table reports (a task with a step that was shed, failed,
+    late or never sent is not met), over tasks whose first step arrived at or after `from_s`.
+    Example: 3 critical tasks after from_s, one with a late second step → 2/3. None for a class
+    with no such task.
+    """
+    rec = fleet.request_records()
+    wl = fleet.workload
+    tid = np.asarray(wl.task_id)
+    bad_task = np.bincount(tid, weights=(~rec["slo_met"]).astype(np.float64), minlength=wl.n_tasks) > 0
+    first = wl.task_first_index()
+    start = np.asarray(wl.trace.arrival_s)[first]
+    prio = np.asarray(wl.priority)[first]
+    keep = start >= from_s
+    out: dict[str, float | None] = {}
+    for k, c in enumerate(PRIORITY_CLASSES):
+        mask = keep & (prio == k)
+        n = int(mask.sum())
+        out[c] = float((~bad_task[mask]).sum()) / n if n else None
+    return out
+
+
+def late_requests(fleet: Fleet, from_s: float = 0.0) -> dict[str, np.ndarray]:
+    """Send times and classes of the requests (of tasks that started at or after `from_s`) that
+    were sent and did not meet their SLOs, and the send times of all such sent requests.
+
+    What the oracle's repair reads to find the minutes that need more replicas. Not JSON: callers
+    must not put it in a report.
+    """
+    rec = fleet.request_records()
+    wl = fleet.workload
+    task_start = np.asarray(wl.trace.arrival_s)[wl.task_first_index()]
+    sent = (rec["attempts"] > 0) & (task_start[wl.task_id] >= from_s)
+    bad = sent & ~rec["slo_met"]
+    return {"late_sent_s": rec["sent_s"][bad], "late_prio": np.asarray(wl.priority)[bad],
+            "sent_s": rec["sent_s"][sent]}
+
+
 def expected_end_s(fleet: Fleet) -> float:
     """Rough simulated length, for progress bars: the last arrival plus a little drain."""
     arr = fleet.workload.trace.arrival_s
@@ -161,7 +201,9 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
     extra: dict[str, Any] = {}
     if slo_check_from_s is not None:
         extra = {"slo_check_from_s": slo_check_from_s,
-                 "request_slo_attainment_checked": request_slo_attainment(fleet, slo_check_from_s)}
+                 "request_slo_attainment_checked": request_slo_attainment(fleet, slo_check_from_s),
+                 "task_slo_attainment_checked": task_slo_attainment(fleet, slo_check_from_s),
+                 "late_requests": late_requests(fleet, slo_check_from_s)}
     if progress is not None:
         progress(total_s, total_s)
     return RunResult(scenario=scenario.name, policy=label or policy.name, seed=int(seed), tick_s=float(tick_s),

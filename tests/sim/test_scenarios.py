@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -18,12 +19,13 @@ FILES = sorted(SCENARIOS.glob("*.yaml"))
 BASES = ("azure-conv", "azure-code", "mooncake-conv", "servegen-diurnal")
 
 # Capacities the scenario comments size fleets with: (prefill tok/s, output tok/s) of one replica,
-# read off the calibrated iteration model at each trace's typical context (8,192-token prefill
-# chunks; decode at batch 128, or at the batch the KV cache allows for Mooncake's 12k contexts).
+# read off the calibrated iteration model at each trace's typical context and the scenario's
+# prefill chunk (max_num_batched_tokens); decode at batch 128, or at the batch the KV cache allows
+# for Mooncake's 12k contexts.
 CAPACITY = {
-    "azure-conv": (13_000.0, 1_800.0),  # Llama-3-70B TP4 H100, ~1.4k context
-    "azure-code": (11_500.0, 1_800.0),  # Llama-3-8B A100, ~2k context
-    "mooncake-conv": (10_000.0, 560.0),  # Llama-3-8B A100, ~12k context, ~36 sequences fit in KV
+    "azure-conv": (13_000.0, 1_800.0),  # Llama-3-70B TP4 H100, ~1.4k context, 8,192-token chunks
+    "azure-code": (12_600.0, 1_800.0),  # Llama-3-8B A100, ~2k context, 1,024-token chunks
+    "mooncake-conv": (45_500.0, 1_430.0),  # Llama-3-8B TP2 H100, ~12k context, 2,048-token chunks, ~85 in KV
     "servegen-diurnal": (13_000.0, 1_800.0),  # Llama-3-70B TP4 H100, ~1.2k context
 }
 UTILISATION = 0.7
@@ -86,12 +88,19 @@ def test_every_scenario_loads_and_builds_a_workload(path):
         assert pool.min_replicas < pool.replicas < pool.max_replicas  # room to scale both ways
 
 
+# Replicas the busiest minute needs: a few to a dozen (Mooncake's TP2 H100 replicas are large: 2-4).
+NEED_RANGE = {"azure-conv": (4, 12), "azure-code": (4, 12), "mooncake-conv": (2, 4), "servegen-diurnal": (4, 12)}
+
+
 @pytest.mark.parametrize("base", BASES)
-def test_base_fleets_need_4_to_12_replicas_at_peak(base):
+def test_base_fleets_start_at_steady_state_below_their_peak_need(base):
     sc, w = _build(SCENARIOS / f"{base}.yaml")
     need = _need_at_peak(sc, w)
-    assert 4 <= need <= 12
-    assert sc.pools[0].replicas < need <= sc.pools[0].max_replicas
+    lo, hi = NEED_RANGE[base]
+    assert lo <= need <= hi
+    # The fleet starts sized for its first minutes (the controller takes over a running fleet),
+    # which is no more than the peak needs, so policies still have to scale up.
+    assert sc.pools[0].replicas <= math.ceil(need) <= sc.pools[0].max_replicas
 
 
 @pytest.mark.parametrize("base", BASES)
@@ -112,14 +121,18 @@ def test_crash_variant_hits_a_third_of_the_pool_at_peak_load(base):
 
 
 @pytest.mark.parametrize("base", BASES)
-def test_surge_variant_is_5x_within_a_minute_for_a_few_minutes(base):
+def test_surge_variant_is_3x_within_a_minute_for_a_few_minutes(base):
     sc = load_scenario(SCENARIOS / f"{base}-surge.yaml")
     base_sc = load_scenario(SCENARIOS / f"{base}.yaml")
     surge = sc.trace.surge
-    assert surge is not None and surge.factor == 5 and surge.ramp_s <= 60 and 120 <= surge.duration_s <= 600
+    assert surge is not None and surge.factor == 3 and surge.ramp_s <= 60 and 120 <= surge.duration_s <= 600
     dump = sc.model_dump(exclude={"name", "description"})
     dump["trace"]["surge"] = None
-    assert dump == base_sc.model_dump(exclude={"name", "description"})
+    base_dump = base_sc.model_dump(exclude={"name", "description"})
+    # The operator's cap may be raised for the surge (room for it); nothing else differs.
+    for pool, base_pool in zip(dump["pools"], base_dump["pools"]):
+        assert pool.pop("max_replicas") >= base_pool.pop("max_replicas")
+    assert dump == base_dump
     assert f"at {int(surge.at_s)} s" in (SCENARIOS / f"{base}-surge.yaml").read_text()
 
 
