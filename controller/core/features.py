@@ -99,11 +99,20 @@ def request_reuse(arrival_s: np.ndarray, prompt_tokens: np.ndarray, block_hashes
     Example: a request of 1,300 tokens with blocks (7, 8, 9) of 512 tokens, where 7 and 8 were
     used 20 s ago: 1,024 tokens counted for τ ≥ 30 s, none for 5 s and 15 s.
     """
+    if block_hashes is None:
+        return np.zeros((len(arrival_s), len(REUSE_TAU_S)))
+    return request_reuse_since(arrival_s, prompt_tokens, block_hashes, block_tokens, {})
+
+
+def request_reuse_since(arrival_s: np.ndarray, prompt_tokens: np.ndarray, block_hashes: Sequence[Sequence[int]],
+                        block_tokens: int, last_use_s: dict[int, float]) -> np.ndarray:
+    """request_reuse for requests arriving after those already seen: `last_use_s` (block id →
+    last time used) carries the history between calls and is updated in place. Requests must
+    come in time order. Lets a recorder follow the times requests were really sent (closed-loop
+    sessions send a turn after the previous answer, not at its trace time)."""
     n = len(arrival_s)
     out = np.zeros((n, len(REUSE_TAU_S)))
-    if block_hashes is None:
-        return out
-    last: dict[int, float] = {}
+    last = last_use_s
     taus = REUSE_TAU_S
     for i in range(n):
         t = float(arrival_s[i])
@@ -281,7 +290,8 @@ def build_training_data(records: Sequence[ObservationRecord], physics_by_pool: M
 
 
 def concat_training_data(parts: Sequence[tuple[TrainingData, Sequence[PoolPhysics]]]) -> tuple[TrainingData, tuple[PoolPhysics, ...]]:
-    """Join training data built against different physics lists (indices are remapped by physics key)."""
+    """Join training data built against different physics lists (indices are remapped by physics key).
+    aux["run"] numbers the parts (runs) so that cross-validation can leave whole runs out."""
     from dataclasses import fields as _fields
 
     keys: list[str] = []
@@ -294,6 +304,7 @@ def concat_training_data(parts: Sequence[tuple[TrainingData, Sequence[PoolPhysic
     ts: list[np.ndarray] = []
     steady: list[np.ndarray] = []
     aux: dict[str, list[np.ndarray]] = {}
+    n_runs = 0
     for data, ph in parts:
         remap = []
         for p in ph:
@@ -321,7 +332,13 @@ def concat_training_data(parts: Sequence[tuple[TrainingData, Sequence[PoolPhysic
         ts.append(data.t_s)
         steady.append(data.steady)
         for k, v in data.aux.items():
-            aux.setdefault(k, []).append(v)
+            if k != "run":
+                aux.setdefault(k, []).append(v)
+        # which run each row came from (cross-validation leaves whole runs out)
+        own = data.aux.get("run")
+        run = (np.asarray(own, dtype=float) + n_runs) if own is not None else np.full(len(data), float(n_runs))
+        aux.setdefault("run", []).append(run)
+        n_runs = int(run.max()) + 1 if len(run) else n_runs + 1
     lat = LatencyInputs(**{k: np.concatenate(v) for k, v in lat_cols.items()})
     cache = CacheInputs(**{k: np.concatenate(v) for k, v in cache_cols.items()}, reuse_hit_at=np.concatenate(profiles))
     lat = LatencyInputs(**{f.name: (getattr(lat, f.name).astype(np.intp) if f.name == "physics_index"

@@ -66,7 +66,7 @@ def _record_sim(args, out: Path) -> int:
 
     try:
         sc = load_scenario(args.scenario)
-        fleet = Fleet(sc, seed=args.seed, record_requests=False)
+        fleet = Fleet(sc, seed=args.seed, record_requests=True)  # send times: the reuse profile
         physics = {p.name: physics_for_scenario_pool(p) for p in sc.pools}
     except (ScenarioError, ValueError) as exc:
         return _err(f"record: {exc}")

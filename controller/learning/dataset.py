@@ -5,7 +5,8 @@ the run draws new pool settings (replicas, cache affinity, in-flight cap) from t
 choices, so the data covers the levers the planner will move. `record_run` drives the fleet on
 its own virtual clock (no wall-clock waits), reads it through `SimObserver` every `tick_s` (the
 same numbers a scrape gives) and returns one `ObservationRecord` per tick, with the settings in
-force and the traffic's reuse profile (computed from the trace's prefix-block ids).
+force and the traffic's reuse profile (from the trace's prefix-block ids, at the times the
+requests were really sent).
 
 `default_suite()` is the shipped split: training runs on the first part of each shared trace,
 test runs on a later part with other fleet sizes (see `governor bench models`).
@@ -22,8 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.core.coupling import PoolPhysics
-from controller.core.features import ObservationRecord, PoolSettings, request_reuse, window_profile
+from controller.core.coupling import REUSE_TAU_S, PoolPhysics
+from controller.core.features import (
+    ObservationRecord,
+    PoolSettings,
+    ReuseProfile,
+    request_reuse,
+    request_reuse_since,
+    window_profile,
+)
 from controller.learning.physics import physics_for_scenario_pool
 from controller.types import Reading
 
@@ -116,7 +124,21 @@ class SimRecorder:
         tr = fleet.workload.trace
         self._arrival = np.asarray(tr.arrival_s)
         self._prompt = np.asarray(tr.prompt_tokens)
-        self._reuse = request_reuse(self._arrival, self._prompt, tr.block_hashes, tr.hash_block_tokens)
+        self._hashes = tr.block_hashes
+        self._block_tokens = tr.hash_block_tokens
+        # The reuse profile follows the times requests were really sent when the fleet records
+        # them: a session's next turn (a workflow's next step) goes out after the previous answer,
+        # not at its trace time, so trace times misplace it in the window and misstate how long
+        # ago its context was used. Otherwise (or for an open-loop trace) the trace's own times.
+        self._sent_based = bool(getattr(fleet, "record_requests", False)) and tr.block_hashes is not None
+        if self._sent_based:
+            n = len(self._arrival)
+            self._seen = np.zeros(n, dtype=bool)
+            self._sent_s = np.full(n, np.nan)
+            self._rows = np.zeros((n, len(REUSE_TAU_S)))
+            self._last_use: dict[int, float] = {}
+        else:
+            self._reuse = request_reuse(self._arrival, self._prompt, tr.block_hashes, tr.hash_block_tokens)
         self._busy_prev: dict[str, tuple[float, dict[str, float]]] = {}
 
     def apply(self, pool: str, s: PoolSettings) -> None:
@@ -148,6 +170,25 @@ class SimRecorder:
             self._busy_prev[pool] = (now_s, cur)
         return out
 
+    def _profile(self, now_s: float) -> ReuseProfile:
+        """The reuse profile of the requests sent in the telemetry window ending now."""
+        if not self._sent_based:
+            return window_profile(self._reuse, self._arrival, self._prompt, now_s - self.window_s, now_s)
+        sent = self.fleet.request_records()["sent_s"]
+        new = np.flatnonzero(~self._seen & (sent <= now_s))
+        if len(new):
+            new = new[np.argsort(sent[new], kind="stable")]
+            self._rows[new] = request_reuse_since(sent[new], self._prompt[new], [self._hashes[i] for i in new],
+                                                  self._block_tokens, self._last_use)
+            self._seen[new] = True
+            self._sent_s[new] = sent[new]
+        inside = self._seen & (self._sent_s >= now_s - self.window_s) & (self._sent_s < now_s)
+        total = float(np.sum(self._prompt[inside]))
+        if total <= 0:
+            return ReuseProfile.none()
+        prof = np.sum(self._rows[inside], axis=0) / total
+        return ReuseProfile(tuple(float(min(max(v, 0.0), 1.0)) for v in prof))
+
     def read(self, now_s: float) -> ObservationRecord:
         obs = None
         if self._gpu_ok is not False:
@@ -169,7 +210,7 @@ class SimRecorder:
                 if name in pools and not pools[name].gpu_util_frac.ok:
                     pools[name] = replace(pools[name], gpu_util_frac=Reading(frac))
             obs = replace(obs, pools=pools)
-        prof = window_profile(self._reuse, self._arrival, self._prompt, now_s - self.window_s, now_s)
+        prof = self._profile(now_s)
         return ObservationRecord(at_s=now_s, observation=obs, settings=dict(self.settings),
                                  reuse={p: prof for p in self.settings})
 
@@ -182,7 +223,7 @@ def record_run(spec: RunSpec, *, scenario=None, tick_s: float = 15.0, window_s: 
 
     window_s = spec.window_s if window_s is None else window_s
     sc = load_run_scenario(spec) if scenario is None else scenario
-    fleet = Fleet(sc, seed=spec.seed, record_requests=False)
+    fleet = Fleet(sc, seed=spec.seed, record_requests=True)  # send times: the reuse profile
     rec = SimRecorder(fleet, window_s=window_s)
     rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 7919]))
     ex = spec.excitation
@@ -246,7 +287,7 @@ def default_suite(seed: int = 0) -> tuple[tuple[RunSpec, ...], tuple[RunSpec, ..
     for base in (11, 31):
         train += [
             RunSpec("scenarios/mooncake-conv.yaml", f"mooncake-train-{base}", seed=base, start_s=0.0, duration_s=2100.0,
-                    time_scale=1.0, initial_replicas=6, excitation=ex_train(300.0, (4, 6, 8, 10), caps=False)),
+                    time_scale=1.0, initial_replicas=4, excitation=ex_train(300.0, (2, 4, 6, 8), caps=False)),
             RunSpec("scenarios/azure-conv.yaml", f"azure-conv-train-{base}", seed=base + 1, start_s=0.0,
                     duration_s=1800.0, rate_scale=2.0, initial_replicas=4, excitation=ex_train(240.0, (2, 4, 6, 8))),
             RunSpec("scenarios/azure-code.yaml", f"azure-code-train-{base}", seed=base + 2, start_s=0.0,
@@ -257,7 +298,7 @@ def default_suite(seed: int = 0) -> tuple[tuple[RunSpec, ...], tuple[RunSpec, ..
         ]
     test = (
         RunSpec("scenarios/mooncake-conv.yaml", "mooncake-test", seed=21, start_s=2100.0, duration_s=1437.0,
-                time_scale=1.0, initial_replicas=7, window_s=TEST_WINDOW_S, excitation=ex_test((5, 7, 12))),
+                time_scale=1.0, initial_replicas=3, window_s=TEST_WINDOW_S, excitation=ex_test((3, 5, 7))),
         RunSpec("scenarios/azure-conv.yaml", "azure-conv-test", seed=22, start_s=1800.0, duration_s=1700.0,
                 rate_scale=2.0, initial_replicas=5, window_s=TEST_WINDOW_S, excitation=ex_test((3, 5, 7))),
         RunSpec("scenarios/azure-code.yaml", "azure-code-test", seed=23, start_s=1800.0, duration_s=1600.0,

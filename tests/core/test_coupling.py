@@ -248,3 +248,113 @@ def test_infer_reuse_profile_reproduces_the_observed_hit_rate():
     hit, _ = models.predict_hit_rate(again)
     assert np.allclose(hit[:2], observed[:2], atol=2e-3)
     assert np.all(prof[2] == 0.0)
+
+
+# --------------------------------------------------------------------------- telemetry's own statistic
+
+
+@pytest.mark.parametrize("median_s, log_sd, q", [
+    (0.3, 0.8, 0.95), (0.3, 0.8, 0.5), (4.0, 1.2, 0.95), (0.02, 0.1, 0.95), (0.012, 0.3, 0.5),
+])
+def test_bucket_quantile_equals_histogram_quantile_of_the_same_distribution(median_s, log_sd, q):
+    """The prior reads its distributions through vLLM's buckets exactly as histogram_quantile does."""
+    from controller.core.histogram import histogram_quantile
+
+    bounds = C.TTFT_BUCKETS_S
+
+    def cdf(log_b, rows):
+        return C._phi((log_b - math.log(median_s)) / log_sd)
+
+    cumulative = [float(cdf(np.log(np.array([b])), None)[0]) for b in bounds] + [1.0]
+    want = histogram_quantile(q, list(bounds), cumulative)
+    true_q = median_s * math.exp(log_sd * {0.5: 0.0, 0.95: 1.645}[q])
+    # a poor first guess (the bucket two above the truth) is corrected
+    for guess in (true_q, true_q * 6.0):
+        got = C._bucket_quantile(q, bounds, np.array([guess]), cdf)[0]
+        assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_bucketed_itl_prior_reads_a_decode_only_pool_as_the_telemetry_does():
+    """All ITLs inside (10, 25] ms: histogram_quantile says p95 ≈ 24.25 ms, p50 ≈ 17.5 ms, whatever
+    the true quantiles; the raw prior says ~17 ms for both."""
+    ph = physics(speed=0.6)  # decode steps ≈ 17 ms
+    x = LatencyInputs.build(1, physics_index=0, arrival_rps_per_replica=0.02, prompt_tokens=300.0, output_tokens=300.0)
+    raw = latency_prior(C.PhysicsTable([ph]), x, bucketed=False)
+    seen = latency_prior(C.PhysicsTable([ph]), x)
+    assert 0.01 < raw.tpot_p95_s[0] < 0.025
+    assert seen.tpot_p95_s[0] == pytest.approx(0.01 + 0.015 * 0.95, rel=0.03)
+    assert seen.tpot_p50_s[0] == pytest.approx(0.0175, rel=0.03)
+    assert raw.rho_engine[0] == seen.rho_engine[0]
+
+
+def test_engine_queue_marks_saturated_rows():
+    from controller.core.coupling import engine_not_saturated
+
+    n = 4
+    x = LatencyInputs.build(n, physics_index=0, arrival_rps_per_replica=1.0, prompt_tokens=500.0, output_tokens=100.0)
+    cache = CacheInputs.build(n, physics_index=0, replicas=2.0, arrival_rps=2.0, prompt_tokens=500.0,
+                              output_tokens=100.0, reuse_hit_at=np.zeros(len(REUSE_TAU_S)))
+    data = TrainingData(x, cache, {t: np.ones(n) for t in C.ALL_TARGETS}, np.arange(n, dtype=float),
+                        np.ones(n, dtype=bool), {"waiting_per_replica": np.array([0.0, 0.9, 1.0, np.nan])})
+    assert engine_not_saturated(data).tolist() == [True, True, False, True]
+
+
+def test_calibration_tail_width_round_trips_and_old_states_load():
+    ph = physics()
+    models = CouplingModels(physics=(ph,), corrections={}, calibration={ph.key: Calibration(1.2, 0.8, 1.3)})
+    state = coupling_to_state(models)
+    assert coupling_from_state(state).calibration[ph.key] == Calibration(1.2, 0.8, 1.3)
+    state["calibration"] = {ph.key: [1.2, 0.8]}  # written before the tail width existed
+    assert coupling_from_state(state).calibration[ph.key] == Calibration(1.2, 0.8, 1.0)
+    with pytest.raises(ValueError, match="ttft_tail_width"):
+        Calibration(ttft_tail_width=3.0)
+
+
+def test_wider_ttft_tail_raises_the_p95_not_the_median():
+    ph = physics()
+    x = lat(arrival_rps_per_replica=1.0)
+    base = latency_prior(C.PhysicsTable([ph]), x)
+    wide = latency_prior(C.PhysicsTable([ph], {ph.key: Calibration(ttft_tail_width=1.5)}), x)
+    assert wide.ttft_p95_s[0] > base.ttft_p95_s[0]
+    assert wide.ttft_p50_s[0] == base.ttft_p50_s[0]
+
+
+@pytest.mark.parametrize("cv_loss", ["ape", "pinball"])
+def test_correction_gate_keeps_signal_and_drops_noise(cv_loss):
+    rng = np.random.default_rng(3)
+    n = 240
+    X = rng.normal(size=(n, 3))
+    t = np.arange(n, dtype=float)
+    cfg = CorrectionConfig(cv_loss=cv_loss)
+    signal = 0.6 * X[:, 0] + 0.02 * rng.normal(size=n)
+    kept = C._fit_correction("ttft_p95_s", X, signal, 0.5, cfg, np.random.default_rng(0), t)
+    assert kept.estimator is not None
+    noise = 0.3 * rng.standard_t(2, size=n)
+    dropped = C._fit_correction("ttft_p95_s", X, noise, 0.5, cfg, np.random.default_rng(0), t)
+    assert dropped.estimator is None
+
+
+def test_ape_gate_refuses_a_correction_that_pays_in_log_space_but_overshoots():
+    """Two thirds of the rows sit 2× above the prior, one third at it. Shifting the prior up by
+    log 2 halves the pinball loss of the log residual (kept by a log-space gate), but in
+    percentage terms it trades a 50 % under-prediction on two thirds for a 100 % over-prediction
+    on one third: 1/3 against 1/3, no gain, so the acceptance-metric gate declines it."""
+    n = 300
+    X = np.column_stack([np.ones(n), np.arange(n) % 2]).astype(float)
+    r = np.where(np.arange(n) % 3 == 2, 0.0, math.log(2.0))
+    t = np.arange(n, dtype=float)
+    pin = C._fit_correction("x", X, r, 0.5, CorrectionConfig(cv_loss="pinball"), np.random.default_rng(0), t)
+    ape = C._fit_correction("x", X, r, 0.5, CorrectionConfig(cv_loss="ape"), np.random.default_rng(0), t)
+    assert pin.estimator is not None
+    assert ape.estimator is None
+
+
+def test_cv_folds_leave_whole_runs_out_else_time_blocks():
+    t = np.arange(12, dtype=float)
+    runs = np.repeat([0.0, 1.0, 2.0, 3.0], 3)
+    folds = C._cv_folds(t, runs, 3)
+    assert sorted(np.concatenate(folds).tolist()) == list(range(12))
+    for f in folds:  # no run is split between a fold and its training part
+        assert set(np.unique(runs[f])).isdisjoint(set(runs) - set(np.unique(runs[f])))
+    assert [f.tolist() for f in C._cv_folds(t, None, 3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert [f.tolist() for f in C._cv_folds(t, np.zeros(12), 3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
