@@ -35,7 +35,10 @@ constraints, all at once:
 
 Stages: 3 = open and critical still late, 2 = open, 1 = recovering (ramp), 0 = closed.
 Escalation from 2 to 3 when critical p95 stays above its SLO for `escalate_s`; relaxation
-one stage per `stable_s` of no symptoms (recovering → closed after the ramp). The state is a
+one stage per `stable_s` of no symptoms (recovering → closed after the ramp), but not below
+stage 2 while a hit pool serves fewer replicas than before its loss (calm then is the
+shedding's doing, not the fleet's). A loss counts as big against the replicas serving before
+it when the pool was still scaling up (3 of 7 serving with a target of 11 is big). The state is a
 frozen value the policy carries; `BreakerState.status()` is what status and metrics export.
 
 Must not: do I/O, read the clock (time is `now_s`), or decide anything beyond the constraints
@@ -103,6 +106,7 @@ class PoolWatch:
     loss_seen_s: float | None = None  # time of the latest qualifying loss
     pre_loss_target: int = 0
     hit_baseline: float | None = None
+    pre_loss_ready: int = 0  # replicas serving just before the latest loss (what must come back)
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,7 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
         losses = tuple((t, n) for t, n in w.losses if now_s - t < cfg.loss_window_s)
         loss_seen = w.loss_seen_s
         pre = w.pre_loss_target
+        pre_ready = w.pre_loss_ready
         starting = _ok(obs.replicas_starting) if obs is not None else None
         if lost_map is not None and starting is not None:
             if lost_map.get(name, 0) > 0:
@@ -186,13 +191,21 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
             if drop > 0 and not planned:
                 losses = losses + ((now_s, drop),)
         lost_n = sum(n for _, n in losses)
-        ref = max(target, 1)  # a crash leaves the target as it was: the size the pool should have
+        # A crash leaves the target as it was: the size the pool should have. While the pool is still
+        # scaling up, the replicas that were serving are the base the loss is measured against:
+        # on servegen-diurnal-crash 3 of 7 serving replicas went (43 %) with the target at 11
+        # (27 % of it), the breaker stayed closed, and critical was late once the load returned.
+        # (Only for "big": detection keeps the target as its base, and one replica is never big, so a
+        # small bursty pool whose accounting misses one start does not trip it.)
+        ref = max(target, 1)
+        ref_big = max(min(target, w.last_ready) if w.last_ready is not None and w.last_ready > 0 else target, 1)
         if lost_n >= max(cfg.loss_min, cfg.loss_frac * ref):
             if loss_seen is None or now_s - loss_seen >= cfg.loss_window_s:
                 pre = max(target, (w.last_target or 0))
+                pre_ready = w.last_ready or 0
             loss_seen = now_s
             losses_now.append(name)
-            if lost_n >= cfg.big_loss_frac * ref:
+            if lost_n >= cfg.big_loss_frac * ref or (lost_n >= 2 and lost_n >= cfg.big_loss_frac * ref_big):
                 big = True
         baseline = w.hit_baseline
         if hit is not None and baseline is not None and baseline > 0.05 and hit < baseline * (1 - cfg.hit_drop_frac):
@@ -201,7 +214,7 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
             baseline = hit if baseline is None else (1 - cfg.baseline_alpha) * baseline + cfg.baseline_alpha * hit
         watch[name] = PoolWatch(last_ready=int(round(ready)) if ready is not None else w.last_ready,
                                 last_target=target, losses=losses, loss_seen_s=loss_seen, pre_loss_target=pre,
-                                hit_baseline=baseline)
+                                hit_baseline=baseline, pre_loss_ready=pre_ready)
 
     # Latency and retry symptoms, per class (router view).
     late: list[str] = []
@@ -304,7 +317,13 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
             calm_since = None
         else:
             calm_since = calm_since if calm_since is not None else now_s
-            if now_s - calm_since >= cfg.stable_s:
+            # Calm while shedding is not stable: the open stages hold until the replicas lost are
+            # back (ready again at the size that served before the loss), or the calm is only the
+            # shedding's doing (servegen-diurnal-crash closed with 4 of 7 back and overloaded).
+            waiting_for = [n for n in pools_hit if n in watch and watch[n].pre_loss_ready > 0
+                           and (watch[n].last_ready or 0) < min(watch[n].pre_loss_ready,
+                                                                 watch[n].pre_loss_target or watch[n].pre_loss_ready)]
+            if now_s - calm_since >= cfg.stable_s and (stage > 2 or not waiting_for):
                 calm_since = now_s  # one relaxation per stable period
                 if stage > 1:
                     stage -= 1

@@ -864,9 +864,12 @@ def _delay_sweep(s: _Search) -> None:
     s.run(_Cand.concat(parts))
 
 
-def _batch_caps(s: _Search) -> None:
+def _batch_caps(s: _Search, needs: list[np.ndarray] | None = None) -> None:
     """The slow lever: engine batch caps, tried on the best plan; adopted only for a clear gain
-    (`batch_cap_gain`), since each change is a rolling restart and the model is not exact."""
+    (`batch_cap_gain`), since each change is a rolling restart and the model is not exact.
+    Once a pool's caps change, its replicas are swept again under them: the replicas the best
+    plan bought under the old caps are not what the new caps need (on mooncake-conv 2,048 →
+    1,024 tokens came with 5 → 8 replicas in one plan, where 4 served the next tick)."""
     ev = s.ev
     for j, p in enumerate(ev.prob.pools):
         if not p.batch_review or p.frozen or s.left() <= 0 or s.best is None:
@@ -882,6 +885,15 @@ def _batch_caps(s: _Search) -> None:
         if J[k] < s.best_J * (1.0 - s.cfg.batch_cap_gain):
             s.best_J = float(J[k])
             s.best = c.take(np.array([k]))
+            if needs is not None:  # a few dozen rows for one pool: not budgeted, like _settle
+                tpl = _templates(ev, s.best, j, needs[j], s.cfg.replica_span)
+                c2 = s.best.tile(len(tpl))
+                c2.repl = c2.repl.copy()
+                c2.repl[:, j, :] = tpl
+                J2, _ = ev.score(c2)
+                k2 = int(np.argmin(J2))
+                if J2[k2] < s.best_J:
+                    s.best_J, s.best = float(J2[k2]), c2.take(np.array([k2]))
 
 
 def _settle(s: _Search, tolerance: float = 0.003) -> None:
@@ -1020,7 +1032,7 @@ def solve(problem: PlanProblem, model: PlanModel, config: MpcConfig, rng: np.ran
     _cross_entropy(s)
     _sweep_replicas(s, needs, order)
     _delay_sweep(s)
-    _batch_caps(s)
+    _batch_caps(s, needs)
     _settle(s)
     assert s.best is not None
     J, info = ev.score(s.best, detail=True)

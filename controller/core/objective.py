@@ -14,7 +14,7 @@ critical requests late pays ×(1 + 40 × 0.01 × share_critical); with a 20 % cr
 share that is ×1.08, i.e. worth $0.00032 per success of extra GPUs to avoid.
 
 On top of the ratio, a chance constraint per class: the share of its requests predicted
-late *or shed* under the forecast's p90 load may exceed `risk_tolerance[k]` only at a steep
+late *or shed* under the planned load quantile (balanced: p60) may exceed `risk_tolerance[k]` only at a steep
 price (`risk_weight` × `risk_priority[k]` × cost per success per point of excess), per class
 and not weighted by the class's traffic share (each class has its own attainment target). This is what keeps critical and
 standard at ≥ 99 % while the ratio alone would trade a few late requests for GPUs.
@@ -56,8 +56,11 @@ class ObjectiveWeights:
     violation_weight: Mapping[str, float] = field(default_factory=lambda: _per_class(60.0, 15.0, 3.0))
     # E[requests of class k finally rejected] / E[requests] × this (× cost per success).
     shed_weight: Mapping[str, float] = field(default_factory=lambda: _per_class(400.0, 40.0, 3.0))
-    # Chance constraint: allowed violation fraction per class under the p90 forecast.
-    risk_tolerance: Mapping[str, float] = field(default_factory=lambda: _per_class(0.004, 0.006, 0.03))
+    # Chance constraint: allowed violation fraction per class under the planned load quantile (plan_quantile).
+    # Critical and standard both at ≥ 99 % (the acceptance target) with a margin for model error:
+    # 0.6 % and 0.8 %. Tighter (0.4 %) bought replicas the bench did not need: on azure-conv
+    # 0.4 % held 10-13 replicas at the peak where 8 met 99.5 %.
+    risk_tolerance: Mapping[str, float] = field(default_factory=lambda: _per_class(0.006, 0.008, 0.03))
     # Price of exceeding the tolerance: × cost per success per unit of excess fraction, × the
     # class's priority (critical is protected first, sheddable last).
     risk_weight: float = 100.0
@@ -67,8 +70,11 @@ class ObjectiveWeights:
     # Penalty per routing/cap change (fraction of one replica-step's price), keeps levers steady.
     lever_change_weight: float = 0.05
     # Forecast quantile the chance constraint is checked at (0.5 … 0.95; the policy interpolates
-    # between the forecaster's p50 and p90 assuming a normal spread: q = 0.75 → p50 + 0.53 × (p90 − p50)).
-    plan_quantile: float = 0.75
+    # between the forecaster's p50 and p90 assuming a normal spread: q = 0.6 → p50 + 0.2 × (p90 − p50)).
+    # Balanced plans at 0.6: the p95 corrections already carry the model's error, and the
+    # scale-down window keeps what a burst needed; 0.75 cost 8 % more GPU-hours on azure-conv
+    # for no attainment.
+    plan_quantile: float = 0.6
     # Mean steps per task of each class (workflow context); 1 = single requests.
     steps_per_task: Mapping[str, float] = field(default_factory=lambda: _per_class(1.0, 1.0, 1.0))
     # Plan p95 latency against SLO × this (latency profile plans below the SLO).

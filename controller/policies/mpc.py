@@ -14,8 +14,10 @@ frozen `MpcState`, never in the object):
   hit, and the working set the observed hit implies), and correction factors for the
   model's p95 TTFT and TPOT (observed / predicted, learned as an EWMA in log space whenever
   the pool runs below saturation), which also give the model's confidence;
-- the previous plan (the solver's warm start), the scale-down stabilisation window, and
-  the cascading-failure breaker (controller/core/breaker.py).
+- the previous plan (the solver's warm start), the scale-down stabilisation window (the
+  highest plan of the last `scale_down_stabilization_s`, stretched towards
+  `bursty_down_window_s` when the demand comes in bursts, see `down_window_s`), and the
+  cascading-failure breaker (controller/core/breaker.py).
 
 Profiles: the objective's weights come from `PolicyInput.profile` (cost / balanced /
 latency / throughput, changeable at run time through PolicyService) merged with the
@@ -76,6 +78,15 @@ CORRECTION_BOUNDS = (0.4, 10.0)
 BURST_EVIDENCE = 2.0  # p95 TPOT this far above the smooth-arrival model is taken as bursts
 BURST_DECAY = 0.97  # per tick: a burst regime seen once is remembered for ~5 minutes (15 s ticks)
 WARM_BINS = 8
+# Bursty demand: the roughness of the demand samples over the last BURST_WINDOW_S (mean absolute
+# change from one tick to the next over the mean) stretches the scale-down stabilisation window
+# from its base towards `bursty_down_window_s` between these two values. Azure code traffic
+# (bursts of 15-60 s, silence between) reads 0.30-0.37; Azure chat traffic 0.03-0.05; a one-off
+# level shift from 30 to 8 req/s over 40 samples 0.03. So chat and a falling load keep the base
+# window, and code holds replicas between bursts it cannot see coming (a replica ordered at a
+# burst arrives after it).
+BURST_WINDOW_S = 600.0
+BURST_ROUGHNESS_RANGE = (0.12, 0.25)
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,30 @@ def _step(log_k: float, log_r: float, alpha: float, clip: float = 0.7) -> float:
     return log_k + alpha * min(max(log_r - log_k, -clip), clip)
 
 
+def down_window_s(t_hist: tuple[float, ...], d_hist: tuple[float, ...], now: float, base_s: float,
+                  bursty_s: float) -> float:
+    """Scale-down stabilisation window: `base_s`, stretched towards `bursty_s` as the demand of the
+    last BURST_WINDOW_S gets bursty (its roughness, mean |y[i] − y[i−1]| / mean y, from 0.12 to 0.25).
+
+    Example: base 120 s, bursty 600 s; demand samples 2, 2, 30, 2, 2, 2 req/s (roughness 56/5/6.7
+    = 1.7) → 600 s; samples 20, 22, 21, 19 (roughness 1.7/20.5 = 0.08) → 120 s; 30 × 8 samples then
+    8 × 8 (a level shift, roughness 22/15/19 = 0.08) → 120 s.
+    """
+    if bursty_s <= base_s:
+        return base_s
+    ys = [d for t, d in zip(t_hist, d_hist) if now - t < BURST_WINDOW_S]
+    if len(ys) < 4:
+        return base_s
+    y = np.array(ys, dtype=float)
+    mean = float(y.mean())
+    if mean <= 0:
+        return base_s
+    rough = float(np.abs(np.diff(y)).mean()) / mean
+    lo, hi = BURST_ROUGHNESS_RANGE
+    frac = min(max((rough - lo) / (hi - lo), 0.0), 1.0)
+    return base_s + frac * (bursty_s - base_s)
+
+
 def _ewma(old: float | None, new: float, alpha: float) -> float:
     return new if old is None else (1 - alpha) * old + alpha * new
 
@@ -131,7 +166,8 @@ class MpcPolicy:
                  time_budget_s: float = 0.2, weights: Mapping[str, Any] | None = None,
                  engine_figures: Mapping[str, Any] | None = None,
                  capacity: Mapping[str, ReplicaCapacity | Mapping[str, Any]] | None = None,
-                 scale_down_stabilization_s: float = 120.0, warm_node_ttl_s: float = 600.0,
+                 scale_down_stabilization_s: float = 120.0, bursty_down_window_s: float = 600.0,
+                 warm_node_ttl_s: float = 600.0,
                  breaker: bool | Mapping[str, Any] = True, batch_review_s: float = 1200.0,
                  correction_alpha: float = 0.15, client_retries: int = 2, standby_cost_frac: float = 1.0,
                  warmup_s: float = 60.0, min_history_s: float = 300.0, planner: Mapping[str, Any] | None = None,
@@ -155,6 +191,8 @@ class MpcPolicy:
         self.capacity = {str(k): ReplicaCapacity.of(v) for k, v in (capacity or {}).items()}
         self.down_window_s = check_positive("mpc.scale_down_stabilization_s", scale_down_stabilization_s,
                                             allow_zero=True)
+        self.bursty_window_s = max(check_positive("mpc.bursty_down_window_s", bursty_down_window_s, allow_zero=True),
+                                   self.down_window_s)
         self.warm_ttl_s = check_positive("mpc.warm_node_ttl_s", warm_node_ttl_s, allow_zero=True)
         self.batch_review_s = check_positive("mpc.batch_review_s", batch_review_s, allow_zero=True)
         self.alpha = check_positive("mpc.correction_alpha", correction_alpha)
@@ -283,7 +321,8 @@ class MpcPolicy:
             warm_shift = int(round((now - state.plan_at_s) / cfg.step_s))
         result = solve(problem, model, cfg, rng, warm=state.plan, warm_shift=warm_shift, timer=self.timer)
 
-        # --- the first step → decisions (with scale-down stabilisation)
+        # --- the first step → decisions (with scale-down stabilisation, longer when demand is bursty)
+        down_window = down_window_s(t_hist, d_hist, now, self.down_window_s, self.bursty_window_s)
         pools_out: dict[str, PoolDecision] = {}
         new_mem: dict[str, MpcPoolMemory] = {}
         for j, (spec, pin) in enumerate(zip(fleet.pools, problem.pools)):
@@ -291,17 +330,18 @@ class MpcPolicy:
             m = mem[spec.name]
             want = pp.replicas[0]
             cur = targets[spec.name]
-            recs = tuple((t, n) for t, n in m.recs if now - t < self.down_window_s) + ((now, want),)
+            recs = tuple((t, n) for t, n in m.recs if now - t < self.bursty_window_s) + ((now, want),)
             final = want
             if want < cur and (warming or len(t_hist) < 2 or t_hist[-1] - t_hist[0] < self.min_history_s):
                 final = cur
             elif want < cur:
-                hold = max(n for _, n in recs)
+                hold = max(n for t, n in recs if now - t < down_window)
                 final = min(cur, max(want, hold))
                 if final > want:
                     reasons.append(reason("scale_down_stabilised", spec.name,
                                           f"plan wants {want}; holding {final}: highest plan of the last "
-                                          f"{self.down_window_s:g} s", proposal=want, stabilised=final))
+                                          f"{down_window:.0f} s", proposal=want, stabilised=final,
+                                          window_s=round(down_window, 1)))
             final = min(max(final, pin.lo), pin.hi)
             cur_pd = inp.current.pools.get(spec.name) if inp.current is not None else None
             caps = m.caps or (spec.max_num_seqs, spec.max_num_batched_tokens)
@@ -456,7 +496,12 @@ class MpcPolicy:
             a0 = prior.with_corrections(ones, ones, 0.0, [0.0] * len(bursts)).latency(q)  # smooth arrivals
             a = prior.with_corrections(ones, ones, 0.0, bursts).latency(q)  # with today's burst depth
             util = float(a0.utilisation[0])
-            o_ttft = cls_ttft if single else value(po.ttft_p95_s)
+            # The pool's own p95 TTFT is what the model predicts (all classes together); the worst
+            # class's p95 carries the priority queue's wait of the least protected class (on
+            # mooncake-conv sheddable read 14 s while critical read 1 s), and calibrating on it
+            # bought replicas for critical that only sheddable's place in the queue explained.
+            pool_ttft = value(po.ttft_p95_s)
+            o_ttft = pool_ttft if pool_ttft is not None else (cls_ttft if single else None)
             o_tpot = cls_tpot if single else (value(po.tpot_p95_s) * 0.8 if value(po.tpot_p95_s) is not None else None)
             lk_t, lk_p, err, n, burst = m.log_k_ttft, m.log_k_tpot, m.err, m.samples, m.burst
             d: dict[str, Any] = {"util": round(util, 3)}
@@ -596,7 +641,8 @@ class MpcPolicy:
                 warm_slots=len(m.warm), startup_warm_s=spec.startup_warm_s, startup_cold_s=spec.startup_cold_s,
                 standby=pd.warm_standby if pd else 0, prefix_weight=pd.prefix_weight if pd else 3.0,
                 load_weight=(pd.queue_weight + pd.kv_weight) if pd else 4.0,
-                inflight_cap=pd.inflight_cap if pd else 0, traffic_weight=pd.traffic_weight if pd else 1.0,
+                inflight_cap=pd.inflight_cap if pd else 0,
+                traffic_weight=pd.traffic_weight if pd else 1.0,
                 max_num_seqs=int(caps[0]), max_num_batched_tokens=int(caps[1]),
                 prompt_tokens=m.prompt_tokens or 1000.0, output_tokens=m.output_tokens or 200.0, hit_rate=hit,
                 reuse_inf_hit=inf_hit, reuse_working_set=ws, backlog=waiting, frozen=frozen,

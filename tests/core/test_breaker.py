@@ -135,3 +135,30 @@ def test_two_pools_are_watched_separately():
     o = FleetObservation(at_s=45.0, pools={"a": o.pools["a"], "b": crash_b}, classes=o.classes)
     s, a, _ = update_breaker(s, CFG, now_s=45.0, observation=o, fleet=fl, targets={"a": 8, "b": 8}, lost={"a": 0, "b": 4})
     assert s.phase == "open" and s.pools_hit == ("b",) and a.min_replicas == {"b": 8}
+
+
+def test_big_loss_is_measured_against_the_replicas_serving_while_scaling_up():
+    """7 serving, target raised to 11: losing 3 (43 % of what served, 27 % of the target) trips at once,
+    without waiting for a symptom (the planner's own shedding may hide the symptoms)."""
+    s, t = healthy(n=7)
+    s, a, notes = step(s, t + 15, obs(t + 15, 4, starting=7), target=11, lost=3)
+    assert s.phase == "open", notes
+    assert "large replica loss" in s.status()["trigger"]
+
+
+def test_open_breaker_holds_until_the_lost_replicas_are_back():
+    """Calm telemetry while 3 of 8 replicas are still starting is the shedding's doing: stay open (stage 2,
+    sheddable floor kept); relax once the pool serves at its pre-loss size again."""
+    s, t = healthy()
+    s, a, _ = step(s, t + 15, obs(t + 15, 5, starting=3, hit=0.15, ttft=3.0, tpot=0.14), lost=3)
+    t += 15
+    phases = []
+    for k in range(12):  # 3 minutes of calm, replacements still starting
+        t += 15
+        s, a, _ = step(s, t, obs(t, 5, starting=3), lost=0)
+        phases.append((s.phase, s.stage))
+    assert set(phases) == {("open", 2)} and a.min_shed.get("sheddable", 0.0) >= 0.5
+    for k in range(16):  # replacements ready: relaxes in steps, then closes
+        t += 15
+        s, a, _ = step(s, t, obs(t, 8), lost=0)
+    assert s.phase == "closed"

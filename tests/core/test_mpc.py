@@ -128,6 +128,23 @@ def test_capacity_short_moves_before_it_delays():
     assert free.plan.shed["standard"] == 0.0 and free.plan.shed["critical"] == 0.0
 
 
+@pytest.mark.parametrize("total,target", [(14.0, 6), (22.0, 6), (30.0, 9)])
+def test_batch_cap_change_resweeps_the_replicas(total, target):
+    """Bursty arrivals make max_num_batched_tokens worth a rolling restart; the replicas of that plan are
+    the ones the new caps need (the same as a plan made with the new caps in force), not the ones bought
+    under the old caps. Without the sweep after the change these rows kept 3, 5 and 7 replicas."""
+    def solve_burst(p: PoolInput):
+        H = plan_steps(CFG, [p])
+        prob = PlanProblem(pools=(p,), classes=classes(np.full(H, total)), weights=resolve_weights("balanced"))
+        model = QueueingPrior.for_pools([SPEC]).with_corrections([1.0], [1.0], 0.5, burst=[6.0])
+        return solve(prob, model, CFG, np.random.default_rng(0))
+
+    r = solve_burst(pool(batch_review=True, target=target, ready=target)).plan.pools["a"]
+    assert r.max_num_batched_tokens < 8192  # the lever was pulled
+    fixed = solve_burst(pool(target=target, ready=target, max_num_batched_tokens=r.max_num_batched_tokens))
+    assert r.replicas[0] == fixed.plan.pools["a"].replicas[0], (r.replicas[:3], fixed.plan.pools["a"].replicas[:3])
+
+
 def test_delay_ladder_order_and_inverse():
     cls = classes(np.ones(3))
     assert delay_ladder(np.array(0.5), cls).tolist() == [0.0, 0.0, 0.5]

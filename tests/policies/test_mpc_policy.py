@@ -10,7 +10,7 @@ import pytest
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller, TickInput
 from controller.policies import ReplicaCapacity, build_policy
-from controller.policies.mpc import MpcPolicy
+from controller.policies.mpc import MpcPolicy, down_window_s
 from controller.types import ClassObservation, Decision, FleetObservation, PolicyInput, PoolDecision, Reading
 from tests.policies.builders import fleet, inp, obs_row, spec
 
@@ -142,3 +142,58 @@ def test_missing_telemetry_is_not_a_reason_to_scale_down():
     i = PolicyInput(now_s=105.0, observation=FleetObservation(at_s=105.0, pools={}), fleet=FL, current=cur)
     _, out = pol.decide(state, i, np.random.default_rng(0))
     assert out.pools["p"].replicas >= outs[-1].pools["p"].replicas
+
+
+@pytest.mark.parametrize("label,samples,expect_s", [
+    ("bursts with silence between", (2, 2, 30, 2, 2, 2, 28, 2), 420.0),
+    ("smooth chat-like load", (20, 22, 21, 19, 20, 21), 120.0),
+    ("one level shift (a falling load)", (30,) * 8 + (8,) * 8, 120.0),
+    ("too few samples to tell", (2, 30, 2), 120.0),
+    ("no demand", (0, 0, 0, 0, 0), 120.0),
+])
+def test_scale_down_window_stretches_only_for_bursty_demand(label, samples, expect_s):
+    t = tuple(15.0 * k for k in range(len(samples)))
+    got = down_window_s(t, tuple(float(x) for x in samples), t[-1] + 15.0, 120.0, 420.0)
+    assert got == pytest.approx(expect_s), label
+
+
+def test_scale_down_window_ignores_samples_older_than_its_window():
+    t = tuple(15.0 * k for k in range(80))  # bursty for the first 10 minutes, smooth for the last 10
+    y = tuple(30.0 if (k < 40 and k % 4 == 0) else 10.0 for k in range(80))
+    assert down_window_s(t[:40], y[:40], 600.0, 120.0, 420.0) == pytest.approx(420.0)
+    assert down_window_s(t, y, 1200.0, 120.0, 420.0) == pytest.approx(120.0)
+
+
+def test_bursty_demand_holds_replicas_between_bursts():
+    """Bursts of 40 req/s (30 s) every 3 minutes over 3 req/s: a replica ordered at a burst arrives after it,
+    so the policy keeps the burst's replicas through the gaps when the bursty window is on, and lets
+    them go within the base window when it is off."""
+    series = ([(40.0, None)] * 2 + [(3.0, None)] * 10) * 5
+    kw = dict(scale_down_stabilization_s=60.0, min_history_s=60.0, warmup_s=0.0, **FAST)
+    _, on = loop(MpcPolicy(bursty_down_window_s=300.0, **kw), series, start=6)
+    _, off = loop(MpcPolicy(bursty_down_window_s=60.0, **kw), series, start=6)
+    gaps = [k for k in range(24, len(series)) if k % 12 >= 6]  # late in each gap, after the first two cycles
+    held_on = np.mean([on[k].pools["p"].replicas for k in gaps])
+    held_off = np.mean([off[k].pools["p"].replicas for k in gaps])
+    assert held_on > held_off, (held_on, held_off)
+    windows = [r.data.get("window_s") for o in on for r in o.reasons if r.code == "scale_down_stabilised"]
+    assert windows and max(windows) > 60.0
+
+
+def test_ttft_correction_learns_from_the_pool_not_the_worst_class():
+    """Sheddable waits behind the others in the priority queue (14 s p95) while the pool's p95 is 0.4 s:
+    the TTFT correction follows the pool's p95 (what the model predicts), so critical is not planned
+    as if it waited like sheddable."""
+    pol = MpcPolicy(min_history_s=0.0, warmup_s=0.0, **FAST)
+    state, current = pol.initial_state(), {"p": 8}
+    classes = {c: ClassObservation(priority_class=c, arrival_rps=Reading(20.0 * s), retry_rps=Reading(0.0),
+                                   shed_rps=Reading(0.0), ttft_p95_s=Reading(t), tpot_p95_s=Reading(0.06))
+               for c, s, t in (("critical", 0.2, 0.3), ("standard", 0.6, 0.5), ("sheddable", 0.2, 14.0))}
+    for k in range(12):
+        t = 15.0 * (k + 1)
+        i = inp(t, {"p": pool_signals(20.0, 8, ttft=0.4)}, fl=FL, current=current)
+        i = replace(i, observation=FleetObservation(at_s=t, pools=i.observation.pools, classes=classes))
+        state, out = pol.decide(state, i, np.random.default_rng(k))
+        current = Decision(f"d-{k}", k, t, t + 120, pools=dict(out.pools))
+    k_ttft = out.diagnostics["model"]["corrections"]["p"]["k_ttft"]
+    assert k_ttft < 2.0, k_ttft
