@@ -539,7 +539,7 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
                demands: Mapping[str, PoolDemand], seed: int, tick_s: float = 15.0, window_s: float = WINDOW_S,
                margins: Sequence[float] = MARGINS, burst_windows_s: Sequence[float] = BURST_WINDOWS_S,
                targets: Mapping[str, float] = TASK_SLO_TARGETS, max_replays: int | None = None,
-               repair_rounds: int = REPAIR_ROUNDS,
+               repair_rounds: int = REPAIR_ROUNDS, static: Mapping[str, int] | None = None,
                progress: Callable[[str], Progress | None] | None = None) -> OracleResult:
     """Plan candidate schedules, replay, repair and bisect; return the cheapest replayed schedule that meets the SLO.
 
@@ -553,6 +553,8 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
        meets and is planned cheaper than the best so far replaces it.
     3. Never dearer than static: a schedule planned at or above static's cost is not kept if the
        static schedule meets the targets (static is then the oracle).
+    `static` is the static provisioning to compare with (default: `static_replicas`, the
+    profiled peak size; the bench passes the size it verified by replay).
     `max_replays` bounds the bisection's replays (repairs have their own bound). If nothing
     meets, the schedule with the smallest worst-class shortfall is returned with slo_met = false.
     """
@@ -562,7 +564,7 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
         raise ValueError(f"repair_rounds must be >= 0 (got {repair_rounds})")
     last_send = max((float(d.send_s[-1]) for d in demands.values() if len(d.send_s)), default=0.0)
     n_windows = int(last_send // window_s) + 2  # the last window with traffic, plus one to drain
-    static = static_replicas(scenario, demands, profiles)
+    static = dict(static) if static is not None else static_replicas(scenario, demands, profiles)
 
     def pool_planned(name: str, reps: Sequence[int]) -> float:
         s = scenario.pool(name)

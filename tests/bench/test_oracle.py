@@ -14,6 +14,7 @@ from controller.bench.oracle import (
     plan_pool,
     run_oracle,
     schedule_targets,
+    task_slo_ok,
     window_rates,
 )
 from controller.bench.policies import prepare
@@ -229,3 +230,27 @@ def test_oracle_is_deterministic_and_never_dearer_than_static(tiny_scenario) -> 
     assert runs[0].candidate.planned_cost_usd <= runs[0].static_planned_cost_usd
     assert not a["extra"]["dearer_than_static"]
     assert "late_requests" not in a["extra"]  # not JSON, never in a report
+
+
+def test_static_is_verified_by_replay_and_the_oracle_is_never_dearer(tiny_scenario) -> None:
+    from dataclasses import replace as dc_replace
+
+    from controller.bench.policies import verify_static
+
+    scenario = load_scenario(tiny_scenario)
+    ctx = prepare(scenario, seed=scenario.seed, cache_dir=tiny_scenario.parent / ".cache")
+    # An under-sized estimate (1 replica for a 9 req/s phase) is raised until a replay meets the targets.
+    short = dc_replace(ctx, static_replicas={"small": 1})
+    reps, run, ok = verify_static(short, tick_s=15.0)
+    assert ok and reps["small"] > 1
+    assert run.extra["verify_rounds"] == reps["small"] - 1 and run.extra["profiled_replicas"] == {"small": 1}
+    assert task_slo_ok(run)[0] and "late_requests" not in run.extra
+    # The size it settled on meets at once; one replica fewer did not.
+    again, _, ok_again = verify_static(dc_replace(ctx, static_replicas=reps), tick_s=15.0, rounds=0)
+    assert ok_again and again == reps
+    _, _, ok_less = verify_static(dc_replace(ctx, static_replicas={"small": reps["small"] - 1}), tick_s=15.0, rounds=0)
+    assert not ok_less
+    oracle = run_oracle(scenario, workload=ctx.workload, profiles=ctx.profiles, demands=ctx.demands,
+                        seed=scenario.seed, static=reps)
+    assert oracle.slo_met and oracle.candidate.planned_cost_usd <= oracle.static_planned_cost_usd
+    assert oracle.run.summary["cost_usd"] <= run.summary["cost_usd"] + 1e-9
