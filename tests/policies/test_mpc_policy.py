@@ -197,3 +197,61 @@ def test_ttft_correction_learns_from_the_pool_not_the_worst_class():
         current = Decision(f"d-{k}", k, t, t + 120, pools=dict(out.pools))
     k_ttft = out.diagnostics["model"]["corrections"]["p"]["k_ttft"]
     assert k_ttft < 2.0, k_ttft
+
+
+def _classes(rps: float, ttft: float, tpot: float) -> dict:
+    return {c: ClassObservation(priority_class=c, arrival_rps=Reading(rps * s), retry_rps=Reading(0.0),
+                                shed_rps=Reading(0.0), ttft_p95_s=Reading(ttft), tpot_p95_s=Reading(tpot))
+            for c, s in (("critical", 0.2), ("standard", 0.6), ("sheddable", 0.2))}
+
+
+@pytest.mark.parametrize("label,first_tpot,k_range", [
+    # 0.30 s p95 is 6 × what smooth arrivals explain: a burst regime is learned (burst ≈ 3 s); then
+    # 0.07 s (1.4 × smooth) is below what the remembered burst term predicts, so k stays at 1
+    ("after a burst: the burst term explains the p95, k stays 1", 0.30, (0.95, 1.05)),
+    # no burst ever: 1.4 × smooth is the model's error, and k learns it
+    ("no burst: k learns observed / smooth", 0.07, (1.25, 1.45)),
+])
+def test_tpot_correction_carries_only_what_the_burst_term_does_not_explain(label, first_tpot, k_range):
+    pol = MpcPolicy(min_history_s=0.0, warmup_s=0.0, **FAST)
+    state, current = pol.initial_state(), {"p": 8}
+    for k in range(36):
+        t = 15.0 * (k + 1)
+        i = inp(t, {"p": pool_signals(12.0, 8, ttft=0.4)}, fl=FL, current=current)
+        obs = FleetObservation(at_s=t, pools=i.observation.pools,
+                               classes=_classes(12.0, 0.4, first_tpot if k < 12 else 0.07))
+        state, out = pol.decide(state, replace(i, observation=obs), np.random.default_rng(k))
+        current = Decision(f"d-{k}", k, t, t + 120, pools={"p": replace(out.pools["p"], replicas=8)})
+    c = out.diagnostics["model"]["corrections"]["p"]
+    assert k_range[0] <= c["k_tpot"] <= k_range[1], (label, c)
+    assert (c["burst"] > 0) == (first_tpot > 0.1), (label, c)
+
+
+@pytest.mark.parametrize("label,waiting,cap_at_least_held", [
+    # a shallow engine queue: the streams running are what the cap protects, so it bites at once
+    # (azure-conv-crash: the cap sat at the 98 streams per replica the survivors held while TPOT ran at 0.16 s)
+    ("shallow engine queue: the SLO-safe batch at once", 3.0, False),
+    # a deep engine queue of older work: a cap below it would lock critical out at the router
+    ("deep engine queue: never below what the replicas hold", 60.0, True),
+])
+def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting, cap_at_least_held):
+    from controller.core.breaker import BreakerAction
+    from controller.core.mpc_model import LoadForecast
+    from controller.core.objective import resolve_weights
+    from controller.policies.mpc import MpcPoolMemory
+
+    pol = MpcPolicy(**FAST)
+    ready, running = 5, 490.0  # 98 per replica after the crash
+    sig = dict(pool_signals(25.0, ready, starting=3, hit=0.1, tpot=0.16, ttft=1.0, waiting=waiting))
+    sig["running"] = running
+    i = inp(600.0, {"p": sig}, fl=FL, current={"p": 8})
+    mem = {"p": MpcPoolMemory(prompt_tokens=1100.0, output_tokens=210.0)}
+    lead = np.arange(10) * 30.0 + 15.0
+    fc = LoadForecast(lead, np.full(10, 25.0), np.full(10, 28.0), 25.0, 0.0)
+    action = BreakerAction(protect_streams=True, pools=("p",))
+    prob = pol._problem(i, FL, mem, {"p": 8}, {"critical": 0.2, "standard": 0.6, "sheddable": 0.2}, fc,
+                        resolve_weights("balanced"), action, pol._prior(FL), 600.0, 600.0)
+    cap = prob.pools[0].max_inflight_cap
+    held = (running + waiting) / ready
+    assert cap is not None and cap >= 8
+    assert (cap >= held) == cap_at_least_held, (label, cap, held)
