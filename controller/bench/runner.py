@@ -157,6 +157,45 @@ def late_requests(fleet: Fleet, from_s: float = 0.0) -> dict[str, np.ndarray]:
             "sent_s": rec["sent_s"][sent]}
 
 
+RECOVERY_WINDOW_S = 30.0  # crash recovery: critical requests judged per 30 s of send time...
+RECOVERY_LATE_FRAC = 0.01  # ...and recovered once under 1 % of them are late...
+RECOVERY_CALM_WINDOWS = 3  # ...for this many windows in a row
+RECOVERY_HORIZON_S = 1800.0  # not recovered within this → None
+
+
+def crash_recovery(fleet: Fleet) -> dict[str, Any] | None:
+    """How the first scheduled crash went for the critical class, or None without one.
+
+    recovery_s: from the crash until the first of `RECOVERY_CALM_WINDOWS` consecutive 30 s
+    windows (by send time) in which under 1 % of the critical requests sent missed their SLO
+    (windows with no critical request count as calm); None if that does not happen within
+    30 minutes. critical_late_frac_10min: the late share of critical requests sent in the 10
+    minutes after the crash. Example: late shares 4 %, 2 %, 0.5 %, 0.3 %, 0 % in the windows
+    after a crash at 1,640 s → recovery_s = 60 (the calm run starts at the third window).
+    """
+    crashes = [f.at_s for f in fleet.scenario.faults if f.kind == "crash" and f.at_s is not None]
+    if not crashes:
+        return None
+    at = float(min(crashes))
+    rec = fleet.request_records()
+    crit = (np.asarray(fleet.workload.priority) == PRIORITY_CLASSES.index("critical")) & (rec["attempts"] > 0)
+    sent, late = rec["sent_s"][crit], ~rec["slo_met"][crit]
+
+    def late_frac(lo: float, hi: float) -> float | None:
+        m = (sent >= lo) & (sent < hi)
+        return float(late[m].mean()) if m.any() else None
+
+    recovery = None
+    n = int(RECOVERY_HORIZON_S // RECOVERY_WINDOW_S)
+    calm = [(f := late_frac(at + k * RECOVERY_WINDOW_S, at + (k + 1) * RECOVERY_WINDOW_S)) is None
+            or f < RECOVERY_LATE_FRAC for k in range(n + RECOVERY_CALM_WINDOWS)]
+    for k in range(n):
+        if all(calm[k:k + RECOVERY_CALM_WINDOWS]):
+            recovery = k * RECOVERY_WINDOW_S
+            break
+    return {"at_s": at, "recovery_s": recovery, "critical_late_frac_10min": late_frac(at, at + 600.0)}
+
+
 def expected_end_s(fleet: Fleet) -> float:
     """Rough simulated length, for progress bars: the last arrival plus a little drain."""
     arr = fleet.workload.trace.arrival_s
@@ -204,6 +243,9 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
                  "request_slo_attainment_checked": request_slo_attainment(fleet, slo_check_from_s),
                  "task_slo_attainment_checked": task_slo_attainment(fleet, slo_check_from_s),
                  "late_requests": late_requests(fleet, slo_check_from_s)}
+    recovery = crash_recovery(fleet)
+    if recovery is not None:
+        extra["crash_recovery"] = recovery
     if progress is not None:
         progress(total_s, total_s)
     return RunResult(scenario=scenario.name, policy=label or policy.name, seed=int(seed), tick_s=float(tick_s),
