@@ -201,7 +201,7 @@ class PoolPlan:
     standby: int
     prefix_weight: float
     inflight_cap: int  # 0 = none
-    traffic_weight: float  # absolute router weight now (weight per ready replica × replicas ready)
+    traffic_weight: float  # absolute router weight now (weight per replica × replicas serving in the first step)
     max_num_seqs: int
     max_num_batched_tokens: int
 
@@ -301,6 +301,14 @@ class _Evaluator:
             for eta in p.starting_eta_s:
                 pend[j, int(min(max(math.ceil(eta / dt - 0.5), 0), H))] += 1
         self.pend0 = pend
+        # Replicas serving in the first step (ready now + starting ones due within it). The router
+        # splits a group's traffic by the absolute pool weights until the next decision, while the
+        # model splits it by weight per replica × replicas ready: the absolute weight is per replica
+        # × this count, so the first step is scored with the split the router will apply. Per
+        # replica × replicas ready *now* gave a pool whose replicas were landing this step too little
+        # traffic and its neighbour too much: on the demo, after an H100 crash (1 ready, 4 landing)
+        # the A100 pool got 50 % of a surge the plan gave it 16 % of, and its queue went 150 → 440.
+        self.ready_step0 = np.maximum(self.ready0 + pend[:, 0], 1.0)
         self.P_tok = np.array([p.prompt_tokens for p in pools])
         self.O_tok = np.array([p.output_tokens for p in pools])
         self.hit0 = np.array([p.hit_rate for p in pools])
@@ -360,7 +368,7 @@ class _Evaluator:
             repl=repl, standby=np.array([[p.standby for p in pools]], dtype=float),
             pw=np.array([[pw_of(p) for p in pools]]),
             cap=np.array([[cap_of(p) for p in pools]], dtype=float),
-            tw=np.array([[p.traffic_weight / max(p.ready, 1) for p in pools]]),  # weight per replica
+            tw=np.array([[p.traffic_weight / n for p, n in zip(pools, self.ready_step0)]]),  # weight per replica
             mbt=np.array([[p.max_num_batched_tokens for p in pools]], dtype=float),
             mns=np.array([[p.max_num_seqs for p in pools]], dtype=float),
             shed=np.array([[c.shed_now for c in self.prob.classes]]))
@@ -989,7 +997,8 @@ def _to_plan(ev: _Evaluator, c: _Cand) -> Plan:
         pools[p.name] = PoolPlan(
             replicas=tuple(int(x) for x in c.repl[0, j]), standby=int(c.standby[0, j]),
             prefix_weight=float(round(c.pw[0, j], 3)), inflight_cap=0 if cap >= p.max_num_seqs else cap,
-            traffic_weight=(float(round(c.tw[0, j] * max(p.ready, 1), 4)) if ev.hop_size[j] > 1 else p.traffic_weight),
+            traffic_weight=(float(round(c.tw[0, j] * max(float(ready[0, j, 0]), 1.0), 4)) if ev.hop_size[j] > 1
+                            else p.traffic_weight),
             max_num_seqs=int(c.mns[0, j]),
             max_num_batched_tokens=int(c.mbt[0, j]))
     active = bool(ev.shed_active(ready)[0, 0])
@@ -1015,7 +1024,7 @@ def _from_plan(ev: _Evaluator, plan: Plan, shift: int) -> _Cand | None:
             c.pw[0, j] = min(pp.prefix_weight, p.max_prefix_weight) if p.max_prefix_weight is not None else pp.prefix_weight
             cap = float(pp.inflight_cap if pp.inflight_cap > 0 else p.max_num_seqs)
             c.cap[0, j] = min(cap, float(p.max_inflight_cap)) if p.max_inflight_cap else cap
-            c.tw[0, j] = pp.traffic_weight / max(p.ready, 1)
+            c.tw[0, j] = pp.traffic_weight / ev.ready_step0[j]
     for k, cl in enumerate(ev.prob.classes):
         c.shed[0, k] = min(max(plan.shed.get(cl.name, 0.0), cl.min_shed), cl.max_shed)
     return c

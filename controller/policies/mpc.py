@@ -268,8 +268,12 @@ class MpcPolicy:
         demand, shares = self._demand(inp, state)
         t_hist, d_hist = state.t_hist, state.demand_hist
         first_s = state.first_s if state.first_s is not None else now
-        warming = now - first_s < self.warmup_s  # telemetry windows not full yet: rates read low
-        if demand is not None and (not warming or not t_hist):
+        # While warming the telemetry windows cover only the time since the first tick, so a reading
+        # may read low: the history holds one reading, the highest so far, and starts for real once
+        # warm. Holding the *first* reading hid a surge in the first minute: on the demo (3x surge
+        # at 20 s) the forecast stayed at the 34 req/s read at 30 s until 75 s while 63 req/s arrived.
+        warming = now - first_s < self.warmup_s
+        if demand is not None and (not warming or not t_hist or demand > d_hist[-1]):
             keep = [(t, d) for t, d in zip(t_hist, d_hist) if now - t < HISTORY_KEEP_S and t < now]
             if warming:
                 keep = []

@@ -378,3 +378,17 @@ def test_long_prompt_pool_predicts_critical_late_near_what_the_simulator_shows()
               np.random.default_rng(0))
     assert r.plan.pools["m"].replicas[0] == 3
     assert r.terms["late_frac_p50"]["critical"] < PROFILES["balanced"].risk_tolerance["critical"], r.terms
+
+
+# --------------------------------------------------------------------------- routing weights
+
+
+def test_traffic_weight_counts_the_replicas_landing_in_the_first_step():
+    """Two equal pools in one group, one with 1 ready and 3 landing in 5 s: the router splits by the
+    absolute weights until the next decision, so equal shares per replica need equal absolute weights
+    (per replica × replicas serving in the first step), not 1 : 4."""
+    pools = [pool("a", 0, lo=4, hi=4, target=4, ready=1, starting_eta_s=(5.0, 5.0, 5.0), traffic_weight=4.0),
+             pool("b", 1, lo=4, hi=4, target=4, ready=4, traffic_weight=4.0)]
+    r = plan(pools, 20.0)
+    wa, wb = r.plan.pools["a"].traffic_weight, r.plan.pools["b"].traffic_weight
+    assert 0.6 < wa / wb < 1.6, (wa, wb)

@@ -255,3 +255,48 @@ def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting
     held = (running + waiting) / ready
     assert cap is not None and cap >= 8
     assert (cap >= held) == cap_at_least_held, (label, cap, held)
+
+
+# A small fast-starting pool (the demo's shape: 8B on A100, cold start 20 s) for surge tests.
+SURGE_FL = fleet(spec("p", model="llama-3-8b", sku="a100-80gb", usd_per_replica_hour=2.2, min_replicas=1, max_replicas=16,
+                      startup_warm_s=8.0, startup_cold_s=20.0))
+
+
+def _window_mean(t: float, start_s: float, surge_at_s: float, base: float, peak: float, window_s: float = 60.0) -> float:
+    """What a 60 s windowed rate reads at t for a step base → peak at surge_at_s (window clipped at start_s)."""
+    lo = max(t - window_s, start_s)
+    if t - lo <= 0:
+        return base
+    hi_part = max(0.0, t - max(lo, surge_at_s))
+    return (base * (t - lo - hi_part) + peak * hi_part) / (t - lo)
+
+
+def _surge_run(ticks: list[float], start_s: float, surge_at_s: float, base: float, peak: float):
+    pol = MpcPolicy(**FAST)
+    state, current, reps = pol.initial_state(), None, []
+    replicas = 2
+    for k, t in enumerate(ticks):
+        rps = base if t <= start_s else _window_mean(t, start_s, surge_at_s, base, peak)
+        i = inp(t, {"p": pool_signals(rps, replicas)}, fl=SURGE_FL, current=current or {"p": replicas})
+        state, out = pol.decide(state, i, np.random.default_rng(k))
+        replicas = out.pools["p"].replicas
+        reps.append(replicas)
+        current = Decision(decision_id=f"d-{k}", generation=k, at_s=t, valid_until_s=t + 120, pools=dict(out.pools),
+                           admission=dict(out.admission))
+    return reps
+
+
+@pytest.mark.parametrize("label,first_s,surge_at_s,base,peak", [
+    # the demo's shape: the first tick at 15 s, a 3x surge at 20 s, inside the policy's 60 s warm-up,
+    # where the first reading used to be frozen until 75 s (the planner saw the surge only then)
+    ("3x surge 5 s after the first tick", 15.0, 20.0, 8.0, 24.0),
+    ("3x surge 10 s after the first tick", 15.0, 25.0, 10.0, 30.0),
+    ("4x surge, first tick at 30 s", 30.0, 40.0, 6.0, 24.0),
+])
+def test_a_surge_in_the_first_minute_is_met_within_two_ticks(label, first_s, surge_at_s, base, peak):
+    ticks = [first_s + 15.0 * k for k in range(8)]
+    reps = _surge_run(ticks, first_s, surge_at_s, base, peak)
+    settled = reps[-1]  # what it orders once its windows are full of the surge
+    seen = next(k for k, t in enumerate(ticks) if t > surge_at_s)  # first reading with the surge in its window
+    assert reps[seen - 1] < settled - 1, (label, reps)  # not provisioned for the surge before it
+    assert max(reps[seen:seen + 2]) >= settled - 1, (label, reps)  # within two ticks of seeing it
