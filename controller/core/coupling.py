@@ -295,12 +295,6 @@ def _lognormal_quantile(mean: np.ndarray, q: np.ndarray | float, sigma: float = 
     return mean * np.exp(sigma * z - 0.5 * sigma * sigma)
 
 
-def _phi(z: np.ndarray) -> np.ndarray:
-    """Standard normal CDF, logistic approximation Φ(z) ≈ σ(1.702 z) (within 0.01): it runs on
-    every bulk predict, where scipy's ndtr would cost several times more."""
-    return _sigmoid(1.702 * z)
-
-
 _BUCKET_GRID_LO, _BUCKET_GRID_PER_E, _BUCKET_GRID_N = -12.0, 128.0, 3200  # log-x grid: e^-12 … e^13
 
 

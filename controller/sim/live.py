@@ -200,17 +200,22 @@ class ControlPlane:
         return pb.Ack(status=pb.ACK_STATUS_APPLIED, applied_generation=ch.generation,
                       message=f"applied {msg.meta.decision_id}")
 
-    # ------------------------------------------------------------------ router
-
-    def _validate_routing(self, msg: pb.RoutingPolicy) -> None:
+    def _each_pool(self, entries):
+        """(field path, entry) per pool entry of a command, refusing unknown and repeated pools."""
         seen: set[str] = set()
-        for i, p in enumerate(msg.pools):
+        for i, p in enumerate(entries):
             where = f"pools[{i}]"
             if p.pool not in self.pools:
                 raise CommandInvalid(f"{where}.pool: unknown pool {p.pool!r}; pools are {sorted(self.pools)}")
             if p.pool in seen:
                 raise CommandInvalid(f"{where}.pool: pool {p.pool!r} appears more than once")
             seen.add(p.pool)
+            yield where, p
+
+    # ------------------------------------------------------------------ router
+
+    def _validate_routing(self, msg: pb.RoutingPolicy) -> None:
+        for where, p in self._each_pool(msg.pools):
             if not _finite_nonneg(p.traffic_weight):
                 raise CommandInvalid(f"{where}.traffic_weight: {p.traffic_weight!r} must be a finite number >= 0")
             if p.inflight_cap < 0:
@@ -311,14 +316,7 @@ class ControlPlane:
     # ------------------------------------------------------------------ autoscaler
 
     def _validate_scaling(self, msg: pb.ScalingPlan) -> None:
-        seen: set[str] = set()
-        for i, p in enumerate(msg.pools):
-            where = f"pools[{i}]"
-            if p.pool not in self.pools:
-                raise CommandInvalid(f"{where}.pool: unknown pool {p.pool!r}; pools are {sorted(self.pools)}")
-            if p.pool in seen:
-                raise CommandInvalid(f"{where}.pool: pool {p.pool!r} appears more than once")
-            seen.add(p.pool)
+        for where, p in self._each_pool(msg.pools):
             spec = self.pools[p.pool]
             if not (spec.min_replicas <= p.replicas <= spec.max_replicas):
                 raise CommandInvalid(f"{where}.replicas: {p.replicas} is out of range "

@@ -113,22 +113,12 @@ class SimObserver:
         self._nodes: dict[str, NodeCollector] = {}
         self._router = RouterCollector(fleet.router_stats)
         self._labels = _Labels()
-        self._targets: dict[tuple[str, str, str], ScrapeTarget] = {}
 
     def _node(self, stats) -> NodeCollector:
         c = self._nodes.get(stats.node_id)
         if c is None:
             c = self._nodes[stats.node_id] = NodeCollector(stats, self.fleet.replica_stats, now_s=lambda: self.fleet.now_s)
         return c
-
-    def _target(self, url: str, pool: str, kind: str) -> ScrapeTarget:
-        key = (url, pool, kind)
-        t = self._targets.get(key)
-        if t is None:
-            if len(self._targets) > 100_000:  # replicas come and go over a long run: keep the cache bounded
-                self._targets.clear()
-            t = self._targets[key] = ScrapeTarget(url, pool, kind)
-        return t
 
     # ------------------------------------------------------------------ the fast path
 
@@ -178,12 +168,12 @@ class SimObserver:
         scraped: list = []
         fast = self.fast
         for rs in self.fleet.replica_stats():
-            target = self._target(f"sim://{rs.replica_id}", rs.pool, "vllm")
+            target = ScrapeTarget(f"sim://{rs.replica_id}", rs.pool, "vllm")
             scraped.append((target, self._replica_samples(rs) if fast else collect_families(ReplicaCollector(rs))))
         if self.include_gpu:
             for ns in self.fleet.node_stats():
-                scraped.append((self._target(f"sim://{ns.node_id}", ns.pool, "dcgm"), collect_families(self._node(ns))))
-        router = self._target("sim://router", "", "router")
+                scraped.append((ScrapeTarget(f"sim://{ns.node_id}", ns.pool, "dcgm"), collect_families(self._node(ns))))
+        router = ScrapeTarget("sim://router", "", "router")
         scraped.append((router, self._router_samples() if fast else collect_families(self._router)))
         obs = self.window.update(now_s, scraped)
         pools = dict(obs.pools)

@@ -3,9 +3,9 @@
 `ScrapeSource.read(now_s)` fetches every target's /metrics concurrently (a small
 thread pool, urllib, a bounded timeout per request and for the whole round),
 keeps only the metric families the window reads (`filter_exposition`: a vLLM page
-has ~330 lines, of which ~80 are read), parses those lines (`parse_samples`: a
-regex per line, falling back to `prometheus_client`'s parser for anything unusual)
-and hands the samples, or the exception each fetch raised, to a `FamiliesWindow`. Targets come from the static
+has ~330 lines, of which ~80 are read), parses those lines (`parse_samples`: string
+splits per line, each label block parsed once, falling back to `prometheus_client`'s
+parser for anything unusual) and hands the samples, or the exception each fetch raised, to a `FamiliesWindow`. Targets come from the static
 list and/or a Prometheus HTTP service-discovery URL (a JSON list of
 `{"targets": ["host:port"], "labels": {...}}` groups, as the simulator's /sd
 serves): the `pool` label names the pool and `kind` says what the target is
@@ -58,7 +58,6 @@ def fetch_text(url: str, timeout_s: float) -> str:
 
 _SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-
 
 def family_names(sample_names: Iterable[str]) -> frozenset[str]:
     """Names that HELP/TYPE lines and samples of the families holding `sample_names` may carry.
@@ -117,7 +116,6 @@ def filter_exposition(text: str, families: frozenset[str]) -> str:
     return "\n".join(out) + "\n" if out else ""
 
 
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _PAIR = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,[ \t]*|$)')
 _ESCAPE = re.compile(r'\\[\\n"]')
 _UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
@@ -185,7 +183,7 @@ def parse_samples(text: str, label_cache: dict[str, dict[str, str]] | None = Non
                     labels = cache[block] = _labels(block)
                 tail = line[close + 1:]
             fields = tail.split()
-            if not 1 <= len(fields) <= 2 or not _NAME.fullmatch(name):
+            if not 1 <= len(fields) <= 2 or not _METRIC_NAME.fullmatch(name):
                 raise _NotPlain(line)
             if counter and name == counter and not name.endswith("_total"):
                 name += "_total"

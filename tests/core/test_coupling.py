@@ -258,12 +258,14 @@ def test_infer_reuse_profile_reproduces_the_observed_hit_rate():
 ])
 def test_bucket_quantile_equals_histogram_quantile_of_the_same_distribution(median_s, log_sd, q):
     """The prior reads its distributions through vLLM's buckets exactly as histogram_quantile does."""
+    from scipy.special import ndtr
+
     from controller.core.histogram import histogram_quantile
 
     bounds = C.TTFT_BUCKETS_S
 
     def cdf(log_b, rows):
-        return C._phi((log_b - math.log(median_s)) / log_sd)
+        return ndtr((log_b - math.log(median_s)) / log_sd)  # the normal CDF in log space: a lognormal
 
     cumulative = [float(cdf(np.log(np.array([b])), None)[0]) for b in bounds] + [1.0]
     want = histogram_quantile(q, list(bounds), cumulative)
