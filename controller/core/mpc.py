@@ -38,7 +38,7 @@ anchors computed from the model), pool by pool with the others at the incumbent;
 cross-entropy refinement of the continuous levers (affinity, in-flight cap, traffic
 weights, shed fractions) around the warm start; then another replica sweep with the new
 levers; then the slow batch-cap options when a review is due. The budget is a count of
-evaluated candidate × pool rows (`max_evaluations`, calibrated to ~200 ms for 10 pools on one core),
+evaluated candidate × pool rows (`max_evaluations`; ~90 ms of CPU for 10 pools on one core, see MpcConfig),
 or wall time through an injected monotonic `timer` (the core reads no clock itself).
 
 Must not: do I/O, read the clock, draw randomness other than from the Generator passed in,
@@ -75,8 +75,9 @@ TPOT_TAIL_SIGMA = 0.5
 class MpcConfig:
     horizon_steps: int = 10
     step_s: float = 30.0
-    # Budget without a timer: candidate plans × pools scored per tick. 4,000 ≈ 200 ms of CPU on one
-    # core for 10 pools (400 plans) on the reference machine (see /work/notes/mpc-results.md); a
+    # Budget without a timer: candidate plans × pools scored per tick. 4,000 was set at ≈ 200 ms of CPU
+    # on one core for 10 pools (400 plans) on the reference machine (see /work/notes/mpc-results.md);
+    # the same plans now take ≈ 90 ms (`governor bench planner`: cheaper scoring, same decisions). A
     # single pool gets 4,000 plans, far more than its search needs.
     max_evaluations: int = 4000
     time_budget_s: float = 0.2  # with a timer: stop starting new batches after this
@@ -266,15 +267,110 @@ def _lognormal_exceed(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray,
     Example (mooncake-conv, 3 replicas, simulated): TTFT p50 0.32 s, p95 3.43 s → fitted σ 1.44
     puts 0.80 % beyond 3 × p95; the run had 0.22 %, and σ = 1 from the p95 gives 0.30 %.
     """
+    # (the same operations as the formula reads, done in place on scratch arrays: the planner
+    # scores this twice per batch on ~60k rows, where allocation costs as much as arithmetic)
+    if min(np.ndim(p50), np.ndim(p95)) == 0:  # a scalar: no scratch arrays to reuse
+        return _lognormal_exceed_ref(p50, p95, bound, tail_sigma)
     m = np.maximum(p50, 1e-6)
-    sigma = np.maximum(np.log(np.maximum(p95, m * 1.0001) / m) / 1.6449, 0.05)
-    z = np.log(np.maximum(bound, 1e-9) / m) / sigma
+    sigma = np.maximum(p95, m * 1.0001)
+    sigma /= m
+    np.log(sigma, out=sigma)
+    sigma /= 1.6449
+    np.maximum(sigma, 0.05, out=sigma)  # σ = max(ln(max(p95, 1.0001 p50) / p50) / 1.6449, 0.05)
+    z = np.divide(np.maximum(bound, 1e-9), m)
+    np.log(z, out=z)
+    in_place = z.shape == np.broadcast_shapes(z.shape, sigma.shape)
+    z = np.divide(z, sigma, out=z if in_place else None)  # z = ln(bound / p50) / σ
     if tail_sigma is not None and float(sigma.max(initial=0.0)) > tail_sigma:
         # beyond the p95 (z > 1.6449) stretch z by σ / σ_tail where the fit is wider than the tail:
         # z = 1.6449 + ln(bound / p95) / σ_tail, written on the fitted z (no second log). Only when
         # some row needs it: the planner scores this twice per batch (~0.5 ms each on 58k rows).
+        stretch = sigma * (1.0 / tail_sigma)
+        stretch -= 1.0
+        np.maximum(stretch, 0.0, out=stretch)
+        over = z - 1.6449
+        np.maximum(over, 0.0, out=over)
+        over *= stretch
+        z += over
+    return _upper_tail(z)
+
+
+# |z| beyond which 1 − Φ(z) is exactly 0 (z > 0) or exactly 1 (z < 0) in double precision: Φ(9)
+# misses 1 by 1e-19, under half an ulp of 1 (checked on a grid of z from 9 to 1e300, and ±inf).
+_TAIL_SATURATED_Z = 9.0
+
+
+def _upper_tail(z: np.ndarray) -> np.ndarray:
+    """1 − Φ(z), overwriting z (an array). ndtr costs ~13 ns a value, several times any other step
+    of the score, and about half the planner's z lie beyond ±9 (a class far inside or far past its
+    SLO), where the answer is exactly 0 or 1: those are set directly, the same values ndtr gives."""
+    sat = np.abs(z) > _TAIL_SATURATED_Z  # NaN is not saturated: it goes through ndtr and stays NaN
+    n_sat = int(np.count_nonzero(sat))
+    if n_sat < z.size // 8:  # few saturated: masking would cost more than it saves
+        out = ndtr(z, out=z)
+        return np.subtract(1.0, out, out=out)
+    mid = ~sat
+    zm = z[mid]
+    low = z < 0.0
+    z[...] = 0.0
+    z[low] = 1.0
+    z[mid] = 1.0 - ndtr(zm)
+    return z
+
+
+def _lognormal_exceed_ref(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray,
+                          tail_sigma: float | None = None) -> np.ndarray:
+    """_lognormal_exceed as the formula reads, without scratch arrays (scalars; the test's reference)."""
+    m = np.maximum(p50, 1e-6)
+    sigma = np.maximum(np.log(np.maximum(p95, m * 1.0001) / m) / 1.6449, 0.05)
+    z = np.log(np.maximum(bound, 1e-9) / m) / sigma
+    if tail_sigma is not None and float(np.max(sigma, initial=0.0)) > tail_sigma:
         z = z + np.maximum(z - 1.6449, 0.0) * np.maximum(sigma * (1.0 / tail_sigma) - 1.0, 0.0)
     return 1.0 - ndtr(z)
+
+
+def _lognormal_exceed_into(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray, tail_sigma: float, *,
+                           z: np.ndarray, scratch: np.ndarray, own: bool = False) -> np.ndarray:
+    """_lognormal_exceed written into `z` (an array of the broadcast shape), with `scratch` (same
+    shape) for temporaries; with `own`, p50 and p95 are of that shape too and may be overwritten
+    (z may then be p50). The same operations in the same order, so the same values."""
+    if own:
+        m = np.maximum(p50, 1e-6, out=p50)
+        sigma = np.maximum(p95, np.multiply(m, 1.0001, out=scratch), out=p95)
+    else:
+        m = np.maximum(p50, 1e-6)
+        sigma = np.maximum(p95, m * 1.0001)
+    sigma /= m
+    np.log(sigma, out=sigma)
+    sigma /= 1.6449
+    np.maximum(sigma, 0.05, out=sigma)
+    np.divide(np.maximum(bound, 1e-9), m, out=z)
+    np.log(z, out=z)
+    z /= sigma
+    if float(sigma.max(initial=0.0)) > tail_sigma:  # see _lognormal_exceed
+        stretch = np.multiply(sigma, 1.0 / tail_sigma, out=sigma if own else None)
+        stretch -= 1.0
+        np.maximum(stretch, 0.0, out=stretch)
+        over = np.subtract(z, 1.6449, out=scratch)
+        np.maximum(over, 0.0, out=over)
+        over *= stretch
+        z += over
+    return _upper_tail(z)
+
+
+def _sum_pools(x: np.ndarray) -> np.ndarray:
+    """Σ over the pool axis of (K, …, P) rows, in the order numpy sums the pool axis of the same
+    rows laid out (…, P, K): one pool after another for K ≥ 2 (the pool axis is not the inner
+    one there), numpy's own pairwise sum for K = 1 (the two layouts coincide in memory). So the
+    planner's figures do not depend on the layout it computes in (floating-point sums do depend
+    on their order)."""
+    K, P = x.shape[0], x.shape[-1]
+    if K == 1 or P == 0:
+        return np.moveaxis(np.moveaxis(x, 0, -1).sum(axis=-2), -1, 0)
+    out = x[..., 0].copy()
+    for j in range(1, P):
+        out += x[..., j]
+    return out
 
 
 class _Evaluator:
@@ -350,7 +446,34 @@ class _Evaluator:
         self.step_weight[-1] += cfg.terminal_steps
         self.cur = self._current_cand()
         self.evaluations = 0
+        self._scratch: dict[str, np.ndarray] = {}  # reused work arrays of `score` (see _buf)
         self.need: np.ndarray | None = None  # (P, H) replicas each step's p90 load needs (set by solve)
+        # Per-tick constants of `score` (hoisted: they do not depend on the candidate).
+        self.floor = np.array([c.min_shed for c in cls])
+        self.prefill_pool = np.array([r == "prefill" for r in roles])
+        self.ready_int = np.array([p.ready for p in pools])
+        self.cols = np.arange(P)
+        t_mid = (np.arange(H) + 0.5) * dt
+        self.relax = np.exp(-t_mid / cfg.cache_refill_s)[None, None, :, None]
+        self.q0_cum = np.cumsum(self.q0, axis=1)
+        self.slo_ttft_k = self.slo_ttft.reshape(K, 1, 1, 1, 1)  # per class, against (K,C,2,H,P) rows
+        self.slo_tpot_k = self.slo_tpot.reshape(K, 1, 1, 1, 1)
+        self.req = (self.lam * self.step_weight[None, :, None]).sum(axis=1) * dt  # (2,K) requests offered
+        # route-group × hop masks of `shares` (the groups with pools on that hop)
+        self.hop_masks = [(g, m) for g in range(len(groups)) for hop in (self.first_hop, self.decode_hop)
+                          for m in [(gidx == g) & hop] if m.any()]
+        self.group_masks = [gidx == g for g in range(len(groups))]
+
+    def _buf(self, key: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A work array of `shape` (contents undefined), reused from one `score` call to the next.
+        The large per-class arrays are ~0.5 MB; fresh ones cost page faults (~17 % of a tick),
+        reused ones do not. Nothing `score` returns may be one of these."""
+        n = math.prod(shape)
+        flat = self._scratch.get(key)
+        if flat is None or flat.size < n:
+            flat = np.empty(n)
+            self._scratch[key] = flat
+        return flat[:n].reshape(shape)
 
     # -- the plan in force, as a candidate
 
@@ -378,50 +501,91 @@ class _Evaluator:
     def dynamics(self, repl: np.ndarray, standby: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ready during each step, billed replicas per step, share of ready replicas started in the plan)."""
         C, P, H = repl.shape
-        ready = np.broadcast_to(self.ready0, (C, P)).copy()
-        pend = np.broadcast_to(self.pend0, (C, P, H + 1)).copy()
-        warm = np.broadcast_to(self.warm0, (C, P)).copy() + standby
+        if C == 1:
+            return self._dynamics(repl, standby, self.cols)
+        # Pools are simulated independently, and a batch mostly varies one pool's replicas (a
+        # replica sweep) or none (lever sweeps, cross-entropy): a pool whose replica plan is the
+        # same in every candidate is simulated once, as one row, and copied.
+        same = (repl == repl[:1]).all(axis=(0, 2)) & (standby == standby[:1]).all(axis=0)
+        if not same.any():
+            return self._dynamics(repl, standby, self.cols)
+        const, var = np.flatnonzero(same), np.flatnonzero(~same)
+        nc, nv = len(const), len(var)
+        units = np.concatenate([const, np.tile(var, C)])
+        u_repl = np.concatenate([repl[0, const], repl[:, var].reshape(C * nv, H)])[None]
+        u_standby = np.concatenate([standby[0, const], standby[:, var].reshape(C * nv)])[None]
+        outs = []
+        for x in self._dynamics(u_repl, u_standby, units):
+            full = np.empty((C, P, H))
+            full[:, const] = x[0, :nc][None]
+            full[:, var] = x[0, nc:].reshape(C, nv, H)
+            outs.append(full)
+        return outs[0], outs[1], outs[2]
+
+    def _dynamics(self, repl: np.ndarray, standby: np.ndarray,
+                  pool: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`dynamics` of (C, N, H) replica plans; column n is a plan of pool `pool[n]`."""
+        # Replica counts are whole numbers (targets, slots and start-ups are counts), so the sums
+        # below are exact in floating point whatever their order: the running total of starting
+        # replicas (`pend_tot`) equals a fresh sum over the ready-time bins.
+        C, P, H = repl.shape
+        ready = np.broadcast_to(self.ready0[pool], (C, P)).copy()
+        pend = np.broadcast_to(self.pend0[pool], (C, P, H + 1)).copy()
+        pend_tot = pend.sum(axis=2)
+        warm = np.broadcast_to(self.warm0[pool], (C, P)).copy() + standby
+        bin_warm, bin_cold = self.bin_warm[pool], self.bin_cold[pool]
         new_ready = np.zeros((C, P))
         new_pend = np.zeros((C, P, H + 1))
         ready_mid = np.empty((C, P, H))
         billed = np.empty((C, P, H))
-        fresh = np.empty((C, P, H))
-        rows = np.arange(C)[:, None]
-        cols = np.arange(P)[None, :]
+        fresh_n = np.zeros((C, P, H))
+        cols = np.arange(P)
+        started = False  # any replica ordered in the plan yet (until then new_ready/new_pend stay 0)
+        # (bins before the current step are never read again, so they are not cleared)
         for h in range(H):
             if h > 0:  # replicas whose ready time passed before this step starts
-                ready += pend[:, :, h - 1]
-                new_ready += new_pend[:, :, h - 1]
-                pend[:, :, h - 1] = 0.0
-                new_pend[:, :, h - 1] = 0.0
-            serving = ready + pend.sum(axis=2)
-            tgt = repl[:, :, h]
-            add = np.maximum(tgt - serving, 0.0)
-            if add.any():
+                landed = pend[:, :, h - 1]
+                ready += landed
+                pend_tot -= landed
+                if started:
+                    new_ready += new_pend[:, :, h - 1]
+            serving = ready + pend_tot
+            gap = repl[:, :, h] - serving  # target − serving: > 0 orders replicas, < 0 removes them
+            if gap.max() > 0.0:
+                add = np.maximum(gap, 0.0)
                 n_w = np.minimum(add, warm)
                 warm -= n_w
                 n_c = add - n_w
-                bw = np.minimum(h + self.bin_warm, H)[None, :].repeat(C, 0)
-                bc = np.minimum(h + self.bin_cold, H)[None, :].repeat(C, 0)
-                np.add.at(pend, (rows.repeat(P, 1), cols.repeat(C, 0), bw), n_w)
-                np.add.at(pend, (rows.repeat(P, 1), cols.repeat(C, 0), bc), n_c)
-                np.add.at(new_pend, (rows.repeat(P, 1), cols.repeat(C, 0), bw), n_w)
-                np.add.at(new_pend, (rows.repeat(P, 1), cols.repeat(C, 0), bc), n_c)
-            cut = np.maximum(serving - tgt, 0.0)
-            if cut.any():
-                for b in range(H, h - 1, -1):  # starting replicas go first, the latest first
-                    take = np.minimum(pend[:, :, b], cut)
-                    pend[:, :, b] -= take
-                    new_take = np.minimum(new_pend[:, :, b], take)
-                    new_pend[:, :, b] -= new_take
-                    cut = cut - take
+                bw = np.minimum(h + bin_warm, H)
+                bc = np.minimum(h + bin_cold, H)
+                pend[:, cols, bw] += n_w  # one bin per pool: no repeated index within a statement
+                pend[:, cols, bc] += n_c
+                new_pend[:, cols, bw] += n_w
+                new_pend[:, cols, bc] += n_c
+                pend_tot += add
+                started = True
+            if gap.min() < 0.0:
+                cut = np.maximum(-gap, 0.0)  # serving − target (negation is exact)
+                # starting replicas go first, the latest first: bin b gives min(its count, what
+                # the later bins did not cover); later = Σ of the bins after b
+                seg = pend[:, :, h:]
+                later = np.cumsum(seg[:, :, ::-1], axis=2)[:, :, ::-1] - seg
+                take = np.minimum(seg, np.maximum(cut[:, :, None] - later, 0.0))
+                seg -= take
+                if started:
+                    new_pend[:, :, h:] -= np.minimum(new_pend[:, :, h:], take)
+                taken = take.sum(axis=2)
+                pend_tot -= taken
+                cut = cut - taken
                 drained = np.minimum(cut, ready)
                 ready -= drained
                 new_ready = np.minimum(new_ready, ready)
                 warm += drained  # a drained replica leaves its weights on the node
             ready_mid[:, :, h] = ready + pend[:, :, h]
-            fresh[:, :, h] = (new_ready + new_pend[:, :, h]) / np.maximum(ready_mid[:, :, h], 1e-9)
-            billed[:, :, h] = ready + pend.sum(axis=2)
+            if started:
+                fresh_n[:, :, h] = new_ready + new_pend[:, :, h]
+            billed[:, :, h] = ready + pend_tot
+        fresh = fresh_n / np.maximum(ready_mid, 1e-9)
         billed += standby[:, :, None] * self.cfg.standby_cost_frac
         return ready_mid, billed, np.clip(fresh, 0.0, 1.0)
 
@@ -434,8 +598,7 @@ class _Evaluator:
             return np.ones((C, H), dtype=bool)
         # per route group: traffic can move between its pools, so what counts is the group's total
         short = np.zeros((C, H), dtype=bool)
-        for g in range(len(self.groups)):
-            m = self.gidx == g
+        for m in self.group_masks:
             short |= ready[:, m, :].sum(axis=1) < self.need[m].sum(axis=0)[None, :] - 1e-9
         return short
 
@@ -450,14 +613,13 @@ class _Evaluator:
         tw = tw.reshape(-1, self.P)
         C = tw.shape[0]
         share = np.zeros((C, self.P))
-        for g in range(len(self.groups)):
-            for hop in (self.first_hop, self.decode_hop):
-                m = (self.gidx == g) & hop
-                if not m.any():
-                    continue
-                tot = tw[:, m].sum(axis=1, keepdims=True)
-                equal = np.full((C, int(m.sum())), 1.0 / m.sum())
-                share[:, m] = np.where(tot > 0, tw[:, m] / np.maximum(tot, 1e-12), equal) * self.gshare[g]
+        for g, m in self.hop_masks:
+            sub = tw[:, m]
+            tot = sub.sum(axis=1, keepdims=True)
+            split = sub / np.maximum(tot, 1e-12)
+            if not (tot > 0).all():
+                split = np.where(tot > 0, split, 1.0 / m.sum())
+            share[:, m] = split * self.gshare[g]
         return share.reshape(lead + (self.P,))
 
     # -- scoring
@@ -468,89 +630,113 @@ class _Evaluator:
         dt = self.dt
         self.evaluations += C
         ready, billed, fresh = self.dynamics(cand.repl, cand.standby)
-        eff = cand.tw[:, None, :] * np.maximum(np.transpose(ready, (0, 2, 1)), 1e-3)  # (C,H,P)
+        ready_hp = np.transpose(ready, (0, 2, 1))  # (C,H,P)
+        eff = cand.tw[:, None, :] * np.maximum(ready_hp, 1e-3)  # (C,H,P)
         share = self.shares(eff)  # (C,H,P)
         active = self.shed_active(ready)  # (C,H): shedding holds until the capacity the load needs is ready
-        floor = np.array([c.min_shed for c in prob.classes])
+        floor = self.floor
         shed = np.where(active[:, :, None], np.clip(cand.shed, 0.0, 1.0)[:, None, :], floor[None, None, :])
         rejected = shed ** (1 + cfg.client_retries)  # (C,H,K)
         adm = self.lam[None] * (1.0 - rejected)[:, None, :, :]  # (C,2,H,K)
-        pool_k = share[:, None, :, :, None] * adm[:, :, :, None, :]  # (C,2,H,P,K)
-        pool_rps = pool_k.sum(axis=4)  # (C,2,H,P)
-        ready_t = np.transpose(ready, (0, 2, 1))[:, None]  # (C,1,H,P)
+        # Per pool and class, the class axis leads: (K,C,2,H,P). The per-pool arrays (C,2,H,P) then
+        # broadcast over whole contiguous blocks instead of an inner axis of K = 3 elements, which
+        # numpy runs several times slower; every element is computed as before.
+        kshape = (K, C, 2, H, P)
+        pool_k = np.multiply(share[None, :, None, :, :], np.moveaxis(adm, 3, 0)[..., None],
+                             out=self._buf("a", kshape))  # (K,C,2,H,P)
+        # Fluid backlog per pool, served in priority order (cumulative over classes); the last
+        # cumulative row is the pool's total (the same left-to-right sum as summing pool_k over K).
+        cum_in = np.cumsum(pool_k, axis=0, out=pool_k)  # (K,C,2,H,P)
+        pool_rps = cum_in[-1].copy()  # (C,2,H,P)
+        ready_t = ready_hp[:, None]  # (C,1,H,P)
         fresh_t = np.transpose(fresh, (0, 2, 1))[:, None]
         lam_rep = pool_rps / np.maximum(ready_t, 1e-9)
-        # Hit rate: steady state at the plan's affinity and replicas, approached from today's.
-        batch_tok = np.zeros_like(lam_rep)
-        hit_ss = self.model.hit_rate(
-            np.broadcast_to(self.idx, lam_rep.shape), np.broadcast_to(ready_t, lam_rep.shape),
-            np.broadcast_to(cand.pw[:, None, None, :], lam_rep.shape),
-            np.broadcast_to(self.load_w, lam_rep.shape), np.broadcast_to(self.inf_hit, lam_rep.shape),
-            np.broadcast_to(self.ws, lam_rep.shape), batch_tok)
-        t_mid = (np.arange(H) + 0.5) * dt
-        relax = np.exp(-t_mid / cfg.cache_refill_s)[None, None, :, None]
+        # Hit rate: steady state at the plan's affinity and replicas, approached from today's. It
+        # does not depend on the load scenario, so it is computed once for both (C,1,H,P).
+        hit_ss = self.model.hit_rate(self.idx, ready_t, cand.pw[:, None, None, :], self.load_w, self.inf_hit,
+                                     self.ws, np.zeros(P))
+        relax = self.relax
         hit = hit_ss + (self.hit0 - hit_ss) * relax
         hit = hit * (1.0 - fresh_t * relax * 0.5)  # new replicas start cold (same time constant)
         shape = lam_rep.shape
+        # per-pool constants as (P,), levers as (C,1,1,P): the model broadcasts (see LatencyQuery)
         q = LatencyQuery(
-            pool_index=np.broadcast_to(self.idx, shape).ravel(), rps_per_replica=lam_rep.ravel(),
-            prompt_tokens=np.broadcast_to(self.P_tok, shape).ravel(),
-            output_tokens=np.broadcast_to(self.O_tok, shape).ravel(), hit_rate=hit.ravel(),
-            inflight_cap=np.broadcast_to(cand.cap[:, None, None, :], shape).ravel(),
-            max_num_seqs=np.broadcast_to(cand.mns[:, None, None, :], shape).ravel(),
-            max_num_batched_tokens=np.broadcast_to(cand.mbt[:, None, None, :], shape).ravel())
+            pool_index=self.idx, rps_per_replica=lam_rep, prompt_tokens=self.P_tok, output_tokens=self.O_tok,
+            hit_rate=hit, inflight_cap=cand.cap[:, None, None, :], max_num_seqs=cand.mns[:, None, None, :],
+            max_num_batched_tokens=cand.mbt[:, None, None, :])
         lat = self.model.latency(q)
-        cap_rps = lat.capacity_rps.reshape(shape) * ready_t  # pool rps it sustains
-        ttft50, ttft95 = lat.ttft_p50_s.reshape(shape), lat.ttft_p95_s.reshape(shape)
-        tpot50, tpot95 = lat.tpot_p50_s.reshape(shape), lat.tpot_p95_s.reshape(shape)
-        # Fluid backlog per pool, served in priority order (cumulative over classes).
-        cum_in = np.cumsum(pool_k, axis=4)  # (C,2,H,P,K)
-        q_cum = np.broadcast_to(np.cumsum(self.q0, axis=1)[None, None], (C, 2, P, K)).copy()
-        wait = np.empty_like(cum_in)
+        cap_rps = np.reshape(lat.capacity_rps, shape) * ready_t  # pool rps it sustains
+        ttft50, ttft95 = np.reshape(lat.ttft_p50_s, shape), np.reshape(lat.ttft_p95_s, shape)
+        tpot50, tpot95 = np.reshape(lat.tpot_p50_s, shape), np.reshape(lat.tpot_p95_s, shape)
+        # Backlog per step: q_h+1 = max(q_h + (in_h − m_h)·dt, 0), waited ½(q_h + q_h+1) / max(m_h, 1e-9).
+        # Only the max is sequential: the increments before the loop, the waits after it, over all steps.
+        m_all = np.maximum(cap_rps, 1e-9)
+        wait = np.subtract(cum_in, cap_rps, out=self._buf("b", kshape))
+        wait *= dt  # the increments (in − m)·dt, then the waits in place
+        qs = self._buf("d", (K, C, 2, H + 1, P))  # backlog at each step's start, and after the last
+        qs[:, :, :, 0, :] = self.q0_cum.T[:, None, None, :]
         for h in range(H):
-            m = cap_rps[:, :, h, :, None]
-            q_next = np.maximum(q_cum + (cum_in[:, :, h] - m) * dt, 0.0)
-            wait[:, :, h] = 0.5 * (q_cum + q_next) / np.maximum(m, 1e-9)
-            q_cum = q_next
-        wait = np.minimum(wait, 10 * cfg.client_timeout_s)
+            q_next = qs[:, :, :, h + 1, :]
+            np.add(qs[:, :, :, h, :], wait[:, :, :, h, :], out=q_next)
+            np.maximum(q_next, 0.0, out=q_next)
+        np.add(qs[:, :, :, :-1, :], qs[:, :, :, 1:, :], out=wait)
+        wait *= 0.5
+        wait /= m_all
+        np.minimum(wait, 10 * cfg.client_timeout_s, out=wait)
+        timed_out = wait > cfg.client_timeout_s
+        wait_detail = np.ascontiguousarray(np.moveaxis(wait, 0, -1)) if detail else None
         # Waiting for a batch slot is served by priority (router holds and the engine queue both
         # go critical first): Cobham's factor for non-preemptive priority, class k waits
         # W × (1 − ρ) / ((1 − σ_{k−1})(1 − σ_k)), σ_k the utilisation of classes up to k.
         # Example: ρ = 0.95 with critical 20 % of the load → critical waits 0.05/0.81 = 0.06 W;
         # sheddable (the last 20 %) waits 0.05/(0.24 × 0.05) = 4.2 W.
+        # (Computed in place in the work arrays: "a" holds cum_in → frac → σ_k → the factor → t95,
+        # "c" t50; "b" holds the wait, then scratch.)
         if lat.slot_wait_p95_s is not None:
-            sw50 = lat.slot_wait_p50_s.reshape(shape)
-            sw95 = lat.slot_wait_p95_s.reshape(shape)
-            rho = np.minimum(pool_rps / np.maximum(cap_rps, 1e-9), 0.98)[..., None]
-            frac = cum_in / np.maximum(pool_rps[..., None], 1e-9)
-            sig_k = rho * frac
-            sig_prev = rho * np.concatenate([np.zeros_like(frac[..., :1]), frac[..., :-1]], axis=-1)
-            cob = (1.0 - rho) / np.maximum((1.0 - sig_prev) * (1.0 - sig_k), 1e-3)
-            cob = np.minimum(cob, 1.0 / np.maximum(1.0 - rho, 0.02))
+            sw50 = np.reshape(lat.slot_wait_p50_s, shape)
+            sw95 = np.reshape(lat.slot_wait_p95_s, shape)
+            rho = np.minimum(pool_rps / m_all, 0.98)
+            frac = np.divide(cum_in, np.maximum(pool_rps, 1e-9), out=cum_in)
+            one_m = np.multiply(rho, frac, out=frac)  # σ_k
+            np.subtract(1.0, one_m, out=one_m)  # 1 − σ_k
+            for k in range(K - 1, 0, -1):  # × (1 − σ_{k−1}), taken before row k−1 is itself multiplied
+                one_m[k] *= one_m[k - 1]
+            # (row 0: × (1 − 0), exact; a NaN ρ makes σ_0 NaN as it made σ_{−1} = ρ × 0 NaN before)
+            np.maximum(one_m, 1e-3, out=one_m)
+            idle = 1.0 - rho
+            cob = np.divide(idle, one_m, out=one_m)
+            np.minimum(cob, 1.0 / np.maximum(idle, 0.02), out=cob)
             cob -= 1.0  # the slot wait is re-weighed: t + sw × (cob − 1), plus the backlog's wait
-            t50 = ttft50[..., None] + sw50[..., None] * cob
-            t95 = ttft95[..., None] + sw95[..., None] * cob
+            t50 = np.multiply(sw50, cob, out=self._buf("c", kshape))
+            t50 += ttft50
+            t95 = np.multiply(sw95, cob, out=cob)
+            t95 += ttft95
             t50 += wait
             t95 += wait
         else:
-            t50, t95 = ttft50[..., None] + wait, ttft95[..., None] + wait
-        pf = _lognormal_exceed(t50, t95, self.slo_ttft, tail_sigma=TTFT_TAIL_SIGMA)
-        pt = _lognormal_exceed(tpot50[..., None], tpot95[..., None], self.slo_tpot, tail_sigma=TPOT_TAIL_SIGMA)
-        pf = np.where(wait > cfg.client_timeout_s, 1.0, pf)
+            t50 = np.add(ttft50, wait, out=self._buf("c", kshape))
+            t95 = np.add(ttft95, wait, out=cum_in)
+        scratch = wait  # the wait is spent (timed_out and the detail copy hold what is still needed)
+        pf = _lognormal_exceed_into(t50, t95, self.slo_ttft_k, TTFT_TAIL_SIGMA, z=t50, scratch=scratch, own=True)
+        pt = _lognormal_exceed_into(tpot50, tpot95, self.slo_tpot_k, TPOT_TAIL_SIGMA, z=t95, scratch=scratch)
+        if timed_out.any():
+            pf[timed_out] = 1.0
         # Per class: combine the hops of each group, weighted by traffic share.
-        v_first = np.zeros((C, 2, H, K))
-        v_dec = np.zeros((C, 2, H, K))
-        w_share = share[:, None, :, :, None]
-        fh = self.first_hop[None, None, None, :, None]
-        dh = self.decode_hop[None, None, None, :, None]
-        mixed_v = pf + pt
-        mixed_v -= pf * pt  # 1 − (1 − pf)(1 − pt)
+        w_share = share[None, :, None, :, :]
+        prod = np.multiply(pf, pt, out=scratch)
+        mixed_v = np.add(pf, pt, out=pt)
+        mixed_v -= prod  # 1 − (1 − pf)(1 − pt)
         # mixed/prefill pools: TTFT (and TPOT for mixed); decode pools: TPOT and their first step
-        first_v = np.where(np.array([r == "prefill" for r in (p.role for p in prob.pools)])[None, None, None, :, None],
-                           pf, mixed_v)
-        v_first = (w_share * fh * first_v).sum(axis=3)
-        v_dec = (w_share * dh * mixed_v).sum(axis=3)
-        v = 1.0 - (1.0 - v_first) * (1.0 - v_dec)
+        first_v = np.where(self.prefill_pool, pf, mixed_v) if self.prefill_pool.any() else mixed_v
+        # Without decode pools every pool is a first hop (× 1 is exact) and the decode hop adds
+        # nothing: (1 − v_first) × (1 − 0) is (1 − v_first) exactly (a NaN row is NaN in v_first too).
+        if self.decode_hop.any():
+            v_first = _sum_pools(w_share * self.first_hop * first_v)
+            v_dec = _sum_pools(w_share * self.decode_hop * mixed_v)
+            v = 1.0 - (1.0 - v_first) * (1.0 - v_dec)
+        else:
+            v = 1.0 - (1.0 - _sum_pools(np.multiply(w_share, first_v, out=scratch)))
+        v = np.ascontiguousarray(np.moveaxis(v, 0, -1))  # (C,2,H,K)
         v = np.clip(v, 0.0, 1.0)  # (C,2,H,K) late share of admitted requests
         # Aggregates over the horizon.
         # Terminal weight: the last step stands for the state the plan leaves behind, which lasts
@@ -558,7 +744,7 @@ class _Evaluator:
         # `terminal_steps` extra steps, so capacity arriving late in the horizon is not judged
         # on a few steps of benefit against the whole horizon's cost.
         wt = self.step_weight  # (H,)
-        req = (self.lam * wt[None, :, None]).sum(axis=1) * dt  # (2,K) requests offered
+        req = self.req  # (2,K) requests offered
         adm_n = (adm * wt[None, None, :, None]).sum(axis=2) * dt  # (C,2,K)
         # a shed attempt that is retried and admitted arrives at least one backoff late: count
         # half of those as late (partial shedding delays; it is not free)
@@ -588,7 +774,7 @@ class _Evaluator:
         restart = (cand.mbt != cur.mbt) | (cand.mns != cur.mns)
         # a rolling restart runs one surge replica per replica for its warm start, and every
         # replica comes back with an empty cache: count twice the surge cost
-        restart_usd = (restart * np.array([p.ready for p in prob.pools]) * self.price * self.d_warm / 3600.0).sum(axis=1)
+        restart_usd = (restart * self.ready_int * self.price * self.d_warm / 3600.0).sum(axis=1)
         change += restart_usd * 2.0
         J = cpr * (pen + risk) + change / succ
         J = np.where(np.isfinite(J), J, np.inf)
@@ -599,7 +785,7 @@ class _Evaluator:
             "late_frac_p50": late[:, 0] / np.maximum(adm_n[:, 0], 1e-9), "late_or_shed_frac_p90": v90,
             "shed_frac_final": shed_n[:, 0] / np.maximum(req[0][None], 1e-9),
             "risk_excess": excess, "ready": ready, "billed": billed, "ttft_p95": ttft95, "tpot_p95": tpot95,
-            "wait": wait, "utilisation": (pool_rps / np.maximum(cap_rps, 1e-9)), "hit": hit,
+            "wait": wait_detail, "utilisation": (pool_rps / np.maximum(cap_rps, 1e-9)), "hit": hit,
             "penalty_factor": pen, "risk_term": risk, "change_usd": change,
         }
         return J, info

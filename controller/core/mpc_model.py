@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -171,7 +171,10 @@ def figures_for(pool: PoolSpec, table: Mapping[str, EngineFigures] = PROFILED_FI
 
 @dataclass(frozen=True)
 class LatencyQuery:
-    """One row per (candidate, step, pool); every array has the same shape (any shape)."""
+    """One row per (candidate, step, pool); every array has the same shape (any shape), or shapes
+    that broadcast together (the planner passes per-pool constants as (P,) and per-candidate levers
+    as (C, 1, 1, P), so the model computes each quantity once per distinct value; the answer has
+    the broadcast shape)."""
 
     pool_index: np.ndarray  # int, row into the model's pools
     rps_per_replica: np.ndarray  # admitted requests/s per serving replica
@@ -235,6 +238,25 @@ def affinity(prefix_weight: np.ndarray, load_weight: np.ndarray) -> np.ndarray:
     return w / (w + half)
 
 
+# z beyond which Φ(z) is exactly 1.0 in double precision (1 − Φ(9) = 1e-19, under half an ulp of 1;
+# checked on a grid of z from 9 to 1e300 and +inf).
+_NDTR_ONE_Z = 9.0
+
+
+def _ndtr_upper_saturated(x: np.ndarray) -> np.ndarray:
+    """Φ(x), the same values as scipy's ndtr, without evaluating it where it is exactly 1: ndtr costs
+    ~13 ns a value and most Halfin–Whitt β (= (1 − ρ)·√slots, tens of slots) lie beyond 9."""
+    x = np.asarray(x, dtype=float)
+    one = x > _NDTR_ONE_Z
+    n_one = int(np.count_nonzero(one))
+    if n_one < x.size // 8:  # few saturated: masking would cost more than it saves
+        return ndtr(x)
+    out = np.ones_like(x)
+    rest = ~one  # NaN included: ndtr keeps it NaN
+    out[rest] = ndtr(x[rest])
+    return out
+
+
 def _halfin_whitt_wait(util: np.ndarray, servers: np.ndarray, service_s: np.ndarray,
                        qs: tuple[float, ...]) -> tuple[np.ndarray, ...]:
     """q-quantiles of the wait in an M/M/c queue (Halfin–Whitt P(wait), exponential conditional wait).
@@ -244,11 +266,12 @@ def _halfin_whitt_wait(util: np.ndarray, servers: np.ndarray, service_s: np.ndar
     """
     u = np.clip(util, 0.0, UTIL_CLIP)
     c = np.maximum(servers, 1.0)
-    beta = (1.0 - u) * np.sqrt(c)
+    idle = 1.0 - u
+    beta = idle * np.sqrt(c)
     phi = np.exp(-0.5 * beta * beta) / math.sqrt(2 * math.pi)
-    p_wait = 1.0 / (1.0 + beta * ndtr(beta) / np.maximum(phi, 1e-300))
+    p_wait = 1.0 / (1.0 + beta * _ndtr_upper_saturated(beta) / np.maximum(phi, 1e-300))
     p_wait = np.where(u <= 0.0, 0.0, p_wait)
-    rate = c * (1.0 - u) / np.maximum(service_s, 1e-9)
+    rate = c * idle / np.maximum(service_s, 1e-9)
     out = []
     for q in qs:
         tail = 1.0 - q
@@ -313,6 +336,16 @@ class QueueingPrior:
     # ---- latency
 
     def latency(self, q: LatencyQuery) -> LatencyAnswer:
+        return self._latency(q)[0]
+
+    def _latency(self, q: LatencyQuery) -> tuple[LatencyAnswer, Callable[[np.ndarray], np.ndarray]]:
+        """The answer, and p95 TPOT as a function of the burst length per row (the only term the burst
+        moves; `burst_for` bisects on it without recomputing the rest)."""
+        # Inputs may be broadcastable rather than equal in shape (see LatencyQuery): every formula
+        # below is element-wise, so a quantity that depends only on the pool, the levers or the hit
+        # rate is computed at that smaller shape (once per distinct value, the same floating-point
+        # result per element) and only the load-dependent ones at the full shape.
+        shape = np.broadcast_shapes(*(np.shape(getattr(q, f)) for f in LatencyQuery.__dataclass_fields__))
         A = self._arr
         i = np.asarray(q.pool_index).astype(np.intp)
         a, b, c, d, e, kv = A["a"][i], A["b"][i], A["c"][i], A["d"][i], A["e"][i], A["kv"][i]
@@ -320,8 +353,12 @@ class QueueingPrior:
         lam = np.maximum(q.rps_per_replica, 0.0)
         P = np.maximum(q.prompt_tokens, 1.0)
         hit = np.clip(q.hit_rate, 0.0, 0.99)
-        O = np.where(pre_only, 1.0, np.maximum(q.output_tokens, 1.0))
-        u = np.where(dec_only, 0.0, P * (1.0 - hit))
+        O = np.maximum(q.output_tokens, 1.0)
+        if pre_only.any():
+            O = np.where(pre_only, 1.0, O)
+        u = P * (1.0 - hit)
+        if dec_only.any():
+            u = np.where(dec_only, 0.0, u)
         # Prompt-length moments E[u^k] / E[u]^k of a log-normal (σ ≈ 1) truncated at the context
         # length: an untruncated σ = 1 gives 2.7, 20 and 403; real traces give ~2-2.7, 5-9 and
         # 15-90 (Azure 2023 chat: 1.9, -, 19; Mooncake: 2.7, -, 93), so the tail is capped.
@@ -369,24 +406,41 @@ class QueueingPrior:
         # burst 1 s → 4,050-token chunks → 11 ms + 65 µs × 4,050 = 0.28 s per step; a
         # 1,024-token budget caps it at 0.08 s.
         t_dec = a + beta * batch
-        chunk = np.minimum(budget, burst * lam_eff * u)
-        tpot_burst = t_dec + d * chunk + e * chunk * (ph + 0.5 * chunk)
+
+        def tpot_burst_of(burst: np.ndarray) -> np.ndarray:
+            if not burst.any():  # no burst anywhere: the chunk is 0 and the burst step is the decode step
+                return t_dec
+            chunk = np.minimum(budget, burst * lam_eff * u)
+            return t_dec + d * chunk + e * chunk * (ph + 0.5 * chunk)
+
         ttft50 = (0.5 * t + prefill_s(u50) + 0.7 * w_pk + w50) * np.sqrt(k_ttft)
         ttft95 = (TTFT_P95_FACTOR * (0.95 * t + prefill_s(u95)) + 3.0 * w_pk + w95) * k_ttft
         # Decode-only pools: the first token is one decode step after the KV arrives.
-        ttft50 = np.where(dec_only, 1.5 * t + w50, ttft50)
-        ttft95 = np.where(dec_only, 1.95 * t + w95, ttft95)
+        if dec_only.any():
+            ttft50 = np.where(dec_only, 1.5 * t + w50, ttft50)
+            ttft95 = np.where(dec_only, 1.95 * t + w95, ttft95)
         # A request's TPOT averages the steps of its lifetime L = O·t; the prefill work that
         # lands in them is compound Poisson (rate λ, sizes pc): sd √(λ·L·E[pc²]) / O per token.
         spread = np.sqrt(lam_eff * service * pc2) / O
         tpot50 = t * np.sqrt(k_tpot)
-        tpot95 = np.maximum(t * TPOT_P95_OF_MEAN + 1.645 * spread, tpot_burst) * k_tpot
+        tpot95_smooth = t * TPOT_P95_OF_MEAN + 1.645 * spread
+
+        def tpot95_of(burst: np.ndarray) -> np.ndarray:
+            return np.maximum(tpot95_smooth, tpot_burst_of(burst)) * k_tpot
+
+        tpot95 = tpot95_of(burst)
         # Past saturation the fluid model has no steady state: the planner adds the backlog;
         # confidence drops there (we extrapolate) and near idle (little signal in corrections).
         conf = np.where(util < 0.95, self.base_confidence, self.base_confidence * 0.5)
-        return LatencyAnswer(ttft_p50_s=ttft50, ttft_p95_s=ttft95, tpot_p50_s=tpot50, tpot_p95_s=tpot95,
-                             capacity_rps=cap_rps, utilisation=util, batch=batch, confidence=conf,
-                             slot_wait_p50_s=w50 * np.sqrt(k_ttft), slot_wait_p95_s=w95 * k_ttft)
+
+        def full(x: np.ndarray) -> np.ndarray:  # a quantity computed at a smaller shape, as a read-only view
+            return x if np.shape(x) == shape else np.broadcast_to(x, shape)
+
+        return LatencyAnswer(ttft_p50_s=full(ttft50), ttft_p95_s=full(ttft95), tpot_p50_s=full(tpot50),
+                             tpot_p95_s=full(tpot95), capacity_rps=full(cap_rps), utilisation=full(util),
+                             batch=full(batch), confidence=full(conf),
+                             slot_wait_p50_s=full(w50 * np.sqrt(k_ttft)),
+                             slot_wait_p95_s=full(w95 * k_ttft)), tpot95_of
 
     # ---- cache
 
@@ -408,13 +462,16 @@ class QueueingPrior:
         Returns hi when even the full batch-token budget per step cannot explain it."""
         base = replace(self, ttft_correction=(1.0,) * len(self.pools), tpot_correction=(1.0,) * len(self.pools),
                        _arr={})
+        # Only the burst term depends on the burst: the rest of the answer is computed once, and each
+        # step re-evaluates p95 TPOT with the query's pool at `mid` (the model it would be with that burst).
+        _, tpot95_of = base._latency(q)
+        rows = np.asarray(q.pool_index).astype(np.intp)
+        b = np.array(base.burst, dtype=float)
         lo, top = 0.0, hi
         for _ in range(30):
             mid = 0.5 * (lo + top)
-            b = list(base.burst)
             b[int(q.pool_index[0])] = mid
-            m = replace(base, burst=tuple(b), _arr={})
-            if float(m.latency(q).tpot_p95_s[0]) < tpot_p95_s:
+            if float(tpot95_of(b[rows])[0]) < tpot_p95_s:
                 lo = mid
             else:
                 top = mid
