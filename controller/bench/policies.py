@@ -110,7 +110,10 @@ def verify_static(ctx: BenchContext, *, tick_s: float, progress: Callable[[str],
     check_from_s = max(p.startup_cold_s for p in scenario.pools) + tick_s
     for i in range(rounds + 1):
         label = STATIC if i == 0 else f"{STATIC} +{i}"
-        policy = build_policy(STATIC, fleet_spec_from_scenario(scenario), {"replicas": reps})
+        try:
+            policy = build_policy(STATIC, fleet_spec_from_scenario(scenario), {"replicas": reps})
+        except ValueError as exc:  # e.g. a profiled size outside a pool's min/max: name the step that failed
+            raise BenchError(f"static (verifying the profiled size {reps}): {exc}") from None
         run = run_closed_loop(scenario, policy, seed=ctx.seed, tick_s=tick_s, workload=ctx.workload, label=STATIC,
                               params={"replicas": dict(reps)}, slo_check_from_s=check_from_s,
                               progress=progress(label) if progress else None)

@@ -656,7 +656,15 @@ class _Evaluator:
         hit_ss = self.model.hit_rate(self.idx, ready_t, cand.pw[:, None, None, :], self.load_w, self.inf_hit,
                                      self.ws, np.zeros(P))
         relax = self.relax
-        hit = hit_ss + (self.hit0 - hit_ss) * relax
+        # a batch-cap change is a rolling restart: every replica comes back with an empty cache, so
+        # the hit rate refills from zero (on mooncake-conv, 2,048 → 1,024 tokens took it from 0.43
+        # to 0.05, and the change lost money the restart's GPU cost alone did not show)
+        restart = (cand.mbt != self.cur.mbt) | (cand.mns != self.cur.mns)  # (C,P)
+        if restart.any():
+            hit_from = np.where(restart, 0.0, self.hit0[None, :])[:, None, None, :]
+            hit = hit_ss + (hit_from - hit_ss) * relax
+        else:
+            hit = hit_ss + (self.hit0 - hit_ss) * relax
         hit = hit * (1.0 - fresh_t * relax * 0.5)  # new replicas start cold (same time constant)
         shape = lam_rep.shape
         # per-pool constants as (P,), levers as (C,1,1,P): the model broadcasts (see LatencyQuery)
@@ -772,8 +780,9 @@ class _Evaluator:
                  + (np.abs(cand.tw - cur.tw) > 0.02) + (cand.standby != cur.standby))
         change += prob.weights.lever_change_weight * (lever * step_price).sum(axis=1)
         restart = (cand.mbt != cur.mbt) | (cand.mns != cur.mns)
-        # a rolling restart runs one surge replica per replica for its warm start, and every
-        # replica comes back with an empty cache: count twice the surge cost
+        # a rolling restart runs one surge replica per replica for its warm start; counted twice, as a
+        # margin for what the model does not see (the drain overlap, the new engines' first minutes).
+        # The empty caches it leaves are in the hit-rate dynamics above.
         restart_usd = (restart * self.ready_int * self.price * self.d_warm / 3600.0).sum(axis=1)
         change += restart_usd * 2.0
         J = cpr * (pen + risk) + change / succ

@@ -107,6 +107,9 @@ class MpcPoolMemory:
     caps: tuple[int, int] | None = None  # engine (max_num_seqs, max_num_batched_tokens) in force
     caps_changed_s: float = -math.inf
     unordered: int = 0  # replicas the fleet started this tick that nobody ordered (crash replacements)
+    # old-cap replicas still to be replaced by the rolling restart a batch-cap change set off: the
+    # fleet starts their surge replicas itself (one at a time, warm), and those are not losses
+    rollout_left: int = 0
 
 
 @dataclass(frozen=True)
@@ -351,8 +354,11 @@ class MpcPolicy:
             caps = m.caps or (spec.max_num_seqs, spec.max_num_batched_tokens)
             new_caps = (pp.max_num_seqs, pp.max_num_batched_tokens)
             caps_changed_s = m.caps_changed_s
+            rollout_left = m.rollout_left
             if new_caps != caps:
                 caps_changed_s = now
+                # every replica serving now restarts with the new caps (the fleet rolls them)
+                rollout_left = m.serving if m.serving is not None else int(final)
             pools_out[spec.name] = PoolDecision(
                 replicas=int(final), warm_standby=int(pp.standby), inflight_cap=int(pp.inflight_cap),
                 traffic_weight=float(pp.traffic_weight), prefix_weight=float(pp.prefix_weight),
@@ -360,7 +366,8 @@ class MpcPolicy:
                 max_num_seqs=int(new_caps[0]) if new_caps != (spec.max_num_seqs, spec.max_num_batched_tokens) else 0,
                 max_num_batched_tokens=int(new_caps[1]) if new_caps != (spec.max_num_seqs,
                                                                         spec.max_num_batched_tokens) else 0)
-            new_mem[spec.name] = replace(m, recs=recs, caps=new_caps, caps_changed_s=caps_changed_s)
+            new_mem[spec.name] = replace(m, recs=recs, caps=new_caps, caps_changed_s=caps_changed_s,
+                                        rollout_left=rollout_left)
             reasons.extend(self._pool_reasons(spec, pin, cur, final, pp, cur_pd, result, problem, now))
         admission: dict[str, ClassAdmission] = {}
         for c in PRIORITY_CLASSES:
@@ -433,14 +440,24 @@ class MpcPolicy:
                     etas.pop()
                     cut -= 1
                 warm.extend([t_order] * cut)
+        rollout_left = m.rollout_left
+        if ready is not None:  # scale-downs drain old-cap replicas first: never more left than serve
+            rollout_left = min(rollout_left, int(round(ready)))
         if starting is not None:
             n = int(round(starting))
             etas.sort()
             while len(etas) > n:  # the earliest became ready
                 etas.pop(0)
-            while len(etas) < n:  # started by the fleet itself (a crash replacement): cold
-                etas.append(now + spec.startup_cold_s)
-                unordered += 1
+            while len(etas) < n:
+                if rollout_left > 0:
+                    # the rolling restart's surge replica (maxSurge 1): new caps, weights on the node.
+                    # Counting it as a crash replacement tripped the breaker on mooncake-conv (one
+                    # surge among 3 replicas reads as a 33 % loss) and bought 6 replicas for nothing.
+                    etas.append(now + spec.startup_warm_s)
+                    rollout_left -= 1
+                else:  # started by the fleet itself (a crash replacement): cold
+                    etas.append(now + spec.startup_cold_s)
+                    unordered += 1
         fixed = []
         for e in etas:
             if e <= now:  # overdue: it was a cold start after all
@@ -460,7 +477,8 @@ class MpcPolicy:
                 if gtok is not None and gtok > 0:
                     out = _ewma(out, max(gtok / arr, 1.0), 0.3)
         return replace(m, etas=tuple(etas), warm=tuple(warm[-64:]), serving=serving_now, target=target,
-                       prompt_tokens=prompt, output_tokens=out, unordered=unordered if m.serving is not None else 0)
+                       prompt_tokens=prompt, output_tokens=out, unordered=unordered if m.serving is not None else 0,
+                       rollout_left=rollout_left)
 
     def _learn(self, mem: dict[str, MpcPoolMemory], inp: PolicyInput, prior: PlanModel,
                j_of: Mapping[str, int], settled: bool = True) -> tuple[dict[str, MpcPoolMemory], dict[str, Any]]:
@@ -696,17 +714,31 @@ class MpcPolicy:
         out: list[Reason] = []
         t = result.terms["pools"][spec.name]
         need = t["need_by_step_p90"]
+        late = result.terms.get("late_or_shed_frac_p90", {})
+        worst = max(late, key=lambda c: late[c]) if late else None
+        tail = (f"; the p95s fit {max(need)}, the plan keeps {final} for the tail (predicted late-or-shed share "
+                f"at p90 load: {worst} {late[worst]:.1%})" if worst is not None else "")
         if final > cur:
             soon = need[0] > cur
-            code = "mpc_scale_up" if soon else "mpc_scale_up_early"
-            when = next((k for k, n in enumerate(need) if n > cur), 0)
-            msg = (f"{cur}→{final}: p90 load needs {max(need[: when + 1])} now" if soon else
-                   f"{cur}→{final}: forecast p90 needs {max(need)} by +{(when + 0.5) * self.config.step_s:.0f} s; "
-                   f"start-up takes {spec.startup_warm_s:g}-{spec.startup_cold_s:g} s")
+            when = next((k for k, n in enumerate(need) if n > cur), None)
+            if when is None:
+                # no step's p95 needs more than the current count: the chance constraint (requests
+                # beyond the p95, the p90 load) or a breaker floor bought it; say so, not "needs 3"
+                code = "mpc_scale_up"
+                msg = f"{cur}→{final}{tail}"
+            else:
+                code = "mpc_scale_up" if soon else "mpc_scale_up_early"
+                msg = (f"{cur}→{final}: p90 load needs {max(need[: when + 1])} now" if soon else
+                       f"{cur}→{final}: forecast p90 needs {max(need)} by +{(when + 0.5) * self.config.step_s:.0f} s; "
+                       f"start-up takes {spec.startup_warm_s:g}-{spec.startup_cold_s:g} s")
+                if final > max(need):
+                    msg += tail
             out.append(reason(code, spec.name, msg, before=cur, after=final, need_by_step=need))
         elif final < cur:
+            kept = (f" (keeps {final} for the tail: predicted late-or-shed share at p90 load {worst} "
+                    f"{late[worst]:.1%})" if worst is not None and final > max(need) else "")
             out.append(reason("mpc_scale_down", spec.name,
-                              f"{cur}→{final}: p90 load over the horizon needs at most {max(need)}; "
+                              f"{cur}→{final}: p90 load over the horizon needs at most {max(need)}{kept}; "
                               f"saves ${(cur - final) * spec.usd_per_replica_hour:.2f}/h",
                               before=cur, after=final, need_by_step=need))
         if final >= spec.max_replicas and max(need) > spec.max_replicas:

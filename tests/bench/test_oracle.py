@@ -254,3 +254,14 @@ def test_static_is_verified_by_replay_and_the_oracle_is_never_dearer(tiny_scenar
                         seed=scenario.seed, static=reps)
     assert oracle.slo_met and oracle.candidate.planned_cost_usd <= oracle.static_planned_cost_usd
     assert oracle.run.summary["cost_usd"] <= run.summary["cost_usd"] + 1e-9
+
+
+def test_static_verification_names_a_size_the_policy_refuses(tiny_scenario) -> None:
+    from dataclasses import replace as dc_replace
+
+    from controller.bench.policies import BenchError, verify_static
+
+    scenario = load_scenario(tiny_scenario)
+    ctx = prepare(scenario, seed=scenario.seed, cache_dir=tiny_scenario.parent / ".cache")
+    with pytest.raises(BenchError, match=r"static \(verifying the profiled size \{'small': -1\}\)"):
+        verify_static(dc_replace(ctx, static_replicas={"small": -1}), tick_s=15.0, rounds=0)
