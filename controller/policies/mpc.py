@@ -75,6 +75,9 @@ from controller.types import (
 
 HISTORY_KEEP_S = 1800.0
 CORRECTION_BOUNDS = (0.4, 10.0)
+# a rolling restart's next surge replica starts when the previous one is ready; this long past a
+# cold start-up without one, the restart is taken as over
+ROLLOUT_GAP_S = 120.0
 BURST_EVIDENCE = 2.0  # p95 TPOT this far above the smooth-arrival model is taken as bursts
 BURST_DECAY = 0.97  # per tick: a burst regime seen once is remembered for ~5 minutes (15 s ticks)
 WARM_BINS = 8
@@ -110,6 +113,7 @@ class MpcPoolMemory:
     # old-cap replicas still to be replaced by the rolling restart a batch-cap change set off: the
     # fleet starts their surge replicas itself (one at a time, warm), and those are not losses
     rollout_left: int = 0
+    rollout_seen_s: float = -math.inf  # the caps change or the latest surge replica seen
 
 
 @dataclass(frozen=True)
@@ -354,11 +358,12 @@ class MpcPolicy:
             caps = m.caps or (spec.max_num_seqs, spec.max_num_batched_tokens)
             new_caps = (pp.max_num_seqs, pp.max_num_batched_tokens)
             caps_changed_s = m.caps_changed_s
-            rollout_left = m.rollout_left
+            rollout_left, rollout_seen_s = m.rollout_left, m.rollout_seen_s
             if new_caps != caps:
                 caps_changed_s = now
                 # every replica serving now restarts with the new caps (the fleet rolls them)
                 rollout_left = m.serving if m.serving is not None else int(final)
+                rollout_seen_s = now
             pools_out[spec.name] = PoolDecision(
                 replicas=int(final), warm_standby=int(pp.standby), inflight_cap=int(pp.inflight_cap),
                 traffic_weight=float(pp.traffic_weight), prefix_weight=float(pp.prefix_weight),
@@ -367,7 +372,7 @@ class MpcPolicy:
                 max_num_batched_tokens=int(new_caps[1]) if new_caps != (spec.max_num_seqs,
                                                                         spec.max_num_batched_tokens) else 0)
             new_mem[spec.name] = replace(m, recs=recs, caps=new_caps, caps_changed_s=caps_changed_s,
-                                        rollout_left=rollout_left)
+                                        rollout_left=rollout_left, rollout_seen_s=rollout_seen_s)
             reasons.extend(self._pool_reasons(spec, pin, cur, final, pp, cur_pd, result, problem, now))
         admission: dict[str, ClassAdmission] = {}
         for c in PRIORITY_CLASSES:
@@ -440,9 +445,13 @@ class MpcPolicy:
                     etas.pop()
                     cut -= 1
                 warm.extend([t_order] * cut)
-        rollout_left = m.rollout_left
+        rollout_left, rollout_seen_s = m.rollout_left, m.rollout_seen_s
         if ready is not None:  # scale-downs drain old-cap replicas first: never more left than serve
             rollout_left = min(rollout_left, int(round(ready)))
+        if rollout_left and now - rollout_seen_s > spec.startup_cold_s + ROLLOUT_GAP_S:
+            # no surge for longer than a start-up takes: the restart is over or never happened (the
+            # decision was not applied: shadow mode, a freeze); later starts are crash replacements
+            rollout_left = 0
         if starting is not None:
             n = int(round(starting))
             etas.sort()
@@ -455,6 +464,7 @@ class MpcPolicy:
                     # surge among 3 replicas reads as a 33 % loss) and bought 6 replicas for nothing.
                     etas.append(now + spec.startup_warm_s)
                     rollout_left -= 1
+                    rollout_seen_s = now
                 else:  # started by the fleet itself (a crash replacement): cold
                     etas.append(now + spec.startup_cold_s)
                     unordered += 1
@@ -478,7 +488,7 @@ class MpcPolicy:
                     out = _ewma(out, max(gtok / arr, 1.0), 0.3)
         return replace(m, etas=tuple(etas), warm=tuple(warm[-64:]), serving=serving_now, target=target,
                        prompt_tokens=prompt, output_tokens=out, unordered=unordered if m.serving is not None else 0,
-                       rollout_left=rollout_left)
+                       rollout_left=rollout_left, rollout_seen_s=rollout_seen_s)
 
     def _learn(self, mem: dict[str, MpcPoolMemory], inp: PolicyInput, prior: PlanModel,
                j_of: Mapping[str, int], settled: bool = True) -> tuple[dict[str, MpcPoolMemory], dict[str, Any]]:

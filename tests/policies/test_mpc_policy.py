@@ -302,18 +302,20 @@ def test_a_surge_in_the_first_minute_is_met_within_two_ticks(label, first_s, sur
     assert max(reps[seen:seen + 2]) >= settled - 1, (label, reps)  # within two ticks of seeing it
 
 
-@pytest.mark.parametrize("label,rollout_left,tripped", [
-    ("surge replica of a rolling restart the policy ordered", 3, False),
-    ("the same start with no restart in progress is a crash replacement", 0, True),
+@pytest.mark.parametrize("label,rollout_left,seen_s,tripped", [
+    ("surge replica of a rolling restart the policy ordered", 3, 180.0, False),
+    ("the same start with no restart in progress is a crash replacement", 0, 180.0, True),
+    ("a restart ordered long ago that never came (shadow mode) does not mask a crash", 3, -400.0, True),
 ])
-def test_rolling_restart_surge_is_not_a_replica_loss(label, rollout_left, tripped):
+def test_rolling_restart_surge_is_not_a_replica_loss(label, rollout_left, seen_s, tripped):
     # a batch-cap change makes the fleet restart every replica, one warm surge replica at a time
     # (maxSurge 1); on mooncake-conv the MPC once read that surge as a crash and tripped the breaker
     pol = MpcPolicy(**FAST)
     state, outs = loop(pol, [(4.0, 3)] * 12, start=3)
     cur = Decision("d", 1, 180.0, 300.0, pools={"p": replace(outs[-1].pools["p"], replicas=3)})
     mem = state.pools["p"]
-    state = replace(state, pools={"p": replace(mem, target=3, serving=3, rollout_left=rollout_left)})
+    state = replace(state, pools={"p": replace(mem, target=3, serving=3, rollout_left=rollout_left,
+                                               rollout_seen_s=seen_s)})
     classes = {c: ClassObservation(priority_class=c, arrival_rps=Reading(4.0 * s), retry_rps=Reading(0.0),
                                    shed_rps=Reading(0.0), ttft_p95_s=Reading(3.5), tpot_p95_s=Reading(0.16))
                for c, s in (("critical", 0.2), ("standard", 0.6), ("sheddable", 0.2))}
@@ -322,4 +324,4 @@ def test_rolling_restart_surge_is_not_a_replica_loss(label, rollout_left, trippe
     state, out = pol.decide(state, i, np.random.default_rng(0))
     assert (out.diagnostics["breaker"]["phase"] == "open") is tripped, label
     assert state.pools["p"].unordered == (1 if tripped else 0)
-    assert state.pools["p"].rollout_left == max(rollout_left - 1, 0)
+    assert state.pools["p"].rollout_left == (0 if tripped else rollout_left - 1)
