@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--policies", default=None, help="comma-separated policy names (default: all)")
     b.add_argument("--seed", type=int, default=None)
     b.add_argument("--out", default=None, help="directory for the JSON and PNG (default bench-out/)")
+    b.add_argument("--tick", dest="tick_s", type=float, default=None, metavar="SECONDS",
+                   help="control-loop tick of every replay, simulated seconds (default 15, the daemon's)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=_handler("controller.bench.policies:cmd_bench_policies"))
     b = bsub.add_parser("tick", help="tick overhead (read + step + actuate) for a large fleet")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -313,7 +314,11 @@ def cmd_bench_policies(args: argparse.Namespace) -> int:
         return 2
     seed = scenario_seed(scenario, getattr(args, "seed", None))
     out_dir = Path(args.out or DEFAULT_OUT)
-    tick_s = float(getattr(args, "tick_s", None) or DEFAULT_TICK_S)
+    tick_s = getattr(args, "tick_s", None)
+    tick_s = DEFAULT_TICK_S if tick_s is None else float(tick_s)
+    if not (math.isfinite(tick_s) and 1.0 <= tick_s <= 600.0):
+        print(f"{prog}: --tick must be between 1 and 600 simulated seconds (got {tick_s:g})", file=sys.stderr)
+        return 2
     clock = WallClock()
     t0 = clock.monotonic_s()
     try:

@@ -112,3 +112,14 @@ def test_bad_scenario_exits_2(tmp_path: Path, capsys) -> None:
     code, _, err = bench(capsys, tmp_path / "missing.yaml", tmp_path / "out")
     assert code == 2
     assert "missing.yaml" in err
+
+
+def test_tick_flag_sets_the_replay_tick_and_rejects_nonsense(first_run, capsys) -> None:
+    scenario, report, _ = first_run
+    assert report["tick_s"] == 15.0  # the default: the daemon's tick
+    code, out, err = bench(capsys, scenario, scenario.parent / "out1", "--policies", "static", "--tick", "30", "--json")
+    assert code == 0, err
+    assert json.loads(out)["tick_s"] == 30.0
+    for bad in ("0", "-5", "nan", "1e9"):
+        code, out, err = bench(capsys, scenario, scenario.parent / "out1", "--policies", "static", "--tick", bad)
+        assert code == 2 and "--tick must be between 1 and 600" in err and out == "", bad
