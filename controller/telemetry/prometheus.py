@@ -255,24 +255,7 @@ class PrometheusSource:
         deadline = self.clock.monotonic_s() + self.timeout_s
         fell_back = False
         if self.recording_rules:
-            raw: dict[str, object] = {}
-            asked = {"recording_rules": self._rules_selector, **self._raw_with_rules} if self.records \
-                else dict(self._raw_with_rules)
-            answered, transport_error = self._run(asked, deadline, raw, errors)
-            total = len(asked)
-            recorded = raw.pop("recording_rules", None)
-            results.update(raw)
-            if transport_error is None and self.records and not isinstance(recorded, BaseException | None):
-                if not self._split_recorded(recorded, results, errors):
-                    # The rules are not loaded (or not evaluated yet): say so, and read the raw queries instead.
-                    fell_back = True
-                    errors.append(f"recording rules: no governor:* series in {self.url} (are "
-                                  f"deploy/prometheus/governor-rules.yml loaded and evaluated? or is there nothing "
-                                  f"to record?); read the raw queries instead")
-                    rest = {n: self.queries[n] for n in self.records.values()}
-                    more, transport_error = self._run(rest, deadline, results, errors)
-                    answered += more
-                    total += len(rest)
+            answered, total, transport_error, fell_back = self._read_recorded(deadline, results, errors)
         else:
             answered, transport_error = self._run(self.queries, deadline, results, errors)
             total = len(self.queries)
@@ -288,6 +271,30 @@ class PrometheusSource:
             self._health = _Health(answered == total and not fell_back, f"{answered}/{total} queries answered"
                                    + (f"; first error: {errors[0]}" if errors else ""))
         return obs
+
+    def _read_recorded(self, deadline: float, results: dict[str, object],
+                       errors: list[str]) -> tuple[int, int, str | None, bool]:
+        """The recorded series in one query (plus the queries no rule records), into `results`; the raw
+        queries instead when Prometheus holds no governor:* series. (answered, asked, transport
+        error, fell back)."""
+        raw: dict[str, object] = {}
+        asked = {"recording_rules": self._rules_selector, **self._raw_with_rules} if self.records \
+            else dict(self._raw_with_rules)
+        answered, transport_error = self._run(asked, deadline, raw, errors)
+        total = len(asked)
+        recorded = raw.pop("recording_rules", None)
+        results.update(raw)
+        if transport_error is not None or not self.records or isinstance(recorded, BaseException | None):
+            return answered, total, transport_error, False
+        if self._split_recorded(recorded, results, errors):
+            return answered, total, None, False
+        # The rules are not loaded (or not evaluated yet): say so, and read the raw queries instead.
+        errors.append(f"recording rules: no governor:* series in {self.url} (are "
+                      f"deploy/prometheus/governor-rules.yml loaded and evaluated? or is there nothing "
+                      f"to record?); read the raw queries instead")
+        rest = {n: self.queries[n] for n in self.records.values()}
+        more, transport_error = self._run(rest, deadline, results, errors)
+        return answered + more, total + len(rest), transport_error, True
 
     def health(self) -> tuple[bool, str]:
         h = self._health
