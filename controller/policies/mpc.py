@@ -732,10 +732,12 @@ class MpcPolicy:
             soon = need[0] > cur
             when = next((k for k, n in enumerate(need) if n > cur), None)
             if when is None:
-                # no step's p95 needs more than the current count: the chance constraint (requests
-                # beyond the p95, the p90 load) or a breaker floor bought it; say so, not "needs 3"
+                # no step's p95 needs more than the current count: a floor (breaker replacements, an
+                # override) or the chance constraint (requests beyond the p95) bought it; say which,
+                # not "needs 3" next to a scale-up to 5
                 code = "mpc_scale_up"
-                msg = f"{cur}→{final}{tail}"
+                msg = (f"{cur}→{final}: held at the floor {pin.lo} (breaker replacements or an override)"
+                       if final <= pin.lo else f"{cur}→{final}{tail}")
             else:
                 code = "mpc_scale_up" if soon else "mpc_scale_up_early"
                 msg = (f"{cur}→{final}: p90 load needs {max(need[: when + 1])} now" if soon else

@@ -325,3 +325,29 @@ def test_rolling_restart_surge_is_not_a_replica_loss(label, rollout_left, seen_s
     assert (out.diagnostics["breaker"]["phase"] == "open") is tripped, label
     assert state.pools["p"].unordered == (1 if tripped else 0)
     assert state.pools["p"].rollout_left == (0 if tripped else rollout_left - 1)
+
+
+@pytest.mark.parametrize("label,cur,final,need,lo,expect", [
+    ("the p95 needs more soon", 4, 6, [4, 6, 6], 1, "forecast p90 needs 6 by +45 s"),
+    ("the p95 needs more now", 4, 6, [6, 6, 6], 1, "p90 load needs 6 now"),
+    ("no step's p95 needs more: the tail bought it", 4, 5, [3, 3, 3], 1,
+     "the p95s fit 3, the plan keeps 5 for the tail (predicted late-or-shed share at p90 load: sheddable 33.7%)"),
+    ("no step's p95 needs more: a floor holds it", 3, 5, [3, 3, 3], 5, "held at the floor 5"),
+    ("scale down, above what the p95 needs", 6, 4, [3, 3, 3], 1,
+     "needs at most 3 (keeps 4 for the tail: predicted late-or-shed share at p90 load sheddable 33.7%)"),
+])
+def test_scale_reasons_name_what_bought_the_replicas(label, cur, final, need, lo, expect):
+    # "forecast p90 needs 3" next to a scale-up to 5 was the old message when the tail, not the p95,
+    # bought the replica; an operator asking why must get the real reason
+    from types import SimpleNamespace
+
+    pol = MpcPolicy(**FAST)
+    spec = FL.pools[0]
+    result = SimpleNamespace(terms={"pools": {"p": {"need_by_step_p90": need, "hit_rate": [0.3, 0.3, 0.3]}},
+                                    "late_or_shed_frac_p90": {"critical": 0.001, "standard": 0.01, "sheddable": 0.337}})
+    pin = SimpleNamespace(lo=lo, hi=16, frozen=False, max_num_seqs=256, max_num_batched_tokens=8192)
+    pp = SimpleNamespace(prefix_weight=3.0, inflight_cap=0, traffic_weight=1.0, standby=0, max_num_seqs=256,
+                         max_num_batched_tokens=8192)
+    out = pol._pool_reasons(spec, pin, cur, final, pp, None, result, None, 0.0)
+    msgs = [r.message for r in out if r.code.startswith("mpc_scale")]
+    assert len(msgs) == 1 and expect in msgs[0], (label, msgs)
