@@ -131,8 +131,9 @@ class PoolObservation:
     hit_rate: Reading = MISSING  # prefix-cache hit rate (tokens), 0..1
     ttft_p50_s: Reading = MISSING
     ttft_p95_s: Reading = MISSING
-    tpot_p50_s: Reading = MISSING  # inter-token latency
-    tpot_p95_s: Reading = MISSING
+    tpot_p50_s: Reading = MISSING  # inter-token latency (ITL): the gap between successive tokens
+    tpot_p95_s: Reading = MISSING  # ITL p95 (chunked-prefill steps push it above the request's mean TPOT)
+    request_tpot_p95_s: Reading = MISSING  # p95 of each finished request's mean TPOT: what a TPOT SLO judges
     prompt_tokens_rps: Reading = MISSING
     generation_tokens_rps: Reading = MISSING
     preemptions_rps: Reading = MISSING

@@ -534,7 +534,12 @@ class MpcPolicy:
             # bought replicas for critical that only sheddable's place in the queue explained.
             pool_ttft = value(po.ttft_p95_s)
             o_ttft = pool_ttft if pool_ttft is not None else (cls_ttft if single else None)
-            o_tpot = cls_tpot if single else (value(po.tpot_p95_s) * 0.8 if value(po.tpot_p95_s) is not None else None)
+            # TPOT: the router's per-class p95 when one pool serves everything; else the pool's own
+            # per-request TPOT p95 (vllm:request_time_per_output_token_seconds, what the model predicts
+            # and the SLO judges); an engine without it: its per-token ITL p95, scaled down (chunked-
+            # prefill steps put the per-token p95 above the per-request one)
+            req_tpot, itl = value(po.request_tpot_p95_s), value(po.tpot_p95_s)
+            o_tpot = cls_tpot if single else (req_tpot if req_tpot is not None else (itl * 0.8 if itl is not None else None))
             lk_t, lk_p, err, n, burst = m.log_k_ttft, m.log_k_tpot, m.err, m.samples, m.burst
             d: dict[str, Any] = {"util": round(util, 3)}
             if util < 0.9:

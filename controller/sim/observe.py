@@ -59,7 +59,8 @@ _ENGINE_COUNTERS = (("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
                     ("vllm:prompt_tokens_total", "prompt_tokens"),
                     ("vllm:generation_tokens_total", "generation_tokens"))
 _ENGINE_HISTOGRAMS = (("vllm:time_to_first_token_seconds", "ttft_s"),
-                      ("vllm:inter_token_latency_seconds", "itl_s"))
+                      ("vllm:inter_token_latency_seconds", "itl_s"),
+                      ("vllm:request_time_per_output_token_seconds", "tpot_s"))
 _ENGINE_COUNTS = (("vllm:time_to_first_token_seconds_count", "ttft_s"),)
 _ROUTER_COUNTERS = (("llm_d_epp_request_total", "arrivals"), ("llm_d_epp_governor_admitted_total", "admitted"),
                     ("llm_d_epp_governor_shed_total", "shed"), ("llm_d_epp_governor_retries_total", "retries"))

@@ -86,6 +86,7 @@ _ENGINE_SIGNALS: tuple[_Signal, ...] = (
     _Signal("ttft", ("vllm:time_to_first_token_seconds_bucket", "sglang:time_to_first_token_seconds_bucket"), HIST),
     _Signal("itl", ("vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
                     "sglang:inter_token_latency_seconds_bucket"), HIST),
+    _Signal("req_tpot", ("vllm:request_time_per_output_token_seconds_bucket",), HIST),
 )
 
 _ROUTER_SIGNALS: tuple[_Signal, ...] = (
@@ -501,6 +502,7 @@ class FamiliesWindow:
             ttft_p95_s=_r(t.quantile(0.95, "ttft")),
             tpot_p50_s=_r(t.quantile(0.5, "itl")),
             tpot_p95_s=_r(t.quantile(0.95, "itl")),
+            request_tpot_p95_s=_r(t.quantile(0.95, "req_tpot")),
             arrival_rps=_r(t.rate("first_tokens")),
             prompt_tokens_rps=_r(t.rate("prompt")),
             generation_tokens_rps=_r(t.rate("generation")),

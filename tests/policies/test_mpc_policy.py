@@ -351,3 +351,27 @@ def test_scale_reasons_name_what_bought_the_replicas(label, cur, final, need, lo
     out = pol._pool_reasons(spec, pin, cur, final, pp, None, result, None, 0.0)
     msgs = [r.message for r in out if r.code.startswith("mpc_scale")]
     assert len(msgs) == 1 and expect in msgs[0], (label, msgs)
+
+
+@pytest.mark.parametrize("label,request_tpot,inflated", [
+    ("per-request TPOT near the model's prediction: taken as it is", 0.02, False),
+    ("no per-request histogram: the per-token ITL p95 (0.3 s) reads as bursts", None, True),
+])
+def test_multi_pool_tpot_correction_learns_from_the_per_request_tpot(label, request_tpot, inflated):
+    # two pools (the router's per-class TPOT mixes them): each pool's TPOT correction comes from its
+    # own per-request TPOT p95 when the engines export it, not from the per-token ITL p95, which
+    # chunked-prefill steps push far above it (without it the policy falls back to 0.8 × ITL)
+    two = fleet(spec("a", model="llama-3-8b", sku="a100-80gb", usd_per_replica_hour=5.12),
+                spec("b", model="llama-3-8b", sku="h100-80gb", usd_per_replica_hour=12.29))
+    pol = MpcPolicy(**FAST)
+    state, current = pol.initial_state(), None
+    for k in range(30):
+        t = 15.0 * (k + 1)
+        sig = {n: dict(pool_signals(8.0, 4, tpot=0.3), request_tpot_p95_s=request_tpot) for n in ("a", "b")}
+        i = inp(t, sig, fl=two, current=current if current is not None else {"a": 4, "b": 4})
+        state, out = pol.decide(state, i, np.random.default_rng(k))
+        current = Decision(f"d-{k}", k, t, t + 120, pools=dict(out.pools), admission=dict(out.admission))
+    corr = out.diagnostics["model"]["corrections"]
+    for n in ("a", "b"):
+        seen = corr[n]["tpot_obs_over_smooth"]
+        assert (seen > 5.0) is inflated and (corr[n]["burst"] > 0) is inflated, (label, n, corr[n])

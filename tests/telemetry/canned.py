@@ -78,6 +78,7 @@ class VllmState:
     generation_tokens: float = 0.0
     ttft: Hist = field(default_factory=lambda: Hist(TTFT_BOUNDS_S))
     itl: Hist = field(default_factory=lambda: Hist(ITL_BOUNDS_S))
+    req_tpot: Hist = field(default_factory=lambda: Hist(ITL_BOUNDS_S))  # one mean TPOT per finished request
     names: str = "current"  # current | old (pre-0.9 names only) | both (a 0.9-0.10 build exporting both)
     timestamp_ms: int | None = None  # explicit sample timestamps (makes Prometheus see old samples)
 
@@ -120,6 +121,8 @@ def vllm_text(s: VllmState, engine: str = "0") -> str:
     hist("vllm:time_to_first_token_seconds", s.ttft, "Histogram of time to first token in seconds.")
     if cur:
         hist("vllm:inter_token_latency_seconds", s.itl, "Histogram of inter-token latency in seconds.")
+        hist("vllm:request_time_per_output_token_seconds", s.req_tpot,
+             "Histogram of time_per_output_token_seconds per request.")
     if old:
         hist("vllm:time_per_output_token_seconds", s.itl, "Histogram of time per output token in seconds.")
     lines.extend(["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
