@@ -360,6 +360,11 @@ def fleet() -> dict:
             "ITL quantiles", "Inter-token latency per pool.",
             _quantiles("vllm:inter_token_latency_seconds", "pool", "{{pool}}"), unit="s", min_=0))
          .with_panel(ts(
+            "Per-request TPOT quantiles", "Each finished request's mean time per output token, per pool: what a "
+            "TPOT SLO judges. Below the ITL quantiles when chunked prefill stretches single steps.",
+            _quantiles("vllm:request_time_per_output_token_seconds", "pool", "{{pool}}", qs=(0.5, 0.95)),
+            unit="s", min_=0))
+         .with_panel(ts(
             "Queue time quantiles", "Time requests waited in the engine before being scheduled.",
             _quantiles("vllm:request_queue_time_seconds", "pool", "{{pool}}", qs=(0.5, 0.95)), unit="s", min_=0))
          .with_panel(ts(

@@ -380,7 +380,7 @@ def test_fleet_covers_the_brief(committed):
     for needle in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                    "vllm:prefix_cache_hits_total", "histogram_quantile(0.95, sum by (le, pool) "
                    "(rate(vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
-                   "vllm:generation_tokens_total", "vllm:num_preemptions_total", "DCGM_FI_DEV_GPU_UTIL",
+                   "vllm:request_time_per_output_token_seconds_bucket", "vllm:generation_tokens_total", "vllm:num_preemptions_total", "DCGM_FI_DEV_GPU_UTIL",
                    "DCGM_FI_DEV_FB_USED", "sum by (priority) (rate(llm_d_epp_request_total",
                    "sum by (priority) (rate(llm_d_epp_governor_shed_total",
                    "sum by (priority) (rate(llm_d_epp_governor_retries_total",
