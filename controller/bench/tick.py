@@ -9,7 +9,7 @@ Setup, all on loopback:
   `--source prometheus`, a real Prometheus scrapes them every `--scrape-interval` s
   (default 10, production-like) and evaluates Governor's recording rules
   (controller/telemetry/rules.py) as often, and `PrometheusSource` reads the recorded
-  series with one query (`--no-recording-rules`: the ~24 raw queries instead);
+  series with one query (`--no-recording-rules`: the ~25 raw queries instead);
 - the pure `Controller` steps with the slo-feedback policy (cheap on purpose: this
   measures the plumbing, not a planner's search);
 - `GrpcActuator` sends each decision to a small in-process gRPC fake fleet

@@ -1,6 +1,6 @@
 """Prometheus recording rules that pre-compute every default query of `promql.py`.
 
-Why: through a plain Prometheus, one read runs ~24 instant queries, several of
+Why: through a plain Prometheus, one read runs ~25 instant queries, several of
 them `histogram_quantile` over the buckets of every replica (200 replicas × 23
 buckets × 2 histograms); Prometheus evaluates them on every read. Recording
 rules evaluate the same expressions once per `evaluation_interval` and store one
