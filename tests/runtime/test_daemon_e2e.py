@@ -19,7 +19,8 @@ from tests.fixtures.prometheus import wait_until
 pytestmark = pytest.mark.e2e
 
 
-def settings_for(scenario, listening, prom_url, state_dir, *, source="prometheus", mode="active"):
+def settings_for(scenario, listening, prom_url, state_dir, *, source="prometheus", mode="active",
+                 policy="slo-feedback"):
     spec = fleet_spec_from_scenario(scenario)
     pools = [{"name": p.name, "model": p.model, "sku": p.sku, "gpus_per_replica": p.gpus_per_replica,
               "usd_per_gpu_hour": p.usd_per_replica_hour / p.gpus_per_replica, "min_replicas": p.min_replicas,
@@ -29,7 +30,7 @@ def settings_for(scenario, listening, prom_url, state_dir, *, source="prometheus
                  if source == "prometheus" else
                  {"source": "scrape", "scrape": {"discovery_url": listening["discovery"]}, "window_s": 10, "stale_after_s": 30})
     return Settings(
-        mode=mode, policy="slo-feedback", tick_interval_s=1.0, state_dir=str(state_dir), telemetry=telemetry, pools=pools,
+        mode=mode, policy=policy, tick_interval_s=1.0, state_dir=str(state_dir), telemetry=telemetry, pools=pools,
         actuators={"router": {"address": listening["router_control"]}, "autoscaler": {"address": listening["autoscaler_control"]},
                    "decision_validity_s": 60},
         api={"listen": "127.0.0.1:0"}, metrics={"listen": None}, log={"format": "text"},
@@ -101,5 +102,36 @@ def test_shadow_mode_sends_nothing(live, tmp_path):
             state = fleet.fleet.pool_states()["small"]
             assert state.target_replicas == 1
         assert fleet.plane.fleet_state().applied_generation == 0
+    finally:
+        services.close()
+
+
+def test_mpc_plans_on_live_telemetry_within_its_wall_time_budget(live, tmp_path):
+    # The daemon gives the MPC a wall clock (the bench counts evaluations instead): plans come from
+    # live scraped telemetry, are applied, explained, and an operator pin is planned around.
+    scenario, fleet, info = live
+    services = build_services(settings_for(scenario, info, None, tmp_path / "state", source="scrape", policy="mpc"),
+                              clock=WallClock(), logger=logging.getLogger("test"))
+    try:
+        daemon = services.daemon
+
+        def planned():
+            rep = daemon.tick()
+            ok = rep.outcome.status == "applied" and rep.observation.pools["small"].arrival_rps.ok
+            return rep if ok else None
+
+        rep = wait_until(planned, deadline_s=40, interval_s=0.5, what="an MPC decision applied on live telemetry")
+        diag = rep.result.diagnostics
+        assert diag["policy"] == "mpc" and diag["evaluations"] > 0
+        assert 1 <= rep.result.decision.pools["small"].replicas <= 4
+        services.store.add_override("pin_replicas", ttl_s=600, author="e2e", now_s=WallClock().now_s(), value=2,
+                                    pool="small", known_pools=["small"])
+        rep = daemon.tick()
+        assert rep.result.decision.pools["small"].replicas == 2
+        assert any(r.code == "binding_pin" for r in rep.result.policy_reasons)
+        with fleet.lock:
+            assert fleet.fleet.pool_states()["small"].target_replicas == 2
+        rows = services.store.list_decisions(limit=3, since_s=0, pool="")
+        assert rows and rows[0].outcome == "applied"
     finally:
         services.close()
