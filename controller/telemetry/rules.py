@@ -1,8 +1,8 @@
 """Prometheus recording rules that pre-compute every default query of `promql.py`.
 
 Why: through a plain Prometheus, one read runs ~25 instant queries, several of
-them `histogram_quantile` over the buckets of every replica (200 replicas × 23
-buckets × 2 histograms); Prometheus evaluates them on every read. Recording
+them `histogram_quantile` over the buckets of every replica (200 replicas × ~20
+buckets × 3 engine histograms: TTFT, ITL, per-request TPOT); Prometheus evaluates them on every read. Recording
 rules evaluate the same expressions once per `evaluation_interval` and store one
 series per pool or class, so a read becomes ONE instant query that selects the
 recorded series by name (`{__name__=~"governor:pool_running:sum|..."}`).
