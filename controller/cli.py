@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--for", dest="for_s", type=float, default=None, metavar="SECONDS", help="stop after SECONDS (wall time)")
     p.add_argument("--once", action="store_true", help="run one tick and exit")
     p.add_argument("--mode", choices=["active", "shadow", "paused"], default=None, help="override the configured mode")
+    p.add_argument("--policy", default=None, metavar="NAME",
+                   help="override the configured policy (slo-feedback, mpc, static, hpa, kpa, sla-planner, scorer-kpa); "
+                        "e.g. `--demo --policy mpc` to watch the planner")
     p.add_argument("--headless", action="store_true", help="print JSON lines instead of the live view")
     p.set_defaults(func=_handler("controller.runtime.main:cmd_run"))
 

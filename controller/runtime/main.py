@@ -14,7 +14,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from controller.actuation.grpc_actuator import ClientTls, GrpcActuator
 from controller.actuation.keda import KedaScalerServer
@@ -172,11 +172,29 @@ def demo_settings(scenario, listening: dict[str, Any], state_dir: str) -> Settin
 # ------------------------------------------------------------------------------------------ command
 
 
+def _with_policy(settings: Settings, name: str | None) -> Settings:
+    """`--policy NAME` over the configured policy (its policy_params stay: they are the config's)."""
+    if name is None:
+        return settings
+    return settings.model_copy(update={"policy": name})
+
+
+POLICY_NAMES = get_args(Settings.model_fields["policy"].annotation)
+
+
 def cmd_run(args) -> int:
     headless = bool(getattr(args, "headless", False)) or not sys.stdout.isatty()
     clock = WallClock()
     live = None
     tmp = None
+    policy = getattr(args, "policy", None)
+    if policy is not None and policy not in POLICY_NAMES:
+        print(f"governor: --policy {policy!r} is not a policy; choose one of {', '.join(POLICY_NAMES)}", file=sys.stderr)
+        return 2
+    if args.demo and args.config:
+        print("governor: --demo runs its own simulated fleet with its own config, so --config is not used with it "
+              "(choose the policy with --policy, e.g. --demo --policy mpc)", file=sys.stderr)
+        return 2
     if args.demo:
         from controller.sim.live import LiveFleet
         from controller.sim.scenario import ScenarioError, load_scenario
@@ -199,6 +217,7 @@ def cmd_run(args) -> int:
         if not settings.pools:
             print("governor: the config names no pools (see deploy/governor.example.yaml)", file=sys.stderr)
             return 2
+    settings = _with_policy(settings, policy)
     # In the live view the log would tear the table: it goes to a file in the state directory instead.
     log_file = None
     if not headless:
@@ -247,7 +266,7 @@ def cmd_run(args) -> int:
             if not args.config:
                 logger.info("SIGHUP ignored: no config file to reload", extra={"event": "reload"})
                 return
-            new = load_settings(args.config)
+            new = _with_policy(load_settings(args.config), policy)  # --policy still wins over the file
             services.daemon.reload(build_controller(new))
             logger.info("config reloaded", extra={"event": "reload", "summary": new.summary()})
 

@@ -30,3 +30,26 @@ def test_demo_headless_prints_listening_then_ticks_and_stops(tmp_path):
     # One structured log line per tick on stderr.
     logs = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
     assert sum(1 for entry in logs if entry.get("event") == "tick") == len(ticks) // 2
+
+
+def test_demo_with_the_mpc_policy(tmp_path):
+    # `--policy` chooses the policy the demo (or a config) runs; the started line names it
+    proc = subprocess.run([sys.executable, "-m", "controller", "run", "--demo", "--policy", "mpc", "--for", "8",
+                           "--headless"], capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    logs = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    started = next(e for e in logs if e.get("event") == "listening")
+    assert started["policy"] == "mpc"
+    ticks = [json.loads(line) for line in proc.stdout.splitlines() if '"tick"' in line]
+    assert ticks and all(t["event"] == "tick" for t in ticks)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "--demo", "--policy", "best"], "--policy 'best' is not a policy; choose one of"),
+    (["run", "--demo", "--config", "governor.yaml"], "--config is not used with it"),
+])
+def test_run_refuses_a_bad_policy_and_demo_with_a_config(capsys, argv, message):
+    from controller.cli import main
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
