@@ -779,10 +779,9 @@ class _Evaluator:
         lever = ((np.abs(cand.pw - cur.pw) > 0.25).astype(float) + (np.abs(cand.cap - cur.cap) > 0.5)
                  + (np.abs(cand.tw - cur.tw) > 0.02) + (cand.standby != cur.standby))
         change += prob.weights.lever_change_weight * (lever * step_price).sum(axis=1)
-        restart = (cand.mbt != cur.mbt) | (cand.mns != cur.mns)
-        # a rolling restart runs one surge replica per replica for its warm start; counted twice, as a
-        # margin for what the model does not see (the drain overlap, the new engines' first minutes).
-        # The empty caches it leaves are in the hit-rate dynamics above.
+        # a rolling restart (`restart`, from the hit-rate dynamics above) runs one surge replica per
+        # replica for its warm start; counted twice, as a margin for what the model does not see (the
+        # drain overlap, the new engines' first minutes). The empty caches it leaves are in the hit rate.
         restart_usd = (restart * self.ready_int * self.price * self.d_warm / 3600.0).sum(axis=1)
         change += restart_usd * 2.0
         J = cpr * (pen + risk) + change / succ

@@ -40,8 +40,9 @@ def test_demo_with_the_mpc_policy(tmp_path):
     logs = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
     started = next(e for e in logs if e.get("event") == "listening")
     assert started["policy"] == "mpc"
-    ticks = [json.loads(line) for line in proc.stdout.splitlines() if '"tick"' in line]
-    assert ticks and all(t["event"] == "tick" for t in ticks)
+    ticks = [e for e in map(json.loads, proc.stdout.splitlines()) if e["event"] == "tick"]
+    assert {t["pool"] for t in ticks} == {"llama8b-a100", "llama8b-h100"}  # the planner decided every pool
+    assert any(e.get("event") == "tick" and e.get("decision_id") for e in logs)
 
 
 @pytest.mark.parametrize("argv,message", [
