@@ -727,6 +727,16 @@ class _Evaluator:
         scratch = wait  # the wait is spent (timed_out and the detail copy hold what is still needed)
         pf = _lognormal_exceed_into(t50, t95, self.slo_ttft_k, TTFT_TAIL_SIGMA, z=t50, scratch=scratch, own=True)
         pt = _lognormal_exceed_into(tpot50, tpot95, self.slo_tpot_k, TPOT_TAIL_SIGMA, z=t95, scratch=scratch)
+        if lat.tpot_max_s is not None:
+            # No request's TPOT exceeds the full-chunk bound c (see mpc_model): the log-normal is
+            # truncated there, P(T > s | T ≤ c) = (P(T > s) − P(T > c)) / (1 − P(T > c)), which falls
+            # to 0 as s reaches c. Example: p50 0.03 s, p95 0.098 s, SLO 0.1 s: untruncated 4.6 %;
+            # c = 0.12 s → 2.6 %, c = 0.1 s → 0. (An unbounded pool, c = inf, is read as c = 1e6 s.)
+            c_max = np.minimum(np.reshape(lat.tpot_max_s, shape), 1e6)
+            p_c = _lognormal_exceed_ref(tpot50, tpot95, c_max, TPOT_TAIL_SIGMA)
+            pt -= p_c[None]
+            pt /= np.maximum(1.0 - p_c, 1e-12)[None]
+            np.clip(pt, 0.0, 1.0, out=pt)
         if timed_out.any():
             pf[timed_out] = 1.0
         # Per class: combine the hops of each group, weighted by traffic share.

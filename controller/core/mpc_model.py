@@ -198,6 +198,9 @@ class LatencyAnswer:
     confidence: np.ndarray  # 0 (prior only, unchecked) .. 1
     slot_wait_p50_s: np.ndarray | None = None  # the part of the TTFTs that is waiting for a batch slot
     slot_wait_p95_s: np.ndarray | None = None  # (first come first served; callers may re-weigh by priority)
+    # the longest TPOT a request can have: every step of its life carrying a full prefill chunk
+    # (the batch-token budget bounds a step); None = unbounded
+    tpot_max_s: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -429,6 +432,16 @@ class QueueingPrior:
             return np.maximum(tpot95_smooth, tpot_burst_of(burst)) * k_tpot
 
         tpot95 = tpot95_of(burst)
+        # A request's TPOT is the mean of its steps, and no step carries more prefill than the
+        # batch-token budget: with the batch at its p95 (Poisson: mean + 1.645·√mean), one full chunk
+        # per step bounds it. Under bursts the p95 sits at that bound, so the tail beyond the p95 is
+        # cut there (Azure code, 8B A100, 1,024-token budget: p95 TPOT read 0.097 s in every burst
+        # and no critical request exceeded the 0.1 s SLO, while an uncut log-normal tail put 3 % of
+        # them over it at any replica count). Decode-only pools run no prefill: no bound from this.
+        t_hi = a + beta * (batch + 1.645 * np.sqrt(batch))
+        tpot_max = np.maximum((t_hi + d * budget + e * budget * (ph + 0.5 * budget)) * k_tpot, tpot95)
+        if dec_only.any():
+            tpot_max = np.where(dec_only, np.inf, tpot_max)
         # Past saturation the fluid model has no steady state: the planner adds the backlog;
         # confidence drops there (we extrapolate) and near idle (little signal in corrections).
         conf = np.where(util < 0.95, self.base_confidence, self.base_confidence * 0.5)
@@ -440,7 +453,7 @@ class QueueingPrior:
                              tpot_p95_s=full(tpot95), capacity_rps=full(cap_rps), utilisation=full(util),
                              batch=full(batch), confidence=full(conf),
                              slot_wait_p50_s=full(w50 * np.sqrt(k_ttft)),
-                             slot_wait_p95_s=full(w95 * k_ttft)), tpot95_of
+                             slot_wait_p95_s=full(w95 * k_ttft), tpot_max_s=full(tpot_max)), tpot95_of
 
     # ---- cache
 
@@ -664,7 +677,8 @@ class LearnedPlanModel:
             tpot_p50_s=out["tpot_p50_s"] * np.sqrt(k_tpot), tpot_p95_s=tpot95,
             capacity_rps=prior.capacity_rps, utilisation=prior.rho, batch=prior.batch,
             confidence=np.asarray(conf, dtype=float) * np.ones(n),
-            slot_wait_p50_s=0.5 * wait * np.sqrt(k_ttft), slot_wait_p95_s=wait * k_ttft)
+            slot_wait_p50_s=0.5 * wait * np.sqrt(k_ttft), slot_wait_p95_s=wait * k_ttft,
+            tpot_max_s=np.maximum(own.tpot_max_s, tpot95))
         return LatencyAnswer(**{f: (None if getattr(ans, f) is None else np.reshape(getattr(ans, f), shape))
                                 for f in LatencyAnswer.__dataclass_fields__})
 

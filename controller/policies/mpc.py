@@ -544,12 +544,12 @@ class MpcPolicy:
             d: dict[str, Any] = {"util": round(util, 3)}
             if util < 0.9:
                 errs = []
+                queue_free = (value(po.waiting) or 0.0) <= ready and settled
                 if o_tpot is not None and o_tpot > 0:
                     fluid = max(float(a0.tpot_p95_s[0]), 1e-9)
                     pred = float(a.tpot_p95_s[0]) * math.exp(lk_p)
                     errs.append(abs(math.log(o_tpot / max(pred, 1e-9))))
-                    waiting = value(po.waiting) or 0.0
-                    calm = util < 0.7 and waiting <= ready and settled  # arrivals themselves, not a backlog
+                    calm = util < 0.7 and queue_free  # arrivals themselves, not a backlog
                     if o_tpot > BURST_EVIDENCE * fluid and calm:
                         # above what smooth arrivals explain: prompts come in bursts (chunk-bound
                         # steps); what a full chunk per step cannot explain goes to the factor
@@ -573,7 +573,13 @@ class MpcPolicy:
                         r = o_tpot / ref
                         lk_p = _step(lk_p, math.log(max(r, 1.0) if burst > 0 else r), self.alpha)
                     d["tpot_obs_over_smooth"] = round(o_tpot / fluid, 3)
-                if o_ttft is not None and o_ttft > 0:
+                # TTFT: learned only from windows without a standing queue and after the fleet settled.
+                # A backlog's wait is the planner's own fluid term (added at plan time); a window that
+                # carries one, folded into the factor too, counts it twice for every later plan (on
+                # mooncake-conv the factor swung between ×1.1 and ×2.2 with such windows, ×0.9-1.7
+                # without them, and kept a replica too many in quiet stretches: 0.0093 → 0.0083 $ per
+                # successful task with the rule, critical and standard still ≥ 99.8 %).
+                if o_ttft is not None and o_ttft > 0 and queue_free:
                     r = math.log(o_ttft / max(float(a.ttft_p95_s[0]), 1e-9))
                     errs.append(abs(r - lk_t))
                     lk_t = _step(lk_t, r, self.alpha)
@@ -708,8 +714,6 @@ class MpcPolicy:
             share = class_share.get(c, 0.0)
             co = obs.classes.get(c)
             shed_now = 0.0
-            for o in inp.overrides:
-                pass
             cur_adm = inp.current.admission.get(c) if inp.current is not None else None
             if cur_adm is not None:
                 shed_now = cur_adm.shed_frac

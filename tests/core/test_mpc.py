@@ -265,6 +265,63 @@ def test_burst_term_makes_the_batch_budget_a_lever():
     assert QueueingPrior.for_pools([SPEC]).burst_for(_q(rps_per_replica=3.0), float(a.tpot_p95_s[0])) == pytest.approx(2.0, rel=0.05)
 
 
+SPEC_8B = PoolSpec("p", "llama-3-8b", "a100-80gb", gpus_per_replica=1, usd_per_replica_hour=4.1, min_replicas=1,
+                   max_replicas=16, startup_warm_s=20, startup_cold_s=90)
+
+
+def test_tpot_bound_is_one_full_prefill_chunk_per_step():
+    """No step carries more prefill than the batch-token budget, so a request's TPOT (the mean of its
+    steps) is bounded by a full-chunk step; under bursts the p95 sits at that bound (the simulator's
+    azure-code run: p95 0.092 s, max 0.101 s with 1,024-token chunks)."""
+    q = _q(rps_per_replica=3.0, prompt_tokens=2048.0, output_tokens=28.0, max_num_batched_tokens=np.array([1024.0, 4096.0]))
+    smooth = QueueingPrior.for_pools([SPEC_8B]).latency(q)
+    bursty = QueueingPrior.for_pools([SPEC_8B]).with_corrections([1.0], [1.0], 0.0, burst=[4.0]).latency(q)
+    for a in (smooth, bursty):
+        assert np.all(a.tpot_max_s >= a.tpot_p95_s)
+        assert a.tpot_max_s[1] > a.tpot_max_s[0]  # a bigger chunk, a longer step
+    assert np.all(smooth.tpot_max_s > 1.5 * smooth.tpot_p95_s)  # smooth arrivals: the p95 is far below it
+    assert bursty.tpot_max_s[0] == pytest.approx(bursty.tpot_p95_s[0], rel=0.1)  # bursts fill the chunk
+    assert 0.08 < bursty.tpot_max_s[0] < 0.11  # ~80 ms for a 1,024-token chunk on an 8B A100, plus decode
+    dec = PoolSpec("d", "llama-3-8b", "a100-80gb", gpus_per_replica=1, role="decode")
+    assert np.isinf(QueueingPrior.for_pools([dec]).latency(_q(rps_per_replica=3.0)).tpot_max_s).all()
+
+
+class _WithoutTpotBound:
+    """The same model with an unbounded TPOT tail (what the planner assumed before the bound)."""
+
+    def __init__(self, model: QueueingPrior) -> None:
+        self.model = model
+
+    def latency(self, q: LatencyQuery):
+        from dataclasses import replace
+
+        return replace(self.model.latency(q), tpot_max_s=None)
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+
+@pytest.mark.parametrize("rps", [10.0, 20.0])
+def test_tpot_risk_under_bursts_is_cut_at_the_full_chunk_bound(rps):
+    """Bursty prompts on an 8B A100 with 1,024-token chunks: the p95 TPOT sits at ~0.09 s whatever the
+    replica count, just under critical's 0.1 s. Unbounded, the log-normal tail puts ~5 % of critical
+    requests over it at any count: a risk no plan can lower, which also drowns the risks a plan can
+    lower. Bounded, the TPOT risk is gone and the plan trades the TTFT risk left near the tolerance."""
+    model = QueueingPrior.for_pools([SPEC_8B]).with_corrections([1.0], [1.1], 0.0, burst=[4.0])
+    p = pool(usd_per_hour=4.1, startup_warm_s=20.0, startup_cold_s=90.0, prompt_tokens=2048.0, output_tokens=28.0,
+             max_num_batched_tokens=1024)
+    H = plan_steps(CFG, [p])
+    prob = PlanProblem(pools=(p,), classes=classes(np.full(H, rps)), weights=resolve_weights("balanced"))
+    bounded = solve(prob, model, CFG, np.random.default_rng(0))
+    unbounded = solve(prob, _WithoutTpotBound(model), CFG, np.random.default_rng(0))
+    tol = resolve_weights("balanced").risk_tolerance["critical"]
+    assert max(bounded.terms["pools"]["a"]["tpot_p95_s_p90"]) > 0.085  # the p95 is near the SLO
+    late_b = bounded.terms["late_or_shed_frac_p90"]["critical"]
+    late_u = unbounded.terms["late_or_shed_frac_p90"]["critical"]
+    assert late_u > 5 * tol  # unbounded: ~5 %, whatever the plan
+    assert late_b < 1.5 * tol and late_b < late_u / 4  # bounded: what is left is TTFT, near the tolerance
+
+
 def test_cache_model_affinity_and_replicas():
     m = QueueingPrior.for_pools([SPEC])
     args = dict(pool_index=np.zeros(3, dtype=int), load_weight=np.full(3, 4.0), reuse_inf_hit=np.full(3, 0.4),

@@ -199,6 +199,25 @@ def test_ttft_correction_learns_from_the_pool_not_the_worst_class():
     assert k_ttft < 2.0, k_ttft
 
 
+@pytest.mark.parametrize("label,waiting,k_range", [
+    # a window whose p95 TTFT carries a standing queue (30 waiting on 8 replicas): the wait is the
+    # planner's own backlog term, so the factor does not learn it a second time
+    ("standing queue: not learned", 30.0, (0.85, 1.15)),
+    # the same p95 with no queue is the model's own error: learned
+    ("no queue: learned", 0.0, (1.6, 10.0)),
+])
+def test_ttft_correction_learns_only_from_windows_without_a_standing_queue(label, waiting, k_range):
+    pol = MpcPolicy(min_history_s=0.0, warmup_s=0.0, **FAST)
+    state, current = pol.initial_state(), {"p": 8}
+    for k in range(16):
+        t = 15.0 * (k + 1)
+        i = inp(t, {"p": pool_signals(12.0, 8, ttft=4.0, waiting=waiting)}, fl=FL, current=current)
+        state, out = pol.decide(state, i, np.random.default_rng(k))
+        current = Decision(f"d-{k}", k, t, t + 120, pools={"p": replace(out.pools["p"], replicas=8)})
+    c = out.diagnostics["model"]["corrections"]["p"]
+    assert k_range[0] <= c["k_ttft"] <= k_range[1], (label, c)
+
+
 def _classes(rps: float, ttft: float, tpot: float) -> dict:
     return {c: ClassObservation(priority_class=c, arrival_rps=Reading(rps * s), retry_rps=Reading(0.0),
                                 shed_rps=Reading(0.0), ttft_p95_s=Reading(ttft), tpot_p95_s=Reading(tpot))
