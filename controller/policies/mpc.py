@@ -12,8 +12,9 @@ frozen `MpcState`, never in the object):
   — else cold; replacements the fleet starts after a crash are taken as cold), the warm
   slots, the prompt/output mix, the traffic's reuse estimate (what an infinite cache would
   hit, and the working set the observed hit implies), and correction factors for the
-  model's p95 TTFT and TPOT (observed / predicted, learned as an EWMA in log space whenever
-  the pool runs below saturation), which also give the model's confidence;
+  model's p95 TTFT and TPOT (observed / predicted, learned as an EWMA in log space while the
+  pool runs below saturation with no standing queue, after the fleet settled: a backlog's wait
+  is the planner's own term), which also give the model's confidence;
 - the previous plan (the solver's warm start), the scale-down stabilisation window (the
   highest plan of the last `scale_down_stabilization_s`, stretched towards
   `bursty_down_window_s` when the demand comes in bursts, see `down_window_s`), and the
