@@ -13,8 +13,8 @@ frozen `MpcState`, never in the object):
   slots, the prompt/output mix, the traffic's reuse estimate (what an infinite cache would
   hit, and the working set the observed hit implies), and correction factors for the
   model's p95 TTFT and TPOT (observed / predicted, learned as an EWMA in log space while the
-  pool runs below saturation with no standing queue, after the fleet settled: a backlog's wait
-  is the planner's own term), which also give the model's confidence;
+  pool runs below saturation with no standing queue: a backlog's wait is the planner's own
+  term), which also give the model's confidence;
 - the previous plan (the solver's warm start), the scale-down stabilisation window (the
   highest plan of the last `scale_down_stabilization_s`, stretched towards
   `bursty_down_window_s` when the demand comes in bursts, see `down_window_s`), and the
@@ -545,12 +545,12 @@ class MpcPolicy:
             d: dict[str, Any] = {"util": round(util, 3)}
             if util < 0.9:
                 errs = []
-                queue_free = (value(po.waiting) or 0.0) <= ready and settled
+                queue_free = (value(po.waiting) or 0.0) <= ready  # at most one waiting request per replica
                 if o_tpot is not None and o_tpot > 0:
                     fluid = max(float(a0.tpot_p95_s[0]), 1e-9)
                     pred = float(a.tpot_p95_s[0]) * math.exp(lk_p)
                     errs.append(abs(math.log(o_tpot / max(pred, 1e-9))))
-                    calm = util < 0.7 and queue_free  # arrivals themselves, not a backlog
+                    calm = util < 0.7 and queue_free and settled  # arrivals themselves, not a backlog
                     if o_tpot > BURST_EVIDENCE * fluid and calm:
                         # above what smooth arrivals explain: prompts come in bursts (chunk-bound
                         # steps); what a full chunk per step cannot explain goes to the factor
@@ -574,9 +574,9 @@ class MpcPolicy:
                         r = o_tpot / ref
                         lk_p = _step(lk_p, math.log(max(r, 1.0) if burst > 0 else r), self.alpha)
                     d["tpot_obs_over_smooth"] = round(o_tpot / fluid, 3)
-                # TTFT: learned only from windows without a standing queue and after the fleet settled.
-                # A backlog's wait is the planner's own fluid term (added at plan time); a window that
-                # carries one, folded into the factor too, counts it twice for every later plan (on
+                # TTFT: learned only from windows without a standing queue. A backlog's wait is the
+                # planner's own fluid term (added at plan time); a window that carries one, folded
+                # into the factor too, counts it twice for every later plan (on
                 # mooncake-conv the factor swung between ×1.1 and ×2.2 with such windows, ×0.9-1.7
                 # without them, and kept a replica too many in quiet stretches: 0.0093 → 0.0083 $ per
                 # successful task with the rule, critical and standard still ≥ 99.8 %).
