@@ -805,6 +805,7 @@ class _Evaluator:
             "risk_excess": excess, "ready": ready, "billed": billed, "ttft_p95": ttft95, "tpot_p95": tpot95,
             "wait": wait_detail, "utilisation": (pool_rps / np.maximum(cap_rps, 1e-9)), "hit": hit,
             "penalty_factor": pen, "risk_term": risk, "change_usd": change,
+            "tpot_max": None if lat.tpot_max_s is None else np.reshape(lat.tpot_max_s, shape),
         }
         return J, info
 
@@ -1295,6 +1296,9 @@ def _terms(ev: _Evaluator, info: Mapping[str, Any], needs: list[np.ndarray]) -> 
             "utilisation_p90": [round(float(x), 3) for x in info["utilisation"][0, 1, :, j]],
             "ttft_p95_s_p90": [round(float(x), 3) for x in info["ttft_p95"][0, 1, :, j]],
             "tpot_p95_s_p90": [round(float(x), 4) for x in info["tpot_p95"][0, 1, :, j]],
+            # the longest TPOT a request can have (a full prefill chunk every step); null = unbounded
+            "tpot_bound_s_p90": (None if info["tpot_max"] is None else
+                                 [round(float(x), 4) if np.isfinite(x) else None for x in info["tpot_max"][0, 1, :, j]]),
             "hit_rate": [round(float(x), 3) for x in info["hit"][0, 0, :, j]],
         }
     return {

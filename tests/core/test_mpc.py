@@ -316,6 +316,9 @@ def test_tpot_risk_under_bursts_is_cut_at_the_full_chunk_bound(rps):
     unbounded = solve(prob, _WithoutTpotBound(model), CFG, np.random.default_rng(0))
     tol = resolve_weights("balanced").risk_tolerance["critical"]
     assert max(bounded.terms["pools"]["a"]["tpot_p95_s_p90"]) > 0.085  # the p95 is near the SLO
+    terms = bounded.terms["pools"]["a"]  # the bound is shown with the plan (`governor explain --json`)
+    assert all(b >= p95 for b, p95 in zip(terms["tpot_bound_s_p90"], terms["tpot_p95_s_p90"]))
+    assert max(terms["tpot_bound_s_p90"]) < 0.1 and unbounded.terms["pools"]["a"]["tpot_bound_s_p90"] is None
     late_b = bounded.terms["late_or_shed_frac_p90"]["critical"]
     late_u = unbounded.terms["late_or_shed_frac_p90"]["critical"]
     assert late_u > 5 * tol  # unbounded: ~5 %, whatever the plan
