@@ -199,6 +199,21 @@ def test_ttft_correction_learns_from_the_pool_not_the_worst_class():
     assert k_ttft < 2.0, k_ttft
 
 
+def _corrections_at_8_replicas(ticks: int, signals, classes=None) -> dict:
+    """The pool's learned corrections after `ticks` ticks of telemetry signals(k) (and class readings
+    classes(k)), the fleet held at 8 replicas whatever the policy decides."""
+    pol = MpcPolicy(min_history_s=0.0, warmup_s=0.0, **FAST)
+    state, current = pol.initial_state(), {"p": 8}
+    for k in range(ticks):
+        t = 15.0 * (k + 1)
+        i = inp(t, {"p": signals(k)}, fl=FL, current=current)
+        if classes is not None:
+            i = replace(i, observation=FleetObservation(at_s=t, pools=i.observation.pools, classes=classes(k)))
+        state, out = pol.decide(state, i, np.random.default_rng(k))
+        current = Decision(f"d-{k}", k, t, t + 120, pools={"p": replace(out.pools["p"], replicas=8)})
+    return out.diagnostics["model"]["corrections"]["p"]
+
+
 @pytest.mark.parametrize("label,waiting,k_range", [
     # a window whose p95 TTFT carries a standing queue (30 waiting on 8 replicas): the wait is the
     # planner's own backlog term, so the factor does not learn it a second time
@@ -207,14 +222,7 @@ def test_ttft_correction_learns_from_the_pool_not_the_worst_class():
     ("no queue: learned", 0.0, (1.6, 10.0)),
 ])
 def test_ttft_correction_learns_only_from_windows_without_a_standing_queue(label, waiting, k_range):
-    pol = MpcPolicy(min_history_s=0.0, warmup_s=0.0, **FAST)
-    state, current = pol.initial_state(), {"p": 8}
-    for k in range(16):
-        t = 15.0 * (k + 1)
-        i = inp(t, {"p": pool_signals(12.0, 8, ttft=4.0, waiting=waiting)}, fl=FL, current=current)
-        state, out = pol.decide(state, i, np.random.default_rng(k))
-        current = Decision(f"d-{k}", k, t, t + 120, pools={"p": replace(out.pools["p"], replicas=8)})
-    c = out.diagnostics["model"]["corrections"]["p"]
+    c = _corrections_at_8_replicas(16, lambda k: pool_signals(12.0, 8, ttft=4.0, waiting=waiting))
     assert k_range[0] <= c["k_ttft"] <= k_range[1], (label, c)
 
 
@@ -232,16 +240,8 @@ def _classes(rps: float, ttft: float, tpot: float) -> dict:
     ("no burst: k learns observed / smooth", 0.07, (1.25, 1.45)),
 ])
 def test_tpot_correction_carries_only_what_the_burst_term_does_not_explain(label, first_tpot, k_range):
-    pol = MpcPolicy(min_history_s=0.0, warmup_s=0.0, **FAST)
-    state, current = pol.initial_state(), {"p": 8}
-    for k in range(36):
-        t = 15.0 * (k + 1)
-        i = inp(t, {"p": pool_signals(12.0, 8, ttft=0.4)}, fl=FL, current=current)
-        obs = FleetObservation(at_s=t, pools=i.observation.pools,
-                               classes=_classes(12.0, 0.4, first_tpot if k < 12 else 0.07))
-        state, out = pol.decide(state, replace(i, observation=obs), np.random.default_rng(k))
-        current = Decision(f"d-{k}", k, t, t + 120, pools={"p": replace(out.pools["p"], replicas=8)})
-    c = out.diagnostics["model"]["corrections"]["p"]
+    c = _corrections_at_8_replicas(36, lambda k: pool_signals(12.0, 8, ttft=0.4),
+                                   lambda k: _classes(12.0, 0.4, first_tpot if k < 12 else 0.07))
     assert k_range[0] <= c["k_tpot"] <= k_range[1], (label, c)
     assert (c["burst"] > 0) == (first_tpot > 0.1), (label, c)
 
