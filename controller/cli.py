@@ -201,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from controller.runtime.allocator import tune_allocator
+
+    tune_allocator()  # the planner and bulk predicts allocate large temporaries every tick (see there)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
