@@ -7,7 +7,8 @@ fresh process pays a page fault per touched page of every such temporary. The MP
 coupling models' bulk predict create hundreds of them per tick. Measured on the reference machine
 (2 vCPUs, load < 0.7), without → with the settings below:
 
-- `governor bench planner --ticks 60`: CPU per tick p50 89.0 → 83.4 ms, p99 110.5 → 95.2 ms;
+- `governor bench planner --ticks 60`: CPU per tick p50 89.0 → 83.4 ms, p99 110.5 → 95.2 ms, peak
+  resident size 71.2 → 71.6 MB;
 - a 100,000-row `CouplingModels.predict` (`governor bench models`' predict_ms_10k): 63 → 45 ms;
 - `governor bench tick` (200 replicas by scrape): resident size 152.8 → 153.4 MB, tick unchanged.
 
