@@ -733,7 +733,7 @@ class _Evaluator:
             # to 0 as s reaches c. Example: p50 0.03 s, p95 0.098 s, SLO 0.1 s: untruncated 4.6 %;
             # c = 0.12 s → 2.6 %, c = 0.1 s → 0. (An unbounded pool, c = inf, is read as c = 1e6 s.)
             c_max = np.minimum(np.reshape(lat.tpot_max_s, shape), 1e6)
-            p_c = _lognormal_exceed_ref(tpot50, tpot95, c_max, TPOT_TAIL_SIGMA)
+            p_c = _lognormal_exceed(tpot50, tpot95, c_max, TPOT_TAIL_SIGMA)
             pt -= p_c[None]
             pt /= np.maximum(1.0 - p_c, 1e-12)[None]
             np.clip(pt, 0.0, 1.0, out=pt)

@@ -137,6 +137,12 @@ def _step(log_k: float, log_r: float, alpha: float, clip: float = 0.7) -> float:
     return log_k + alpha * min(max(log_r - log_k, -clip), clip)
 
 
+def _standing_queue(waiting: float | None, ready: float) -> bool:
+    """More than one request waiting per ready replica in the engines: a backlog, not arrivals. vLLM
+    queues only what it cannot schedule, so at most one per replica is the step in between."""
+    return (waiting or 0.0) > ready
+
+
 def down_window_s(t_hist: tuple[float, ...], d_hist: tuple[float, ...], now: float, base_s: float,
                   bursty_s: float) -> float:
     """Scale-down stabilisation window: `base_s`, stretched towards `bursty_s` as the demand of the
@@ -545,7 +551,7 @@ class MpcPolicy:
             d: dict[str, Any] = {"util": round(util, 3)}
             if util < 0.9:
                 errs = []
-                queue_free = (value(po.waiting) or 0.0) <= ready  # at most one waiting request per replica
+                queue_free = not _standing_queue(value(po.waiting), ready)
                 if o_tpot is not None and o_tpot > 0:
                     fluid = max(float(a0.tpot_p95_s[0]), 1e-9)
                     pred = float(a.tpot_p95_s[0]) * math.exp(lk_p)
@@ -576,10 +582,10 @@ class MpcPolicy:
                     d["tpot_obs_over_smooth"] = round(o_tpot / fluid, 3)
                 # TTFT: learned only from windows without a standing queue. A backlog's wait is the
                 # planner's own fluid term (added at plan time); a window that carries one, folded
-                # into the factor too, counts it twice for every later plan (on
-                # mooncake-conv the factor swung between ×1.1 and ×2.2 with such windows, ×0.9-1.7
-                # without them, and kept a replica too many in quiet stretches: 0.0093 → 0.0083 $ per
-                # successful task with the rule, critical and standard still ≥ 99.8 %).
+                # into the factor too, counts it twice for every later plan (on mooncake-conv the
+                # factor swung between ×1.1 and ×2.2 with such windows, ×0.9-1.7 without them, and
+                # kept a replica too many in quiet stretches: 0.0093 → 0.0083 $ per successful task
+                # with the rule, critical and standard still ≥ 99.8 %).
                 if o_ttft is not None and o_ttft > 0 and queue_free:
                     r = math.log(o_ttft / max(float(a.ttft_p95_s[0]), 1e-9))
                     errs.append(abs(r - lk_t))
@@ -688,7 +694,7 @@ class MpcPolicy:
                 # streams per replica the survivors held kept TPOT at 0.16 s for a minute
                 # (critical 0.984 → 0.989, standard 0.916 → 0.922 without it).
                 held = ((value(po.running) or 0.0) + waiting) / max(ready_n, 1) if po is not None else 0.0
-                deep = waiting > ready_n
+                deep = _standing_queue(waiting, ready_n)
                 max_cap = max(self._safe_batch(model, j, m, spec, tpot_slo, hit), int(math.ceil(held)) if deep else 0)
             pools.append(PoolInput(
                 name=spec.name, model_index=j, group=spec.group, role=spec.role,

@@ -59,6 +59,7 @@ def fetch_text(url: str, timeout_s: float) -> str:
 _SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
+
 def family_names(sample_names: Iterable[str]) -> frozenset[str]:
     """Names that HELP/TYPE lines and samples of the families holding `sample_names` may carry.
 
