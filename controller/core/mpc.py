@@ -193,6 +193,39 @@ def plan_steps(cfg: MpcConfig, pools: Sequence[PoolInput]) -> int:
     return int(min(40, cfg.horizon_steps + math.ceil(longest / cfg.step_s)))
 
 
+def applied_router_weights(problem: PlanProblem, plan: Plan, applied: Mapping[str, int],
+                           step_s: float) -> dict[str, float]:
+    """The plan's router weights for the replica targets actually applied, as shares of each hop.
+
+    The planner sets a pool's router weight to its weight per replica × the replicas its plan
+    serves in the first step. When the policy applies another target (a scale-down held by
+    stabilisation, a guard), those replicas serve too, and the next plan reads the weight per
+    replica back by dividing by them: left as planned, a held pool's weight shrank each tick
+    (the demo's A100 pool, planned at 1 replica and held at 2, went 0.30 → 0.00 of the traffic
+    in eight ticks while both its replicas were paid for). So the weight is scaled by serving
+    (applied) / serving (planned) and the hop renormalised. Serving = the target, at most the
+    replicas ready or due within half a step, at least 1. Pools alone on their hop keep theirs.
+    Example: A100 planned 1, applied 2 (2 ready), H100 5 → A100's weight doubles before renormalising.
+    """
+    due = {p.name: p.ready + sum(1 for eta in p.starting_eta_s if eta <= 0.5 * step_s) for p in problem.pools}
+    hops: dict[tuple[str, bool], list[PoolInput]] = {}
+    for p in problem.pools:
+        hops.setdefault((p.group, p.role == "decode"), []).append(p)
+    out = {name: pp.traffic_weight for name, pp in plan.pools.items()}
+    for members in hops.values():
+        if len(members) < 2:
+            continue
+        w = {}
+        for p in members:
+            planned = max(min(plan.pools[p.name].replicas[0], due[p.name]), 1)
+            served = max(min(applied.get(p.name, plan.pools[p.name].replicas[0]), due[p.name]), 1)
+            w[p.name] = max(plan.pools[p.name].traffic_weight, 0.0) * served / planned
+        tot = sum(w.values())
+        for name, x in w.items():
+            out[name] = round(x / tot, 4) if tot > 0 else round(1.0 / len(w), 4)
+    return out
+
+
 # --------------------------------------------------------------------------- plans
 
 
@@ -444,7 +477,12 @@ class _Evaluator:
         self.q0 = self.backlog0[:, None] * share_k[None, :]
         self.step_weight = np.ones(H)
         self.step_weight[-1] += cfg.terminal_steps
+        # route-group × hop masks of `shares` (the groups with pools on that hop)
+        self.hop_masks = [(g, m) for g in range(len(groups)) for hop in (self.first_hop, self.decode_hop)
+                          for m in [(gidx == g) & hop] if m.any()]
         self.cur = self._current_cand()
+        # each pool's share of its hop's traffic under the weights in force (what a lever change moves)
+        self.share_now = self.shares(self.cur.tw * self.ready_step0)[0]
         self.evaluations = 0
         self._scratch: dict[str, np.ndarray] = {}  # reused work arrays of `score` (see _buf)
         self.need: np.ndarray | None = None  # (P, H) replicas each step's p90 load needs (set by solve)
@@ -459,9 +497,6 @@ class _Evaluator:
         self.slo_ttft_k = self.slo_ttft.reshape(K, 1, 1, 1, 1)  # per class, against (K,C,2,H,P) rows
         self.slo_tpot_k = self.slo_tpot.reshape(K, 1, 1, 1, 1)
         self.req = (self.lam * self.step_weight[None, :, None]).sum(axis=1) * dt  # (2,K) requests offered
-        # route-group × hop masks of `shares` (the groups with pools on that hop)
-        self.hop_masks = [(g, m) for g in range(len(groups)) for hop in (self.first_hop, self.decode_hop)
-                          for m in [(gidx == g) & hop] if m.any()]
         self.group_masks = [gidx == g for g in range(len(groups))]
 
     def _buf(self, key: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -491,10 +526,24 @@ class _Evaluator:
             repl=repl, standby=np.array([[p.standby for p in pools]], dtype=float),
             pw=np.array([[pw_of(p) for p in pools]]),
             cap=np.array([[cap_of(p) for p in pools]], dtype=float),
-            tw=np.array([[p.traffic_weight / n for p, n in zip(pools, self.ready_step0)]]),  # weight per replica
+            tw=self.per_replica_weights(np.array([[p.traffic_weight for p in pools]])),
             mbt=np.array([[p.max_num_batched_tokens for p in pools]], dtype=float),
             mns=np.array([[p.max_num_seqs for p in pools]], dtype=float),
             shed=np.array([[c.shed_now for c in self.prob.classes]]))
+
+    def per_replica_weights(self, absolute: np.ndarray) -> np.ndarray:
+        """(C, P) router weights → the search's weights per serving replica, the largest of each hop 1.
+
+        Only the ratios within a hop route traffic; fixing the scale keeps the search box [0, 1]
+        meaningful and a plan's weights from drifting towards 0 tick after tick (the router
+        splits evenly when a hop's weights are all 0). Example: A100 0.06 on 2 replicas, H100
+        0.94 on 5 → 0.16 and 1.0 per replica."""
+        out = np.maximum(absolute, 0.0) / self.ready_step0[None, :]
+        for _, m in self.hop_masks:
+            if m.sum() > 1:
+                top = out[:, m].max(axis=1, keepdims=True)
+                out[:, m] = np.where(top > 0, out[:, m] / np.maximum(top, 1e-12), 1.0)
+        return out
 
     # -- replica dynamics
 
@@ -787,7 +836,8 @@ class _Evaluator:
         d_repl = np.abs(cand.repl[:, :, 0] - cur.repl[:, :, 0])
         change = prob.weights.change_weight * (d_repl * step_price).sum(axis=1)
         lever = ((np.abs(cand.pw - cur.pw) > 0.25).astype(float) + (np.abs(cand.cap - cur.cap) > 0.5)
-                 + (np.abs(cand.tw - cur.tw) > 0.02) + (cand.standby != cur.standby))
+                 + (np.abs(self.shares(cand.tw * self.ready_step0) - self.share_now) > 0.02)
+                 + (cand.standby != cur.standby))
         change += prob.weights.lever_change_weight * (lever * step_price).sum(axis=1)
         # a rolling restart (`restart`, from the hit-rate dynamics above) runs one surge replica per
         # replica for its warm start; counted twice, as a margin for what the model does not see (the
@@ -1196,14 +1246,18 @@ def _settle(s: _Search, tolerance: float = 0.003) -> None:
 
 def _to_plan(ev: _Evaluator, c: _Cand) -> Plan:
     ready, _, _ = ev.dynamics(c.repl, c.standby)
+    # router weights: weight per replica × replicas serving in the first step, as shares of the hop
+    absolute = c.tw[0] * np.maximum(ready[0, :, 0], 1.0)
+    for _, m in ev.hop_masks:
+        tot = absolute[m].sum()
+        absolute[m] = absolute[m] / tot if tot > 0 else 1.0 / m.sum()
     pools = {}
     for j, p in enumerate(ev.prob.pools):
         cap = int(round(c.cap[0, j]))
         pools[p.name] = PoolPlan(
             replicas=tuple(int(x) for x in c.repl[0, j]), standby=int(c.standby[0, j]),
             prefix_weight=float(round(c.pw[0, j], 3)), inflight_cap=0 if cap >= p.max_num_seqs else cap,
-            traffic_weight=(float(round(c.tw[0, j] * max(float(ready[0, j, 0]), 1.0), 4)) if ev.hop_size[j] > 1
-                            else p.traffic_weight),
+            traffic_weight=float(round(absolute[j], 4)) if ev.hop_size[j] > 1 else p.traffic_weight,
             max_num_seqs=int(c.mns[0, j]),
             max_num_batched_tokens=int(c.mbt[0, j]))
     active = bool(ev.shed_active(ready)[0, 0])
@@ -1215,10 +1269,11 @@ def _to_plan(ev: _Evaluator, c: _Cand) -> Plan:
 def _from_plan(ev: _Evaluator, plan: Plan, shift: int) -> _Cand | None:
     """A previous plan as a candidate, shifted `shift` steps forward (its tail repeats its last step)."""
     c = ev.cur.tile(1)
+    if any(p.name not in plan.pools or len(plan.pools[p.name].replicas) == 0 for p in ev.prob.pools):
+        return None
+    tw = ev.per_replica_weights(np.array([[plan.pools[p.name].traffic_weight for p in ev.prob.pools]]))[0]
     for j, p in enumerate(ev.prob.pools):
-        pp = plan.pools.get(p.name)
-        if pp is None or len(pp.replicas) == 0:
-            return None
+        pp = plan.pools[p.name]
         r = list(pp.replicas[shift:]) or [pp.replicas[-1]]
         r = (r + [r[-1]] * ev.H)[: ev.H]
         c.repl[0, j] = np.clip(r, p.lo, p.hi)
@@ -1229,7 +1284,7 @@ def _from_plan(ev: _Evaluator, plan: Plan, shift: int) -> _Cand | None:
             c.pw[0, j] = min(pp.prefix_weight, p.max_prefix_weight) if p.max_prefix_weight is not None else pp.prefix_weight
             cap = float(pp.inflight_cap if pp.inflight_cap > 0 else p.max_num_seqs)
             c.cap[0, j] = min(cap, float(p.max_inflight_cap)) if p.max_inflight_cap else cap
-            c.tw[0, j] = pp.traffic_weight / ev.ready_step0[j]
+            c.tw[0, j] = tw[j]
     for k, cl in enumerate(ev.prob.classes):
         c.shed[0, k] = min(max(plan.shed.get(cl.name, 0.0), cl.min_shed), cl.max_shed)
     return c

@@ -50,7 +50,17 @@ import numpy as np
 from scipy.special import ndtri
 
 from controller.core.breaker import BreakerAction, BreakerConfig, BreakerState, update_breaker
-from controller.core.mpc import ClassInput, MpcConfig, Plan, PlanProblem, PlanResult, PoolInput, plan_steps, solve
+from controller.core.mpc import (
+    ClassInput,
+    MpcConfig,
+    Plan,
+    PlanProblem,
+    PlanResult,
+    PoolInput,
+    applied_router_weights,
+    plan_steps,
+    solve,
+)
 from controller.core.mpc_model import (
     EngineFigures,
     LatencyQuery,
@@ -343,6 +353,7 @@ class MpcPolicy:
         down_window = down_window_s(t_hist, d_hist, now, self.down_window_s, self.bursty_window_s)
         pools_out: dict[str, PoolDecision] = {}
         new_mem: dict[str, MpcPoolMemory] = {}
+        explain: list[tuple[PoolSpec, PoolInput, int, int, Any, PoolDecision | None]] = []
         for j, (spec, pin) in enumerate(zip(fleet.pools, problem.pools)):
             pp = result.plan.pools[spec.name]
             m = mem[spec.name]
@@ -380,6 +391,14 @@ class MpcPolicy:
                                                                         spec.max_num_batched_tokens) else 0)
             new_mem[spec.name] = replace(m, recs=recs, caps=new_caps, caps_changed_s=caps_changed_s,
                                         rollout_left=rollout_left, rollout_seen_s=rollout_seen_s)
+            explain.append((spec, pin, cur, int(final), pp, cur_pd))
+        # router weights for the targets applied (a held scale-down serves with its replicas too)
+        weights_applied = applied_router_weights(problem, result.plan, {n: d.replicas for n, d in pools_out.items()},
+                                                 cfg.step_s)
+        pools_out = {n: replace(d, traffic_weight=float(weights_applied.get(n, d.traffic_weight)))
+                     for n, d in pools_out.items()}
+        for spec, pin, cur, final, pp, cur_pd in explain:
+            pp = replace(pp, traffic_weight=pools_out[spec.name].traffic_weight)
             reasons.extend(self._pool_reasons(spec, pin, cur, final, pp, cur_pd, result, problem, now))
         admission: dict[str, ClassAdmission] = {}
         for c in PRIORITY_CLASSES:

@@ -9,7 +9,7 @@ budget and determinism of the solver.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -21,6 +21,7 @@ from controller.core.mpc import (
     PlanProblem,
     PoolInput,
     _lognormal_exceed,
+    applied_router_weights,
     delay_ladder,
     ladder_level,
     plan_steps,
@@ -452,3 +453,48 @@ def test_traffic_weight_counts_the_replicas_landing_in_the_first_step():
     r = plan(pools, 20.0)
     wa, wb = r.plan.pools["a"].traffic_weight, r.plan.pools["b"].traffic_weight
     assert 0.6 < wa / wb < 1.6, (wa, wb)
+
+
+def test_traffic_weights_hold_steady_when_a_planned_scale_down_is_held():
+    """The demo's A100 pool: the plan wants it at 1 replica, stabilisation holds 2. The planner reads
+    its weight per replica back as weight / replicas serving, so weights written for the planned 1
+    but served by 2 halved that pool's share every tick (0.30 → 0.00 in eight ticks, both replicas
+    paid for). Written for the targets applied, the split holds, and a hop's weights sum to 1."""
+    cfg = MpcConfig(max_evaluations=600)
+    pools = [pool("a", 0, lo=1, hi=8, target=2, ready=2, traffic_weight=0.5, usd_per_hour=30.0),
+             pool("b", 1, lo=5, hi=5, target=5, ready=5, traffic_weight=0.5)]
+    H = plan_steps(cfg, pools)
+    prob = PlanProblem(pools=tuple(pools), classes=classes(np.full(H, 9.0)), weights=resolve_weights("balanced"))
+    model = QueueingPrior.for_pools([SPEC] * 2)
+    warm, shares = None, []
+    for tick in range(10):
+        r = solve(prob, model, cfg, np.random.default_rng(tick), warm=warm, warm_shift=1)
+        assert r.plan.pools["a"].replicas[0] < 2  # the plan wants the scale-down every tick ...
+        w = applied_router_weights(prob, r.plan, {"a": 2, "b": 5}, cfg.step_s)  # ... and it is held
+        assert w["a"] + w["b"] == pytest.approx(1.0, abs=1e-3), w
+        shares.append(w["a"])
+        warm = r.plan
+        prob = PlanProblem(pools=tuple(replace(p, traffic_weight=w[p.name]) for p in prob.pools),
+                           classes=prob.classes, weights=prob.weights)
+    assert min(shares[3:]) > 0.5 * max(shares[:3]), shares
+
+
+def test_applied_router_weights_rescale_for_the_replicas_serving():
+    """Planned: a at 1 replica with weight 0.2, b at 4 with 0.8; applied: a held at 2 (2 ready) →
+    a's weight doubles before the hop is renormalised (0.4 : 0.8 → 1/3 : 2/3). Pools alone on
+    their hop keep the weight the plan gave them."""
+    from controller.core.mpc import Plan, PoolPlan
+
+    def pp(n: int, w: float) -> PoolPlan:
+        return PoolPlan(replicas=(n,) * 3, standby=0, prefix_weight=3.0, inflight_cap=0, traffic_weight=w,
+                        max_num_seqs=256, max_num_batched_tokens=8192)
+
+    prob = PlanProblem(pools=(pool("a", 0, ready=2, target=2), pool("b", 1, ready=4, target=4),
+                              pool("c", 2, group="other", ready=1, target=1)),
+                       classes=classes(np.full(3, 9.0)), weights=resolve_weights("balanced"))
+    plan_ = Plan(pools={"a": pp(1, 0.2), "b": pp(4, 0.8), "c": pp(1, 1.0)}, shed={})
+    w = applied_router_weights(prob, plan_, {"a": 2, "b": 4, "c": 1}, 30.0)
+    assert w["a"] == pytest.approx(1 / 3, abs=1e-3) and w["b"] == pytest.approx(2 / 3, abs=1e-3)
+    assert w["c"] == 1.0
+    assert applied_router_weights(prob, plan_, {"a": 1, "b": 4, "c": 1}, 30.0)["a"] == pytest.approx(0.2, abs=1e-3)
+
