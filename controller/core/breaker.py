@@ -155,9 +155,13 @@ def _ok(r) -> float | None:
 
 def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, observation: FleetObservation,
                    fleet: FleetSpec, targets: Mapping[str, int],
-                   lost: Mapping[str, int] | None = None) -> tuple[BreakerState, BreakerAction, list[str]]:
+                   lost: Mapping[str, int] | None = None,
+                   carried: bool | None = None) -> tuple[BreakerState, BreakerAction, list[str]]:
     """Advance the breaker one tick. `targets`: the replica target in force per pool; `lost`: per
-    pool, replacements the fleet started this tick that nobody ordered (None: infer from ready).
+    pool, replacements the fleet started this tick that nobody ordered (None: infer from ready);
+    `carried`: the caller's judgement that the fleet carries the load it admits now (the replicas
+    its load needs are ready and no queue stands): while open, a p95 over its SLO is then the
+    window's memory of a drained backlog, not a symptom (None: unknown, latency counts).
 
     Returns (new state, constraints for the planner, notes on what changed: human-readable).
     """
@@ -253,6 +257,8 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
     retry_rise = have_retry and retry_b is not None and retries > retry_b + cfg.retry_rise_rps
     if have_retry and state.phase == CLOSED and not retry_rise:
         retry_b = retries if retry_b is None else (1 - cfg.baseline_alpha) * retry_b + cfg.baseline_alpha * retries
+    if carried and state.phase != CLOSED:
+        late, critical_late = [], False
     symptoms = bool(hit_drop or late or retry_rise)
     suspects = [n for n, w in watch.items() if w.loss_seen_s is not None and now_s - w.loss_seen_s < cfg.suspect_s]
 

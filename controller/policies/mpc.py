@@ -75,6 +75,7 @@ from controller.policies.sla_planner import ReplicaCapacity
 from controller.types import (
     PRIORITY_CLASSES,
     ClassAdmission,
+    FleetObservation,
     FleetSpec,
     PolicyInput,
     PolicyOutput,
@@ -139,6 +140,7 @@ class MpcState:
     first_s: float | None = None
     breaker: BreakerState = field(default_factory=BreakerState)
     shed_in_force: Mapping[str, float] = field(default_factory=dict)
+    need_now: Mapping[str, int] = field(default_factory=dict)  # replicas the last plan's first step needed
 
 
 def _step(log_k: float, log_r: float, alpha: float, clip: float = 0.7) -> float:
@@ -336,7 +338,8 @@ class MpcPolicy:
         # --- breaker
         bstate, action, notes = update_breaker(state.breaker, self.breaker_cfg, now_s=now, observation=obs,
                                                fleet=fleet, targets=targets,
-                                               lost={p: mm.unordered for p, mm in mem.items()})
+                                               lost={p: mm.unordered for p, mm in mem.items()},
+                                               carried=self._carried(obs, fleet, state.need_now))
         for n in notes:
             code = ("breaker_closed" if "closed" in n else "breaker_recovering" if "relaxed" in n else "breaker_open")
             reasons.append(reason(code, None, n, **bstate.status()))
@@ -413,8 +416,30 @@ class MpcPolicy:
         diag = self._diagnostics(result, fc, class_share, bstate, action, model, corr_diag, conf, problem)
         new_state = MpcState(t_hist=t_hist, demand_hist=d_hist, class_share=class_share, pools=new_mem,
                              plan=result.plan, plan_at_s=now, last_s=now, first_s=first_s, breaker=bstate,
-                             shed_in_force={c: a.shed_frac for c, a in admission.items()})
+                             shed_in_force={c: a.shed_frac for c, a in admission.items()},
+                             need_now={n: int(pt["need_by_step_p90"][0]) for n, pt in result.terms["pools"].items()
+                                       if pt.get("need_by_step_p90")})
         return new_state, PolicyOutput(pools=pools_out, admission=admission, reasons=tuple(reasons), diagnostics=diag)
+
+    @staticmethod
+    def _carried(obs: FleetObservation, fleet: FleetSpec, need_now: Mapping[str, int]) -> bool | None:
+        """Does the fleet carry the load it admits, now? Every pool has the replicas the last plan said
+        its first step needs ready, and no queue stands anywhere (engines: at most one waiting request
+        per ready replica; router: nothing held). None when a reading is missing. The breaker then
+        reads a p95 over its SLO as the past's (a 60 s window still holds the backlog drained)."""
+        if not need_now:
+            return None
+        for spec in fleet.pools:
+            po = obs.pools.get(spec.name)
+            ready = value(po.replicas_ready) if po is not None else None
+            if ready is None or spec.name not in need_now:
+                return None
+            if ready < need_now[spec.name] or _standing_queue(value(po.waiting), ready):
+                return False
+        for co in obs.classes.values():
+            if (value(co.queue_depth) or 0.0) > 0.0:
+                return False
+        return True
 
     # ------------------------------------------------------------------ inputs
 

@@ -162,3 +162,32 @@ def test_open_breaker_holds_until_the_lost_replicas_are_back():
         t += 15
         s, a, _ = step(s, t, obs(t, 8), lost=0)
     assert s.phase == "closed"
+
+
+def test_lagging_p95_does_not_hold_the_shedding_once_the_fleet_carries_its_load():
+    """After a surge the 60 s window still holds the drained backlog's TTFTs: critical reads 7 s with no
+    queue left and every replica back. Told the fleet carries its load (the caller's model: the
+    replicas the load needs are ready, no queue stands), the breaker stops the standard shedding at
+    once and relaxes in steps; told nothing (None), the stale reading keeps stage 3 and the standard
+    floor; told it does not carry it (False), likewise."""
+    def run(carried):
+        s, t = healthy()
+        s, a, _ = step(s, t + 15, obs(t + 15, 5, starting=3, hit=0.1, ttft=3.0), lost=3)
+        t += 15
+        for _ in range(3):
+            t += 15
+            s, a, _ = step(s, t, obs(t, 5, starting=3, ttft=3.0), lost=0)
+        assert s.stage == 3 and a.min_shed.get("standard", 0.0) > 0
+        out = []
+        for _ in range(8):  # two minutes: replicas back, queues empty, the window still reads 7 s
+            t += 15
+            s, a, _ = update_breaker(s, CFG, now_s=t, observation=obs(t, 8, ttft=7.0, waiting=0.0), fleet=FLEET,
+                                     targets={"a": 8}, lost={"a": 0}, carried=carried)
+            out.append((s.stage, a.min_shed.get("standard", 0.0)))
+        return out
+
+    carried = run(True)
+    assert carried[0][1] == 0.0  # no standard floor from the first tick the fleet carries its load
+    assert carried[-1][0] < 3 and [st for st, _ in carried] == sorted([st for st, _ in carried], reverse=True)
+    for told in (None, False):
+        assert all(st == 3 and std > 0 for st, std in run(told)), told
