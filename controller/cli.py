@@ -99,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("policies", help="replay a scenario once per policy and compare")
     b.add_argument("--scenario", required=True, help="scenario YAML file (see scenarios/)")
     b.add_argument("--policies", default=None, help="comma-separated policy names (default: all)")
-    b.add_argument("--seed", type=int, default=None, help="override the scenario's seed (arrivals, routing draws)")
+    seeds = b.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, default=None, help="override the scenario's seed (arrivals, routing draws)")
+    seeds.add_argument("--seeds", default=None, metavar="LIST",
+                       help="comma-separated seeds, e.g. 1,2,3: replay every policy once per seed and summarise how "
+                            "each policy's figures spread across them (per-seed reports are written too)")
     b.add_argument("--out", default=None, help="directory for the JSON and PNG (default bench-out/)")
     b.add_argument("--tick", dest="tick_s", type=float, default=None, metavar="SECONDS",
                    help="control-loop tick of every replay, simulated seconds (default 15, the daemon's)")

@@ -6,7 +6,10 @@ estimate demand → size static provisioning from the trace's peak and verify it
 (`verify_static`) → replay the scenario once per policy through `runner.run_policy`
 → find and replay the hindsight oracle → one table (rich, stdout), the same as JSON (`--json` prints
 only that object on stdout) and a PNG, both written to `--out` (default bench-out/).
-A progress bar goes to stderr.
+A progress bar goes to stderr. With `--seeds 1,2,3` the whole comparison runs once per seed
+(reports S-seedN.json / .png) and the spread of each policy's figures across the seeds is
+printed and written as S-seeds.json (`report.summarise_seeds`): one seed is one draw of the
+arrivals, and a bursty trace's cost can move by 10 % between draws.
 
 Policy names: the registered ones (static, hpa, kpa, sla-planner, scorer-kpa,
 slo-feedback, and mpc once it is registered — picked up when it builds, silently
@@ -44,7 +47,7 @@ from controller.bench.oracle import (
     task_slo_ok,
 )
 from controller.bench.profile import PoolProfile, ProfileError, pool_model, profile_scenario, request_work_s
-from controller.bench.report import build_report, render_table, write_png
+from controller.bench.report import build_report, render_seeds_table, render_table, summarise_seeds, write_png
 from controller.bench.runner import Progress, RunResult, run_closed_loop, run_policy
 from controller.clock import WallClock
 from controller.policies.registry import POLICY_NAMES, build_policy, policy_params
@@ -300,6 +303,28 @@ def scenario_seed(scenario: Scenario, seed: int | None) -> int:
     return int(scenario.seed if seed is None else seed)
 
 
+MAX_SEEDS = 20
+
+
+def parse_seeds(text: str) -> list[int]:
+    """"1,2,3" → [1, 2, 3]; distinct integers ≥ 0, at most MAX_SEEDS, else a BenchError naming the problem."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            seed = int(part)
+        except ValueError:
+            raise BenchError(f"--seeds: {part!r} is not an integer (expected e.g. 1,2,3)") from None
+        if seed < 0:
+            raise BenchError(f"--seeds: seeds must be >= 0 (got {seed})")
+        if seed in seeds:
+            raise BenchError(f"--seeds: seed {seed} is listed twice")
+        seeds.append(seed)
+    if not 1 <= len(seeds) <= MAX_SEEDS:
+        raise BenchError(f"--seeds: give 1 to {MAX_SEEDS} seeds (got {len(seeds)})")
+    return seeds
+
+
 def cmd_bench_policies(args: argparse.Namespace) -> int:
     prog = "governor bench policies"
     try:
@@ -313,12 +338,19 @@ def cmd_bench_policies(args: argparse.Namespace) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     seed = scenario_seed(scenario, getattr(args, "seed", None))
+    try:
+        seeds = parse_seeds(args.seeds) if getattr(args, "seeds", None) else None
+    except BenchError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     out_dir = Path(args.out or DEFAULT_OUT)
     tick_s = getattr(args, "tick_s", None)
     tick_s = DEFAULT_TICK_S if tick_s is None else float(tick_s)
     if not (math.isfinite(tick_s) and 1.0 <= tick_s <= 600.0):
         print(f"{prog}: --tick must be between 1 and 600 simulated seconds (got {tick_s:g})", file=sys.stderr)
         return 2
+    if seeds is not None:
+        return _bench_seeds(args, prog, scenario, labels, seeds, out_dir, tick_s)
     clock = WallClock()
     t0 = clock.monotonic_s()
     try:
@@ -344,6 +376,44 @@ def cmd_bench_policies(args: argparse.Namespace) -> int:
             console = Console(width=220)  # a pipe or file gets the whole table, not an 80-column squeeze
         console.print(render_table(report))
     print(f"wrote {json_path} and {png_path} ({elapsed:.0f} s wall)", file=sys.stderr)
+    return 0
+
+
+def _bench_seeds(args: argparse.Namespace, prog: str, scenario: Scenario, labels: list[str], seeds: list[int],
+                 out_dir: Path, tick_s: float) -> int:
+    """`--seeds`: the whole comparison once per seed, each report written as S-seedN.json (and .png),
+    the spread across seeds as S-seeds.json and printed (one JSON object with --json)."""
+    clock = WallClock()
+    t0 = clock.monotonic_s()
+    reports = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slo_ttft = {c: s.ttft_s for c, s in fleet_spec_from_scenario(scenario).slos.items()}
+    try:
+        with _Bar(enabled=not getattr(args, "quiet", False)) as bar:
+            for seed in seeds:
+                report, runs, _ = run_bench(scenario, labels, seed=seed, tick_s=tick_s, cache_dir=out_dir / ".cache",
+                                            progress=lambda label, s=seed: bar.task(f"{label} (seed {s})"),
+                                            scenario_file=str(args.scenario))
+                path = out_dir / f"{scenario.name}-seed{seed}.json"
+                path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+                write_png(out_dir / f"{scenario.name}-seed{seed}.png", report, runs, slo_ttft)
+                reports.append(report)
+    except (BenchError, ProfileError, ScenarioError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    summary = summarise_seeds(reports)
+    json_path = out_dir / f"{scenario.name}-seeds.json"
+    json_path.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        from rich.console import Console
+
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=220)
+        console.print(render_seeds_table(summary))
+    print(f"wrote {json_path} and one report per seed ({clock.monotonic_s() - t0:.0f} s wall)", file=sys.stderr)
     return 0
 
 

@@ -123,3 +123,30 @@ def test_tick_flag_sets_the_replay_tick_and_rejects_nonsense(first_run, capsys) 
     for bad in ("0", "-5", "nan", "1e9"):
         code, out, err = bench(capsys, scenario, scenario.parent / "out1", "--policies", "static", "--tick", bad)
         assert code == 2 and "--tick must be between 1 and 600" in err and out == "", bad
+
+
+def test_seeds_flag_runs_each_seed_and_summarises(first_run, capsys) -> None:
+    """--seeds 3,4: one report per seed (each the same as a --seed run) and one JSON object of the spread."""
+    scenario, _, _ = first_run
+    out_dir = scenario.parent / "seeds"
+    code, out, err = bench(capsys, scenario, out_dir, "--policies", "static,hpa", "--seeds", "3,4", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["seeds"] == [3, 4] and set(summary["policies"]) == {"static", "hpa"}
+    assert {p.name for p in out_dir.iterdir()} >= {f"{scenario.stem}-seed3.json", f"{scenario.stem}-seed4.json",
+                                                  f"{scenario.stem}-seeds.json"}
+    code, single, err = bench(capsys, scenario, scenario.parent / "single", "--policies", "static,hpa", "--seed", "4",
+                              "--json")
+    assert code == 0, err
+    assert summary["per_seed"]["4"]["policies"] == json.loads(single)["policies"]
+    costs = [summary["per_seed"][s]["policies"]["hpa"]["cost_per_successful_task_usd"] for s in ("3", "4")]
+    assert summary["policies"]["hpa"]["cost_per_successful_task_usd"]["max"] == pytest.approx(max(costs))
+
+
+@pytest.mark.parametrize("seeds, needle", [("1,x", "'x' is not an integer"), ("1,1", "listed twice"),
+                                           ("-2", ">= 0"), (",".join(str(i) for i in range(21)), "1 to 20")])
+def test_bad_seeds_exit_2_naming_the_problem(first_run, capsys, seeds: str, needle: str) -> None:
+    scenario, _, _ = first_run
+    code, out, err = bench(capsys, scenario, scenario.parent / "badseeds", "--policies", "static", "--seeds", seeds)
+    assert code == 2 and needle in err and out == ""
+    assert not (scenario.parent / "badseeds").exists()

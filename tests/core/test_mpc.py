@@ -9,7 +9,7 @@ budget and determinism of the solver.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest

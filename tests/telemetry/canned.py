@@ -114,7 +114,7 @@ def vllm_text(s: VllmState, engine: str = "0") -> str:
     counter("vllm:num_preemptions", s.preemptions, "Cumulative number of preemption from the engine.")
     counter("vllm:prompt_tokens", s.prompt_tokens, "Number of prefill tokens processed.")
     counter("vllm:generation_tokens", s.generation_tokens, "Number of generation tokens processed.")
-    lines.extend([f"# HELP vllm:request_success_total Count of successfully processed requests.",
+    lines.extend(["# HELP vllm:request_success_total Count of successfully processed requests.",
                   "# TYPE vllm:request_success_total counter"])
     for reason in ("stop", "length", "abort", "error", "repetition"):
         lines.append(f'vllm:request_success_total{{{lab},finished_reason="{reason}"}} 0.0{ts}')
