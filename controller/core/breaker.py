@@ -37,7 +37,10 @@ Stages: 3 = open and critical still late, 2 = open, 1 = recovering (ramp), 0 = c
 Escalation from 2 to 3 when critical p95 stays above its SLO for `escalate_s`; relaxation
 one stage per `stable_s` of no symptoms (recovering → closed after the ramp), but not below
 stage 2 while a hit pool serves fewer replicas than before its loss (calm then is the
-shedding's doing, not the fleet's). A loss counts as big against the replicas serving before
+shedding's doing, not the fleet's). The latency symptoms are 60 s-window p95s, which still hold a
+drained backlog's requests for up to a minute: while open, they do not count when the caller says the
+fleet carries the load it admits now (`carried`: the replicas its load needs are ready and no queue
+stands). A loss counts as big against the replicas serving before
 it when the pool was still scaling up (3 of 7 serving with a target of 11 is big). The state is a
 frozen value the policy carries; `BreakerState.status()` is what status and metrics export.
 

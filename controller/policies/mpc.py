@@ -17,8 +17,13 @@ frozen `MpcState`, never in the object):
   term), which also give the model's confidence;
 - the previous plan (the solver's warm start), the scale-down stabilisation window (the
   highest plan of the last `scale_down_stabilization_s`, stretched towards
-  `bursty_down_window_s` when the demand comes in bursts, see `down_window_s`), and the
-  cascading-failure breaker (controller/core/breaker.py).
+  `bursty_down_window_s` when the demand comes in bursts, see `down_window_s`), the
+  replicas the last plan's first step needed (the breaker's "does the fleet carry its load"),
+  and the cascading-failure breaker (controller/core/breaker.py).
+
+Router traffic weights go out as shares of each route group's hop (summing to 1), written for
+the replica targets applied rather than those planned (`applied_router_weights`: a held
+scale-down serves too).
 
 Profiles: the objective's weights come from `PolicyInput.profile` (cost / balanced /
 latency / throughput, changeable at run time through PolicyService) merged with the
