@@ -38,9 +38,11 @@ Escalation from 2 to 3 when critical p95 stays above its SLO for `escalate_s`; r
 one stage per `stable_s` of no symptoms (recovering → closed after the ramp), but not below
 stage 2 while a hit pool serves fewer replicas than before its loss (calm then is the
 shedding's doing, not the fleet's). The latency symptoms are 60 s-window p95s, which still hold a
-drained backlog's requests for up to a minute: while open, they do not count when the caller says the
-fleet carries the load it admits now (`carried`: the replicas its load needs are ready and no queue
-stands). A loss counts as big against the replicas serving before
+drained backlog's requests for up to a minute: while open after a loss, they do not count when the
+caller says the fleet carries the load it admits now (`carried`: the replicas its load needs are ready
+and no queue stands). Not after an overload trip: there the calm may be the shedding's doing (the need
+the caller compares with counts only the admitted load), while after a loss stage 2 already holds
+until the lost replicas are back. A loss counts as big against the replicas serving before
 it when the pool was still scaling up (3 of 7 serving with a target of 11 is big). The state is a
 frozen value the policy carries; `BreakerState.status()` is what status and metrics export.
 
@@ -163,8 +165,8 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
     """Advance the breaker one tick. `targets`: the replica target in force per pool; `lost`: per
     pool, replacements the fleet started this tick that nobody ordered (None: infer from ready);
     `carried`: the caller's judgement that the fleet carries the load it admits now (the replicas
-    its load needs are ready and no queue stands): while open, a p95 over its SLO is then the
-    window's memory of a drained backlog, not a symptom (None: unknown, latency counts).
+    its load needs are ready and no queue stands): while open after a loss, a p95 over its SLO is
+    then the window's memory of a drained backlog, not a symptom (None: unknown, latency counts).
 
     Returns (new state, constraints for the planner, notes on what changed: human-readable).
     """
@@ -260,7 +262,7 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
     retry_rise = have_retry and retry_b is not None and retries > retry_b + cfg.retry_rise_rps
     if have_retry and state.phase == CLOSED and not retry_rise:
         retry_b = retries if retry_b is None else (1 - cfg.baseline_alpha) * retry_b + cfg.baseline_alpha * retries
-    if carried and state.phase != CLOSED:
+    if carried and state.phase != CLOSED and not state.trigger.startswith("overload"):
         late, critical_late = [], False
     symptoms = bool(hit_drop or late or retry_rise)
     suspects = [n for n, w in watch.items() if w.loss_seen_s is not None and now_s - w.loss_seen_s < cfg.suspect_s]
