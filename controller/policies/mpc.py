@@ -437,9 +437,10 @@ class MpcPolicy:
         for spec in fleet.pools:
             po = obs.pools.get(spec.name)
             ready = value(po.replicas_ready) if po is not None else None
-            if ready is None or spec.name not in need_now:
+            waiting = value(po.waiting) if po is not None else None
+            if ready is None or waiting is None or spec.name not in need_now:
                 return None
-            if ready < need_now[spec.name] or _standing_queue(value(po.waiting), ready):
+            if ready < need_now[spec.name] or _standing_queue(waiting, ready):
                 return False
         for co in obs.classes.values():
             if (value(co.queue_depth) or 0.0) > 0.0:

@@ -394,3 +394,23 @@ def test_multi_pool_tpot_correction_learns_from_the_per_request_tpot(label, requ
     for n in ("a", "b"):
         seen = corr[n]["tpot_obs_over_smooth"]
         assert (seen > 5.0) is inflated and (corr[n]["burst"] > 0) is inflated, (label, n, corr[n])
+
+
+def test_carried_judgement_for_the_breaker():
+    """The fleet carries its load when every pool has the replicas the last plan needed ready and no
+    queue stands (engines: at most one waiting per ready replica; router: nothing held); a missing
+    reading or no plan yet gives None (the breaker then keeps counting latency)."""
+    fl = fleet(spec("a"), spec("b"))
+
+    def obs(a: dict, b: dict, held: float = 0.0) -> FleetObservation:
+        return FleetObservation(at_s=0.0, pools={"a": obs_row("a", **a), "b": obs_row("b", **b)},
+                                classes={"critical": ClassObservation("critical", queue_depth=Reading(held))})
+
+    ok = {"replicas_ready": 4, "waiting": 3}
+    need = {"a": 4, "b": 2}
+    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2, "waiting": 0}), fl, need) is True
+    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 1, "waiting": 0}), fl, need) is False  # b short
+    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2, "waiting": 5}), fl, need) is False  # b queued
+    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2, "waiting": 0}, held=3), fl, need) is False
+    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2}), fl, need) is None  # waiting missing
+    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2, "waiting": 0}), fl, {}) is None  # no plan yet
