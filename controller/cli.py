@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
     b.set_defaults(func=_handler("controller.bench.planner:cmd_bench_planner"))
     b = bsub.add_parser("all", help="every shipped scenario: sim speed and policies")
-    b.add_argument("--out", default=None, help="directory for each scenario's JSON and PNG (default bench-out/all/)")
+    b.add_argument("--out", default=None, help="directory for each scenario's JSON and PNG (default bench-out/)")
     b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
     b.set_defaults(func=_handler("controller.bench.all:cmd_bench_all"))
 
@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--value", default=None, help="number (or profile name for 'profile')")
     o.add_argument("--ttl", required=True, help="time to live, e.g. 900, 15m, 2h")
     o.add_argument("--author", default=None, help="who sets it (default: $USER)")
-    o.add_argument("--reason", default="", help="why, for the audit log and `governor explain`")
+    o.add_argument("--reason", default="", help="why, for the audit log (shown by `governor override list`)")
     o.set_defaults(func=_handler("controller.api.client:cmd_override_set"))
     o = osub.add_parser("list", help="list active overrides")
     o.add_argument("--all", action="store_true", help="include expired ones")
