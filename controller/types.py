@@ -188,7 +188,7 @@ class ClassAdmission:
 class PoolDecision:
     replicas: int
     warm_standby: int = 0
-    inflight_cap: int = 0  # per replica, enforced by the router; 0 = no cap
+    inflight_cap: int = 0  # per replica, enforced by the router on standard/sheddable (critical passes); 0 = no cap
     traffic_weight: float = 1.0  # share of the route group's traffic
     prefix_weight: float = 3.0  # router scorer weights (cache affinity is prefix_weight)
     queue_weight: float = 2.0

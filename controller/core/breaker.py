@@ -29,7 +29,8 @@ constraints, all at once:
                  the cap is raised step by step while recovering (a ramp, not a jump);
   protect        a ceiling on the in-flight cap per replica (the batch at which TPOT p95 stays
                  within the tightest SLO, computed by the policy from its model), so running
-                 streams keep their pace and the excess waits at the router, critical first;
+                 streams keep their pace and the excess waits at the router (critical passes
+                 the cap: see controller/sim/router.py, protos/governor/v1/control.proto);
   shed           a floor on the sheddable class's shed fraction (stage 2: 0.5, stage 3: 1.0);
                  the standard class only at stage 3 and only while critical is still late.
 

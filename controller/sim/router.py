@@ -42,6 +42,11 @@ from controller.sim.engine import HELD, Replica, Req
 from controller.types import PRIORITY_CLASSES
 
 N_CLASSES = len(PRIORITY_CLASSES)
+# Critical requests pass the in-flight cap: the cap holds standard and sheddable traffic at the
+# router (the Gateway API Inference Extension treats Critical the same way: only lower
+# criticalities wait or are dropped when the pool is saturated). Protecting running streams by
+# holding critical behind them made critical the class a crash hurt most.
+CAP_EXEMPT_PRIO = PRIORITY_CLASSES.index("critical")
 
 
 @dataclass
@@ -95,12 +100,12 @@ class PoolRoute:
         self._rr = 0
 
     def pick(self, r: Req) -> Replica | None:
-        """Best-scoring candidate with room under the in-flight cap, or None."""
+        """Best-scoring candidate with room under the in-flight cap (critical: any), or None."""
         cands = self.candidates
         n = len(cands)
         if n == 0:
             return None
-        cap = self.inflight_cap
+        cap = 0 if r.prio == CAP_EXEMPT_PRIO else self.inflight_cap
         if n == 1:
             rep = cands[0]
             return rep if cap <= 0 or rep.n_waiting + len(rep.running) < cap else None

@@ -327,6 +327,21 @@ def test_inflight_cap_holds_at_the_router():
     assert f.router_stats.cell("standard", 0).queue_time_s.count == 3
 
 
+def test_critical_requests_pass_the_inflight_cap():
+    """The cap holds standard and sheddable requests at the router; a critical one goes to a replica
+    at once (as the Gateway API Inference Extension treats Critical under saturation)."""
+    sc = scenario([pool(replicas=1)], router=dict(inflight_cap=1))
+    f = Fleet(sc, workload=workload([0.0, 0.0, 0.01, 0.02], 2000, 100, priority=[1, 1, 0, 2]))
+    f.run_until(0.05)
+    assert f.router_stats.queue_size["p8"] == 2  # the second standard and the sheddable one wait
+    rep = f.replica_stats()[0]
+    assert rep.num_requests_running + rep.num_requests_waiting == 2  # the first standard and the critical
+    s = f.run()
+    assert s.completed == 4
+    assert f.router_stats.cell("critical", 0).queue_time_s.count == 1  # admitted, never held
+    assert f.router_stats.cell("critical", 0).queue_time_s.sum == 0.0
+
+
 # --------------------------------------------------------------------------- prefill/decode split
 
 
