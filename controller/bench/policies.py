@@ -299,6 +299,15 @@ class _Bar:
         return update
 
 
+def _print_table(table) -> None:
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=220)  # a pipe or file gets the whole table, not an 80-column squeeze
+    console.print(table)
+
+
 def scenario_seed(scenario: Scenario, seed: int | None) -> int:
     return int(scenario.seed if seed is None else seed)
 
@@ -369,12 +378,7 @@ def cmd_bench_policies(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
-        from rich.console import Console
-
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=220)  # a pipe or file gets the whole table, not an 80-column squeeze
-        console.print(render_table(report))
+        _print_table(render_table(report))
     print(f"wrote {json_path} and {png_path} ({elapsed:.0f} s wall)", file=sys.stderr)
     return 0
 
@@ -407,12 +411,7 @@ def _bench_seeds(args: argparse.Namespace, prog: str, scenario: Scenario, labels
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
-        from rich.console import Console
-
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=220)
-        console.print(render_seeds_table(summary))
+        _print_table(render_seeds_table(summary))
     print(f"wrote {json_path} and one report per seed ({clock.monotonic_s() - t0:.0f} s wall)", file=sys.stderr)
     return 0
 

@@ -277,11 +277,11 @@ def summarise_seeds(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def render_seeds_table(summary: Mapping[str, Any]):
     """A rich Table of `summarise_seeds`: one row per policy, sorted by mean cost (oracle last)."""
+    from rich.markup import escape
     from rich.table import Table
 
     seeds = summary["seeds"]
     t = Table(title=f"{summary['scenario']} (seeds {', '.join(str(s) for s in seeds)}, tick {summary['tick_s']:g} s)")
-    from rich.markup import escape
 
     for name in ("policy", "$/succ. task mean [min–max]", "crit mean / min", "std mean / min", "shed mean",
                  "× oracle mean [max]", "at SLO", "beats baselines", "recovery s (worst)"):

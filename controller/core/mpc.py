@@ -193,6 +193,12 @@ def plan_steps(cfg: MpcConfig, pools: Sequence[PoolInput]) -> int:
     return int(min(40, cfg.horizon_steps + math.ceil(longest / cfg.step_s)))
 
 
+def serving_first_step(p: PoolInput, step_s: float) -> int:
+    """Replicas of a pool serving in a plan's first step: ready now, plus the starting ones due
+    within half a step (the planner puts a start in the step its ETA rounds to)."""
+    return p.ready + sum(1 for eta in p.starting_eta_s if eta <= 0.5 * step_s)
+
+
 def applied_router_weights(problem: PlanProblem, plan: Plan, applied: Mapping[str, int],
                            step_s: float) -> dict[str, float]:
     """The plan's router weights for the replica targets actually applied, as shares of each hop.
@@ -207,7 +213,7 @@ def applied_router_weights(problem: PlanProblem, plan: Plan, applied: Mapping[st
     replicas ready or due within half a step, at least 1. Pools alone on their hop keep theirs.
     Example: A100 planned 1, applied 2 (2 ready), H100 5 → A100's weight doubles before renormalising.
     """
-    due = {p.name: p.ready + sum(1 for eta in p.starting_eta_s if eta <= 0.5 * step_s) for p in problem.pools}
+    due = {p.name: serving_first_step(p, step_s) for p in problem.pools}
     hops: dict[tuple[str, bool], list[PoolInput]] = {}
     for p in problem.pools:
         hops.setdefault((p.group, p.role == "decode"), []).append(p)
@@ -437,7 +443,7 @@ class _Evaluator:
         # replica × replicas ready *now* gave a pool whose replicas were landing this step too little
         # traffic and its neighbour too much: on the demo, after an H100 crash (1 ready, 4 landing)
         # the A100 pool got 50 % of a surge the plan gave it 16 % of, and its queue went 150 → 440.
-        self.ready_step0 = np.maximum(self.ready0 + pend[:, 0], 1.0)
+        self.ready_step0 = np.maximum(np.array([serving_first_step(p, dt) for p in pools], dtype=float), 1.0)
         self.P_tok = np.array([p.prompt_tokens for p in pools])
         self.O_tok = np.array([p.output_tokens for p in pools])
         self.hit0 = np.array([p.hit_rate for p in pools])

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from controller.actuation.grpc_actuator import ClientTls, GrpcActuator
 from controller.actuation.keda import KedaScalerServer
@@ -28,7 +28,7 @@ from controller.core.guards import GuardConfig
 from controller.core.step import Controller
 from controller.obs.logs import setup_logging
 from controller.obs.metrics import DaemonMetrics
-from controller.policies.registry import build_policy
+from controller.policies.registry import POLICY_NAMES, build_policy
 from controller.runtime.daemon import Daemon, TickReport
 from controller.runtime.learning import Learning
 from controller.runtime.loop import TickLoop
@@ -177,9 +177,6 @@ def _with_policy(settings: Settings, name: str | None) -> Settings:
     if name is None:
         return settings
     return settings.model_copy(update={"policy": name})
-
-
-POLICY_NAMES = get_args(Settings.model_fields["policy"].annotation)
 
 
 def cmd_run(args) -> int:
