@@ -299,13 +299,19 @@ class _Bar:
         return update
 
 
-def _print_table(table) -> None:
-    from rich.console import Console
+def _emit(path: Path, obj: Mapping[str, Any], as_json: bool, render: Callable[[Mapping[str, Any]], Any]) -> Path:
+    """Write `obj` as JSON to `path`; print it on stdout as one JSON object, or as `render`'s table."""
+    path.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+    if as_json:
+        print(json.dumps(obj, sort_keys=True))
+    else:
+        from rich.console import Console
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=220)  # a pipe or file gets the whole table, not an 80-column squeeze
-    console.print(table)
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=220)  # a pipe or file gets the whole table, not an 80-column squeeze
+        console.print(render(obj))
+    return path
 
 
 def scenario_seed(scenario: Scenario, seed: int | None) -> int:
@@ -370,15 +376,10 @@ def cmd_bench_policies(args: argparse.Namespace) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / f"{scenario.name}.json"
-    json_path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
     png_path = write_png(out_dir / f"{scenario.name}.png", report, runs,
                          {c: s.ttft_s for c, s in fleet_spec_from_scenario(scenario).slos.items()})
+    json_path = _emit(out_dir / f"{scenario.name}.json", report, args.json, render_table)
     elapsed = clock.monotonic_s() - t0
-    if args.json:
-        print(json.dumps(report, sort_keys=True))
-    else:
-        _print_table(render_table(report))
     print(f"wrote {json_path} and {png_path} ({elapsed:.0f} s wall)", file=sys.stderr)
     return 0
 
@@ -405,13 +406,8 @@ def _bench_seeds(args: argparse.Namespace, prog: str, scenario: Scenario, labels
     except (BenchError, ProfileError, ScenarioError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    summary = summarise_seeds(reports)
-    json_path = out_dir / f"{scenario.name}-seeds.json"
-    json_path.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
-    else:
-        _print_table(render_seeds_table(summary))
+    json_path = _emit(out_dir / f"{scenario.name}-seeds.json", summarise_seeds(reports), args.json,
+                      render_seeds_table)
     print(f"wrote {json_path} and one report per seed ({clock.monotonic_s() - t0:.0f} s wall)", file=sys.stderr)
     return 0
 
