@@ -66,6 +66,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "sla-planner-60s": ("sla-planner", {"adjustment_interval_s": 60.0}),
     # The vLLM production-stack tutorial's HPA: waiting requests per replica, target 1.
     "hpa-queue": ("hpa", {"metric": "queue_per_replica"}),
+    # The MPC planning on the learned coupling models (the shipped models/) instead of the queueing prior.
+    "mpc-learned": ("mpc", {"planning_model": "learned"}),
 }
 ORACLE = "oracle"
 MPC = "mpc"
@@ -187,7 +189,26 @@ def _auto_params(policy: str, ctx: BenchContext | None, scenario: Scenario | Non
 
 def params_for(label: str, ctx: BenchContext) -> tuple[str, dict[str, Any]]:
     policy, fixed = resolve(label)
-    return policy, {**_auto_params(policy, ctx), **fixed}
+    params = {**_auto_params(policy, ctx), **fixed}
+    if policy == MPC and params.get("planning_model") == "learned":
+        coupling = shipped_coupling(ctx.scenario)
+        params["coupling_source"] = lambda: coupling
+    return policy, params
+
+
+def shipped_coupling(scenario: Scenario):
+    """The shipped coupling models (models/) with the physics of the scenario's pools; BenchError if refused."""
+    from controller.core.coupling import with_physics
+    from controller.learning.physics import physics_for_pool_spec
+    from controller.learning.store import SHIPPED_MODELS_DIR, ModelLoadError, ModelStore
+
+    try:
+        coupling, _ = ModelStore(SHIPPED_MODELS_DIR).load_coupling()
+    except ModelLoadError as e:
+        raise BenchError(f"mpc-learned needs the shipped learned models ({SHIPPED_MODELS_DIR}; `make models` "
+                         f"refits them): {e}") from None
+    fleet = fleet_spec_from_scenario(scenario)
+    return with_physics(coupling, [physics_for_pool_spec(p) for p in fleet.pools])
 
 
 def parse_policies(text: str | None, scenario: Scenario) -> list[str]:

@@ -262,5 +262,6 @@ def run_policy(scenario: Scenario, policy_name: str, *, seed: int, tick_s: float
     Raises ValueError for an unknown policy or bad parameters (from `build_policy`).
     """
     policy = build_policy(policy_name, fleet_spec_from_scenario(scenario), params or {})
+    recorded = {k: v for k, v in (params or {}).items() if not callable(v)}  # e.g. a model source: not data
     return run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s, workload=workload, progress=progress,
-                           label=label or policy_name, params=params)
+                           label=label or policy_name, params=recorded)

@@ -617,9 +617,14 @@ class PriorForecaster:
 class LearnedPlanModel:
     """PlanModel over the learned coupling models (controller/core/coupling.py, issue 5).
 
-    Latency quantiles, capacity and utilisation come from `CouplingModels.predict_latency`
+    TTFT quantiles, capacity, utilisation and batch come from `CouplingModels.predict_latency`
     (calibrated queueing prior + quantile-regression correction); the router wait behind an
-    in-flight cap is added to TTFT as that module's notes say. The cache model and the
+    in-flight cap is added to TTFT as that module's notes say. TPOT comes from the fallback:
+    the coupling models predict what the pool's telemetry reads, the per-token inter-token
+    latency (vLLM's `inter_token_latency_seconds`), which chunked-prefill steps inflate (70B on
+    H100 at 4 req/s per replica: 0.149 s against 0.087 s), while a TPOT SLO judges each request's
+    mean TPOT, the statistic the fallback models; planning on the former bought replicas for a
+    tail the SLO does not check (azure-conv: 41 GPU-h against 29). The cache model and the
     planner's own online corrections and burst term stay with the `QueueingPrior` passed as
     `fallback` (the coupling cache model needs a reuse profile the telemetry does not carry),
     and the policy's correction factors multiply the learned quantiles only by the part the
@@ -665,16 +670,15 @@ class LearnedPlanModel:
         out, prior, conf = self.models.predict_latency(x)  # type: ignore[attr-defined]
         A = self.fallback._arr
         i = flat["pool_index"].astype(np.intp)
-        k_ttft, k_tpot = A["k_ttft"][i], A["k_tpot"][i]
-        # the burst term (chunk-bound steps under bursty arrivals) from the fallback's figures
+        k_ttft = A["k_ttft"][i]
+        # per-request TPOT (with its corrections and burst term) from the fallback, see the docstring
         own = self.fallback.latency(LatencyQuery(**flat))
         wait = prior.router_wait_p95_s
-        bursty = A["burst"][i] > 0
-        tpot95 = np.where(bursty, np.maximum(out["tpot_p95_s"] * k_tpot, own.tpot_p95_s), out["tpot_p95_s"] * k_tpot)
+        tpot95 = own.tpot_p95_s
         ans = LatencyAnswer(
             ttft_p50_s=(out["ttft_p50_s"] + 0.5 * wait) * np.sqrt(k_ttft),
             ttft_p95_s=(out["ttft_p95_s"] + wait) * k_ttft,
-            tpot_p50_s=out["tpot_p50_s"] * np.sqrt(k_tpot), tpot_p95_s=tpot95,
+            tpot_p50_s=own.tpot_p50_s, tpot_p95_s=tpot95,
             capacity_rps=prior.capacity_rps, utilisation=prior.rho, batch=prior.batch,
             confidence=np.asarray(conf, dtype=float) * np.ones(n),
             slot_wait_p50_s=0.5 * wait * np.sqrt(k_ttft), slot_wait_p95_s=wait * k_ttft,

@@ -29,9 +29,17 @@ Profiles: the objective's weights come from `PolicyInput.profile` (cost / balanc
 latency / throughput, changeable at run time through PolicyService) merged with the
 explicit `weights` parameter. Engine figures come from `engine_figures` (per pool) or the
 built-in profiled table; `capacity` (per-pool ReplicaCapacity, as the bench profiles it for
-the SLA planner) only seeds the correction factors. `models` may inject another PlanModel
-(e.g. the learned coupling models) and `timer` a monotonic clock for a wall-time budget;
-without a timer the budget is a count of scored candidates.
+the SLA planner) only seeds the correction factors. `timer` is a monotonic clock for a wall-time
+budget; without a timer the budget is a count of scored candidates.
+
+What the planner predicts with (`planning_model`): "prior" (default) = the queueing prior
+(`QueueingPrior`) with the policy's online correction factors; "learned" = the learned coupling
+models (controller/core/coupling.py) through `LearnedPlanModel`, read each tick from
+`coupling_source` — a callable returning the current `CouplingModels` (the daemon passes its
+model slot, so a refit that passed the validation gate is planned on from the next tick; the
+bench passes the shipped models/). If the models have no physics for a pool, the tick plans on
+the prior and diagnostics["model"]["learned_unusable"] says why. `models` injects any other
+PlanModel (tests) and wins over both.
 
 Reason codes (Reason.code): mpc_scale_up, mpc_scale_up_early (the forecast needs more
 replicas within the start-up delay), mpc_scale_down, scale_down_stabilised, mpc_hold,
@@ -69,6 +77,7 @@ from controller.core.mpc import (
 from controller.core.mpc_model import (
     EngineFigures,
     LatencyQuery,
+    LearnedPlanModel,
     PlanModel,
     PriorForecaster,
     QueueingPrior,
@@ -91,6 +100,8 @@ from controller.types import (
 )
 
 HISTORY_KEEP_S = 1800.0
+# what the planner predicts with: the queueing prior (+ online corrections) or the learned coupling models
+PLANNING_MODELS = ("prior", "learned")
 CORRECTION_BOUNDS = (0.4, 10.0)
 # a rolling restart's next surge replica starts when the previous one is ready; this long past a
 # cold start-up without one, the restart is taken as over
@@ -203,6 +214,7 @@ class MpcPolicy:
                  correction_alpha: float = 0.15, client_retries: int = 2, standby_cost_frac: float = 1.0,
                  warmup_s: float = 60.0, min_history_s: float = 300.0, planner: Mapping[str, Any] | None = None,
                  protect_streams: bool = True,
+                 planning_model: str = "prior", coupling_source: Callable[[], Any] | None = None,
                  models: PlanModel | None = None, timer: Callable[[], float] | None = None) -> None:
         extra = dict(planner or {})
         known = set(MpcConfig.__dataclass_fields__)
@@ -238,6 +250,14 @@ class MpcPolicy:
             self.breaker_cfg = BreakerConfig(enabled=breaker)
         else:
             raise ValueError(f"mpc.breaker must be true/false or a mapping of BreakerConfig fields (got {breaker!r})")
+        if planning_model not in PLANNING_MODELS:
+            raise ValueError(f"mpc.planning_model must be one of {', '.join(PLANNING_MODELS)} (got {planning_model!r})")
+        if planning_model == "learned" and coupling_source is None:
+            raise ValueError("mpc.planning_model 'learned' needs the learned coupling models (coupling_source): "
+                             "the daemon and `governor bench` supply them; a direct build must pass one")
+        self.planning_model = planning_model
+        self.coupling_source = coupling_source if planning_model == "learned" else None
+        self._learned: tuple[int, tuple[str, ...], LearnedPlanModel | None, str | None] | None = None
         self.models = models
         self.timer = timer
         self.forecaster = PriorForecaster()
@@ -256,6 +276,25 @@ class MpcPolicy:
             m = self._seed_from_capacity(m, fleet)
             self._model_cache[key] = m
         return m
+
+    def _plan_model(self, fleet: FleetSpec, prior: QueueingPrior) -> tuple[PlanModel, str | None]:
+        """The model this tick plans with, and why the learned models were not usable (or None)."""
+        if self.models is not None:
+            return self.models, None
+        if self.coupling_source is None:
+            return prior, None
+        coupling = self.coupling_source()
+        if coupling is None:
+            return prior, "no learned models loaded"
+        key = tuple(f"{p.name}:{p.model}:{p.sku}:{p.gpus_per_replica}:{p.role}" for p in fleet.pools)
+        cached = self._learned
+        if cached is None or cached[0] != id(coupling) or cached[1] != key:
+            try:  # the fallback carries the policy's seeded prior (its cache model, burst term, corrections)
+                cached = (id(coupling), key, LearnedPlanModel.for_pools(coupling, fleet.pools, fallback=prior), None)
+            except KeyError as e:
+                cached = (id(coupling), key, None, str(e).strip("'\""))
+            self._learned = cached
+        return (cached[2], None) if cached[2] is not None else (prior, cached[3])
 
     def _seed_from_capacity(self, m: QueueingPrior, fleet: FleetSpec) -> QueueingPrior:
         """Correction factors from a bench/operator load profile (p95 at known loads), if given."""
@@ -334,8 +373,9 @@ class MpcPolicy:
             mem[spec.name] = self._account(m0, spec, po, target, now, state.last_s)
         j_of = {p.name: j for j, p in enumerate(fleet.pools)}
         settled = len(t_hist) > 1 and t_hist[-1] - t_hist[0] >= self.min_history_s
-        mem, corr_diag = self._learn(mem, inp, self.models or prior, j_of, settled)
-        model: PlanModel = (self.models or prior).with_corrections(
+        base_model, learned_unusable = self._plan_model(fleet, prior)
+        mem, corr_diag = self._learn(mem, inp, base_model, j_of, settled)
+        model: PlanModel = base_model.with_corrections(
             [math.exp(mem[p.name].log_k_ttft) for p in fleet.pools],
             [math.exp(mem[p.name].log_k_tpot) for p in fleet.pools],
             self._confidence(mem), burst=[mem[p.name].burst for p in fleet.pools])
@@ -419,6 +459,9 @@ class MpcPolicy:
             reasons.append(reason("low_confidence", None, f"model confidence {conf:.2f}: predictions are uncertain",
                                   confidence=conf))
         diag = self._diagnostics(result, fc, class_share, bstate, action, model, corr_diag, conf, problem)
+        diag["model"]["planning_model"] = self.planning_model
+        if learned_unusable:
+            diag["model"]["learned_unusable"] = learned_unusable
         new_state = MpcState(t_hist=t_hist, demand_hist=d_hist, class_share=class_share, pools=new_mem,
                              plan=result.plan, plan_at_s=now, last_s=now, first_s=first_s, breaker=bstate,
                              shed_in_force={c: a.shed_frac for c, a in admission.items()},

@@ -4,7 +4,8 @@ Built once in the composition root. Each tick the daemon hands it what it
 observed and what was in force; it appends that to the persisted history, scores
 the current models' predictions against what happened, and exposes the error for
 metrics and `governor status`. Refits run on the RefitJob's own thread, never on
-the tick path; the planner reads the current models through `slot.get()`.
+the tick path. The MPC with `planning_model: learned` reads the current coupling models through
+`slot.get()` every tick (runtime/main.py hands it the slot); other policies do not use them.
 """
 
 from __future__ import annotations
@@ -17,12 +18,9 @@ from controller.core.features import ObservationRecord, PoolSettings
 from controller.learning.history import HistoryBuffer
 from controller.learning.physics import physics_for_pool_spec
 from controller.learning.refit import ModelSet, ModelSlot, RefitConfig, RefitJob
-from controller.learning.store import ModelLoadError, ModelStore
+from controller.learning.store import SHIPPED_MODELS_DIR, ModelLoadError, ModelStore
 from controller.learning.tracker import ModelTracker
-from controller.sim.paths import PROJECT_ROOT
 from controller.types import Decision, FleetObservation, FleetSpec
-
-SHIPPED_MODELS_DIR = PROJECT_ROOT / "models"
 
 
 class Learning:

@@ -67,13 +67,17 @@ def _host_port(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def build_controller(settings: Settings) -> Controller:
+def build_controller(settings: Settings, learning: Learning | None = None) -> Controller:
     fleet = settings.fleet_spec()
     g = settings.guards
     params = dict(settings.policy_params)
     if settings.policy == "mpc":
         # In the daemon the planner's search is bounded by wall time (the bench uses an evaluation count).
         params.setdefault("timer", WallClock().monotonic_s)
+        if params.get("planning_model") == "learned" and learning is not None:
+            # the planner reads the model slot every tick: a refit that passed the gate is used next tick
+            slot = learning.slot
+            params.setdefault("coupling_source", lambda: slot.get().coupling)
     return Controller(
         fleet, build_policy(settings.policy, fleet, params),
         guards=GuardConfig(max_step_up=g.max_step_up, max_step_down=g.max_step_down,
@@ -90,7 +94,9 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
     store = StateStore(state_dir / "governor.db")
     closers: list[Any] = [store.close]
     try:
-        controller = build_controller(settings)
+        learning = Learning(settings.fleet_spec(), state_dir, clock=clock, logger=logger, seed=settings.seed)
+        closers.append(learning.stop)
+        controller = build_controller(settings, learning)
         source = build_source(settings, clock)
         acts = settings.actuators
         actuator = None
@@ -103,9 +109,7 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
                                     backoff_s=max(acts.router.backoff_s, acts.autoscaler.backoff_s), tls=tls)
             closers.append(actuator.close)
         metrics = DaemonMetrics()
-        learning = Learning(settings.fleet_spec(), state_dir, clock=clock, logger=logger, seed=settings.seed)
         learning.start()
-        closers.append(learning.stop)
         daemon = Daemon(controller=controller, source=source, actuator=actuator, shadow=ShadowActuator(clock=clock),
                         store=store, metrics=metrics, clock=clock, logger=logger, mode=settings.mode,
                         profile=settings.profile, on_tick=on_tick, learning=learning)
@@ -264,7 +268,7 @@ def cmd_run(args) -> int:
                 logger.info("SIGHUP ignored: no config file to reload", extra={"event": "reload"})
                 return
             new = _with_policy(load_settings(args.config), policy)  # --policy still wins over the file
-            services.daemon.reload(build_controller(new))
+            services.daemon.reload(build_controller(new, services.daemon.learning))
             logger.info("config reloaded", extra={"event": "reload", "summary": new.summary()})
 
         if view is not None:

@@ -150,3 +150,24 @@ def test_bad_seeds_exit_2_naming_the_problem(first_run, capsys, seeds: str, need
     code, out, err = bench(capsys, scenario, scenario.parent / "badseeds", "--policies", "static", "--seeds", seeds)
     assert code == 2 and needle in err and out == ""
     assert not (scenario.parent / "badseeds").exists()
+
+
+def test_mpc_learned_plans_on_the_shipped_models(first_run, capsys) -> None:
+    """`mpc-learned` = the MPC with planning_model learned over models/; its report records the
+    parameter (not the model source, which is not data)."""
+    from controller.bench.policies import params_for, prepare
+    from controller.core.mpc_model import LearnedPlanModel
+    from controller.sim.fleetspec import fleet_spec_from_scenario
+    from controller.sim.scenario import load_scenario
+
+    scenario, _, _ = first_run
+    code, out, err = bench(capsys, scenario, scenario.parent / "learned", "--policies", "mpc-learned", "--json")
+    assert code == 0, err
+    entry = json.loads(out)["policies"]["mpc-learned"]
+    assert entry["params"]["planning_model"] == "learned" and "coupling_source" not in entry["params"]
+    assert entry["tasks"] > 0
+    sc = load_scenario(scenario)
+    policy, params = params_for("mpc-learned", prepare(sc, seed=5, cache_dir=None))
+    assert policy == "mpc"
+    # the models carry the scenario's pool physics, so the planner does not fall back to the prior
+    LearnedPlanModel.for_pools(params["coupling_source"](), fleet_spec_from_scenario(sc).pools)

@@ -396,6 +396,31 @@ def test_learned_models_adapter_answers_in_bulk():
         LearnedPlanModel.for_pools(coupling, [PoolSpec("z", "llama-2-7b", "a100-80gb")])
 
 
+def test_learned_adapter_plans_tpot_on_the_per_request_statistic_the_slo_judges():
+    """The coupling models predict the pool's per-token inter-token latency, which chunked-prefill
+    steps inflate; a TPOT SLO judges each request's mean TPOT. The adapter takes TPOT from its
+    fallback's per-request model and TTFT from the coupling models."""
+    from controller.core.coupling import CouplingModels, LatencyInputs
+    from controller.core.mpc_model import LearnedPlanModel
+    from controller.learning.physics import physics_for_pool_spec
+
+    coupling = CouplingModels.prior_only([physics_for_pool_spec(SPEC)])
+    fallback = QueueingPrior.for_pools([SPEC])
+    m = LearnedPlanModel.for_pools(coupling, [SPEC], fallback=fallback)
+    q = _q(rps_per_replica=np.array([1.0, 2.5, 4.0]))
+    a, own = m.latency(q), fallback.latency(q)
+    np.testing.assert_allclose(a.tpot_p95_s, own.tpot_p95_s)
+    np.testing.assert_allclose(a.tpot_p50_s, own.tpot_p50_s)
+    x = LatencyInputs.build(3, physics_index=np.zeros(3, dtype=np.intp), arrival_rps_per_replica=q.rps_per_replica,
+                            prompt_tokens=q.prompt_tokens, output_tokens=q.output_tokens, hit_rate=q.hit_rate,
+                            inflight_cap=q.inflight_cap, max_num_seqs=q.max_num_seqs,
+                            max_num_batched_tokens=q.max_num_batched_tokens)
+    out, _, _ = coupling.predict_latency(x)
+    np.testing.assert_allclose(a.ttft_p95_s, out["ttft_p95_s"])  # no in-flight cap: no router wait
+    # at 4 req/s per 70B replica the inter-token p95 is well above the per-request one: not planned on
+    assert out["tpot_p95_s"][2] > 1.3 * a.tpot_p95_s[2]
+
+
 # --------------------------------------------------------------------------- tail shapes beyond the p95
 
 

@@ -49,7 +49,9 @@ def test_registry_builds_mpc_and_checks_its_parameters():
     assert pol.name == "mpc" and pol.config.terminal_steps == 2
     for params, msg in [({"weights": {"bogus": 1}}, "unknown field"), ({"planner": {"nope": 1}}, "unknown field"),
                         ({"breaker": {"loss_frac": 3}}, "loss_frac"), ({"scale_down_stabilization_s": -1}, "must be"),
-                        ({"engine_figures": {"p": {"a_s": 0}}}, "missing field")]:
+                        ({"engine_figures": {"p": {"a_s": 0}}}, "missing field"),
+                        ({"planning_model": "magic"}, "planning_model must be one of prior, learned"),
+                        ({"planning_model": "learned"}, "needs the learned coupling models")]:
         with pytest.raises(ValueError, match=msg):
             build_policy("mpc", FL, params)
 
@@ -414,3 +416,52 @@ def test_carried_judgement_for_the_breaker():
     assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2, "waiting": 0}, held=3), fl, need) is False
     assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2}), fl, need) is None  # waiting missing
     assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2, "waiting": 0}), fl, {}) is None  # no plan yet
+
+
+def test_learned_planning_reads_the_model_source_every_tick_and_picks_up_a_swap():
+    """planning_model learned: each tick plans on what the source returns now (the daemon's model
+    slot), so a refit that passed the validation gate is planned on from the next tick."""
+    from controller.core.coupling import CouplingModels
+    from controller.learning.physics import physics_for_pool_spec
+
+    physics = [physics_for_pool_spec(p) for p in FL.pools]
+    current = {"models": CouplingModels.prior_only(physics)}
+    calls: list[int] = []
+
+    def source():
+        calls.append(1)
+        return current["models"]
+
+    pol = MpcPolicy(planning_model="learned", coupling_source=source, **FAST)
+    _, outs = loop(pol, [(20.0, None)] * 3)
+    assert len(calls) == 3
+    model = outs[-1].diagnostics["model"]
+    assert model["kind"] == "LearnedPlanModel" and model["planning_model"] == "learned"
+    assert "learned_unusable" not in model
+    first = pol._plan_model(FL, pol._prior(FL))[0]
+    assert pol._plan_model(FL, pol._prior(FL))[0] is first  # same models: the adapter is reused
+    current["models"] = CouplingModels.prior_only(physics)  # a swap
+    second = pol._plan_model(FL, pol._prior(FL))[0]
+    assert second is not first and second.models is current["models"]
+    # the default plans on the prior and never asks for models
+    _, outs = loop(MpcPolicy(**FAST), [(20.0, None)] * 2)
+    assert outs[-1].diagnostics["model"]["kind"] == "QueueingPrior"
+    assert outs[-1].diagnostics["model"]["planning_model"] == "prior"
+
+
+@pytest.mark.parametrize("label, models, reason", [
+    ("no models loaded", None, "no learned models loaded"),
+    ("no physics for the pool's engine", "other-engine", "no physics for pool p"),
+])
+def test_learned_planning_falls_back_to_the_prior_and_says_why(label, models, reason):
+    from controller.core.coupling import CouplingModels
+    from controller.learning.physics import physics_for_pool_spec
+
+    if models == "other-engine":  # models fitted for another engine only
+        models = CouplingModels.prior_only([physics_for_pool_spec(spec("q", model="llama-3-8b", sku="a100-80gb"))])
+    pol = MpcPolicy(planning_model="learned", coupling_source=lambda: models, **FAST)
+    _, outs = loop(pol, [(20.0, None)] * 2)
+    model = outs[-1].diagnostics["model"]
+    assert model["kind"] == "QueueingPrior", label
+    assert reason in model["learned_unusable"], label
+    assert outs[-1].pools["p"].replicas >= 1

@@ -1,0 +1,40 @@
+"""The daemon's composition root hands the MPC its model slot when `planning_model: learned`."""
+
+from __future__ import annotations
+
+import logging
+
+from controller.clock import WallClock
+from controller.config import Settings
+from controller.core.coupling import CouplingModels
+from controller.learning.physics import physics_for_pool_spec
+from controller.runtime.learning import Learning
+from controller.runtime.main import build_controller
+
+POOLS = [{"name": "chat", "model": "llama-3-8b", "sku": "a100-80gb", "gpus_per_replica": 1, "usd_per_gpu_hour": 4.1,
+          "min_replicas": 1, "max_replicas": 8, "startup_warm_s": 20, "startup_cold_s": 90}]
+
+
+def test_learned_planning_reads_the_daemons_model_slot(tmp_path):
+    settings = Settings(policy="mpc", policy_params={"planning_model": "learned"}, state_dir=str(tmp_path),
+                        pools=POOLS)
+    fleet = settings.fleet_spec()
+    learning = Learning(fleet, tmp_path, clock=WallClock(), logger=logging.getLogger("test"))
+    policy = build_controller(settings, learning).policy
+    assert learning.slot.get().source == "shipped"
+    assert policy.coupling_source() is learning.slot.get().coupling
+    # the shipped models know the pool's engine: the planner plans on them, not the prior
+    model, unusable = policy._plan_model(fleet, policy._prior(fleet))
+    assert unusable is None and type(model).__name__ == "LearnedPlanModel"
+    # a refit swapped in is what the next tick reads
+    refit = CouplingModels.prior_only([physics_for_pool_spec(p) for p in fleet.pools])
+    learning.slot.swap(coupling=refit)
+    assert policy.coupling_source() is refit
+    assert policy._plan_model(fleet, policy._prior(fleet))[0].models is refit
+
+
+def test_the_default_planning_model_is_the_prior(tmp_path):
+    settings = Settings(policy="mpc", state_dir=str(tmp_path), pools=POOLS)
+    learning = Learning(settings.fleet_spec(), tmp_path, clock=WallClock(), logger=logging.getLogger("test"))
+    policy = build_controller(settings, learning).policy
+    assert policy.planning_model == "prior" and policy.coupling_source is None
