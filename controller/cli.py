@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="directory for the JSON and PNG (default bench-out/)")
     b.add_argument("--tick", dest="tick_s", type=float, default=None, metavar="SECONDS",
                    help="control-loop tick of every replay, simulated seconds (default 15, the daemon's)")
+    b.add_argument("--profile", default="balanced", choices=("cost", "balanced", "latency", "throughput"),
+                   help="objective profile every replay runs under, as the daemon's `profile` (only the MPC "
+                        "reads it; default balanced)")
     b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
     b.set_defaults(func=_handler("controller.bench.policies:cmd_bench_policies"))
     b = bsub.add_parser("tick", help="tick overhead (read + step + actuate) for a large fleet")

@@ -238,11 +238,13 @@ def profile_summary(ctx: BenchContext) -> dict[str, Any]:
 def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: float = DEFAULT_TICK_S,
               cache_dir: Path | str | None = None, progress: Callable[[str], Progress | None] | None = None,
               scenario_file: str = "", timings: dict[str, float] | None = None,
-              oracle_max_replays: int | None = None) -> tuple[dict[str, Any], list[RunResult], BenchContext]:
+              oracle_max_replays: int | None = None,
+              profile: str = "balanced") -> tuple[dict[str, Any], list[RunResult], BenchContext]:
     """Run every labelled policy (and the oracle if listed); return (report, runs, context).
 
     `timings`, when given, receives the wall seconds of each step (kept out of the report,
-    which must not depend on the machine).
+    which must not depend on the machine). `profile`: the objective profile of every replay
+    (only the MPC reads it; static and the oracle are schedules).
     """
     clock = WallClock()
     t = clock.monotonic_s()
@@ -271,7 +273,7 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
         policy, params = params_for(label, ctx)
         try:
             runs.append(run_policy(scenario, policy, seed=seed, tick_s=tick_s, params=params, workload=ctx.workload,
-                                   label=label, progress=progress(label) if progress else None))
+                                   label=label, progress=progress(label) if progress else None, profile=profile))
         except ValueError as exc:
             raise BenchError(f"policy {label}: {exc}") from None
         lap(label)
@@ -285,6 +287,7 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
         profiles[p]["peak_demand_rps"] = peak_rate(d)
         profiles[p]["mean_demand_rps"] = d.total / max(float(d.send_s[-1]) if len(d.send_s) else 1.0, 1.0)
     report = build_report(scenario.name, seed, tick_s, runs, profiles, ctx.static_replicas, scenario_file)
+    report["objective_profile"] = profile
     return report, runs, ctx
 
 
@@ -392,7 +395,8 @@ def cmd_bench_policies(args: argparse.Namespace) -> int:
     try:
         with _Bar(enabled=not getattr(args, "quiet", False)) as bar:
             report, runs, ctx = run_bench(scenario, labels, seed=seed, tick_s=tick_s, cache_dir=out_dir / ".cache",
-                                          progress=bar.task, scenario_file=str(args.scenario))
+                                          progress=bar.task, scenario_file=str(args.scenario),
+                                          profile=getattr(args, "profile", "balanced"))
     except (BenchError, ProfileError, ScenarioError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -419,7 +423,8 @@ def _bench_seeds(args: argparse.Namespace, prog: str, scenario: Scenario, labels
             for seed in seeds:
                 report, runs, _ = run_bench(scenario, labels, seed=seed, tick_s=tick_s, cache_dir=out_dir / ".cache",
                                             progress=lambda label, s=seed: bar.task(f"{label} (seed {s})"),
-                                            scenario_file=str(args.scenario))
+                                            scenario_file=str(args.scenario),
+                                            profile=getattr(args, "profile", "balanced"))
                 path = out_dir / f"{scenario.name}-seed{seed}.json"
                 path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
                 write_png(out_dir / f"{scenario.name}-seed{seed}.png", report, runs, slo_ttft)

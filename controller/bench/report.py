@@ -143,7 +143,9 @@ def render_table(report: Mapping[str, Any]):
     """A rich Table with one row per policy (sorted by cost per successful task, oracle last)."""
     from rich.table import Table
 
-    t = Table(title=f"{report['scenario']} (seed {report['seed']}, tick {report['tick_s']:g} s)", show_lines=False)
+    prof = report.get("objective_profile", "balanced")
+    t = Table(title=f"{report['scenario']} (seed {report['seed']}, tick {report['tick_s']:g} s"
+                    + (f", profile {prof}" if prof != "balanced" else "") + ")", show_lines=False)
     cols = [("policy", "left"), ("$/succ. task", "right"), ("× best base", "right"), ("× best at SLO", "right"),
             ("× oracle", "right"),
             ("succ. tasks", "right"), ("SLO crit/std/shed", "right"), ("TTFT p50/p95 s", "right"),
@@ -271,7 +273,8 @@ def summarise_seeds(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out[n] = entry
     first = reports[0] if reports else {}
     return _jsonable({"scenario": first.get("scenario"), "scenario_file": first.get("scenario_file", ""),
-                      "tick_s": first.get("tick_s"), "seeds": [int(r["seed"]) for r in reports], "policies": out,
+                      "tick_s": first.get("tick_s"), "objective_profile": first.get("objective_profile", "balanced"),
+                      "seeds": [int(r["seed"]) for r in reports], "policies": out,
                       "per_seed": {str(r["seed"]): r for r in reports}})
 
 
@@ -281,7 +284,9 @@ def render_seeds_table(summary: Mapping[str, Any]):
     from rich.table import Table
 
     seeds = summary["seeds"]
-    t = Table(title=f"{summary['scenario']} (seeds {', '.join(str(s) for s in seeds)}, tick {summary['tick_s']:g} s)")
+    prof = summary.get("objective_profile", "balanced")
+    t = Table(title=f"{summary['scenario']} (seeds {', '.join(str(s) for s in seeds)}, tick {summary['tick_s']:g} s"
+                    + (f", profile {prof}" if prof != "balanced" else "") + ")")
 
     for name in ("policy", "$/succ. task mean [min–max]", "crit mean / min", "std mean / min", "shed mean",
                  "× oracle mean [max]", "at SLO", "beats baselines", "recovery s (worst)"):

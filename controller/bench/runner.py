@@ -208,8 +208,10 @@ def expected_end_s(fleet: Fleet) -> float:
 def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: float = 15.0,
                     workload: Workload | None = None, progress: Progress | None = None,
                     label: str | None = None, params: Mapping[str, Any] | None = None,
-                    guards: GuardConfig | None = None, slo_check_from_s: float | None = None) -> RunResult:
-    """Drive `policy` over the scenario: the loop every driver of the core shares."""
+                    guards: GuardConfig | None = None, slo_check_from_s: float | None = None,
+                    profile: str = "balanced") -> RunResult:
+    """Drive `policy` over the scenario: the loop every driver of the core shares. `profile` is the
+    objective profile each tick carries, as the daemon's config sets it (only the MPC reads it)."""
     if not (math.isfinite(tick_s) and tick_s > 0):
         raise ValueError(f"tick_s must be a finite number > 0 (got {tick_s!r})")
     fleet = Fleet(scenario, seed=seed, workload=workload)
@@ -228,7 +230,7 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
         fleet.run_until(t)
         if fleet.done:
             break
-        state, result = controller.step(state, TickInput(now_s=t, observation=observer.read(t)))
+        state, result = controller.step(state, TickInput(now_s=t, observation=observer.read(t), profile=profile))
         if result.decision is not None:
             apply_decision(fleet, result.decision)
             decisions += 1
@@ -256,7 +258,7 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
 
 def run_policy(scenario: Scenario, policy_name: str, *, seed: int, tick_s: float = 15.0,
                params: Mapping[str, Any] | None = None, progress: Progress | None = None,
-               workload: Workload | None = None, label: str | None = None) -> RunResult:
+               workload: Workload | None = None, label: str | None = None, profile: str = "balanced") -> RunResult:
     """Replay `scenario` under the registered policy `policy_name` built with `params`.
 
     Raises ValueError for an unknown policy or bad parameters (from `build_policy`).
@@ -264,4 +266,4 @@ def run_policy(scenario: Scenario, policy_name: str, *, seed: int, tick_s: float
     policy = build_policy(policy_name, fleet_spec_from_scenario(scenario), params or {})
     recorded = {k: v for k, v in (params or {}).items() if not callable(v)}  # e.g. a model source: not data
     return run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s, workload=workload, progress=progress,
-                           label=label or policy_name, params=recorded)
+                           label=label or policy_name, params=recorded, profile=profile)

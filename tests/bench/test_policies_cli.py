@@ -171,3 +171,24 @@ def test_mpc_learned_plans_on_the_shipped_models(first_run, capsys) -> None:
     assert policy == "mpc"
     # the models carry the scenario's pool physics, so the planner does not fall back to the prior
     LearnedPlanModel.for_pools(params["coupling_source"](), fleet_spec_from_scenario(sc).pools)
+
+
+def test_profile_flag_runs_the_mpc_under_that_objective_profile(first_run, capsys) -> None:
+    """--profile sets the objective profile every replay's ticks carry (as the daemon's `profile`);
+    the report records it, the MPC plans under it, and a bad name exits 2."""
+    scenario, report, _ = first_run
+    assert report["objective_profile"] == "balanced"
+    runs = {}
+    for prof in ("balanced", "latency"):
+        code, out, err = bench(capsys, scenario, scenario.parent / f"prof-{prof}", "--policies", "mpc",
+                               "--profile", prof, "--json")
+        assert code == 0, err
+        runs[prof] = json.loads(out)
+        assert runs[prof]["objective_profile"] == prof
+    # the profile reaches the planner: other weights, other decisions, another run
+    lat, bal = runs["latency"]["policies"]["mpc"], runs["balanced"]["policies"]["mpc"]
+    assert (lat["shed"], lat["gpu_hours"]) != (bal["shed"], bal["gpu_hours"])
+    with pytest.raises(SystemExit) as e:
+        bench(capsys, scenario, scenario.parent / "prof-bad", "--policies", "mpc", "--profile", "cheapest")
+    assert e.value.code == 2
+    assert "cheapest" in capsys.readouterr().err
