@@ -10,6 +10,7 @@ from controller.core.coupling import CouplingModels
 from controller.learning.physics import physics_for_pool_spec
 from controller.runtime.learning import Learning
 from controller.runtime.main import build_controller
+from tests.policies.builders import decide, inp
 
 POOLS = [{"name": "chat", "model": "llama-3-8b", "sku": "a100-80gb", "gpus_per_replica": 1, "usd_per_gpu_hour": 4.1,
           "min_replicas": 1, "max_replicas": 8, "startup_warm_s": 20, "startup_cold_s": 90}]
@@ -26,6 +27,15 @@ def test_learned_planning_reads_the_daemons_model_slot(tmp_path):
     # the shipped models know the pool's engine: the planner plans on them, not the prior
     model, unusable = policy._plan_model(fleet, policy._prior(fleet))
     assert unusable is None and type(model).__name__ == "LearnedPlanModel"
+    out = None
+    state = policy.initial_state()
+    for k in range(1, 4):  # a few ticks of a busy pool, planned on the shipped models
+        state, out = decide(policy, state, inp(15.0 * k, {"chat": dict(ready=2, rps=12.0, prompt=12.0 * 1100,
+                                                                        gen=12.0 * 210, hit_rate=0.3, tpot=0.04,
+                                                                        ttft=0.4, waiting=0.0, running=40, kv=0.3)},
+                                                fl=fleet, current={"chat": 2}))
+    assert out.diagnostics["model"]["kind"] == "LearnedPlanModel"
+    assert out.diagnostics["model"]["planning_model"] == "learned" and "learned_unusable" not in out.diagnostics["model"]
     # a refit swapped in is what the next tick reads
     refit = CouplingModels.prior_only([physics_for_pool_spec(p) for p in fleet.pools])
     learning.slot.swap(coupling=refit)
