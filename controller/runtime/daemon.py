@@ -229,6 +229,11 @@ class Daemon:
             if ls["last_refit"]:
                 lr = ls["last_refit"]
                 details.append(("models.last_refit", ", ".join(f"{k}={v}" for k, v in lr.items() if not isinstance(v, (dict, list)))))
+        model = rep.result.diagnostics.get("model") if rep else None
+        if isinstance(model, dict) and "planning_model" in model:  # what the MPC planned the last tick with
+            used = str(model.get("kind", "?")) + (f" (learned unusable: {model['learned_unusable']})"
+                                                  if model.get("learned_unusable") else "")
+            details.append(("planner.model", f"{model['planning_model']}: {used}"))
         breaker = rep.result.diagnostics.get("breaker") if rep else None
         if isinstance(breaker, dict):  # the MPC's cascading-failure breaker
             for key in ("phase", "stage", "trigger", "pools", "trips"):

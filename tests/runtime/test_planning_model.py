@@ -48,3 +48,46 @@ def test_the_default_planning_model_is_the_prior(tmp_path):
     learning = Learning(settings.fleet_spec(), tmp_path, clock=WallClock(), logger=logging.getLogger("test"))
     policy = build_controller(settings, learning).policy
     assert policy.planning_model == "prior" and policy.coupling_source is None
+
+
+class _OneReading:
+    """A telemetry source that always reads the same busy pool (the daemon's source contract)."""
+
+    name = "fixed"
+
+    def read(self, now_s: float):
+        from controller.types import FleetObservation
+        from tests.policies.builders import obs_row
+
+        row = obs_row("chat", ready=2, rps=12.0, prompt=12.0 * 1100, gen=12.0 * 210, hit_rate=0.3, tpot=0.04,
+                      ttft=0.4, waiting=0.0, running=40, kv=0.3)
+        return FleetObservation(at_s=now_s, pools={"chat": row})
+
+    def health(self):
+        return True, "ok"
+
+
+def test_status_names_the_model_the_planner_used(tmp_path):
+    """`governor status` shows what the MPC planned its last tick with."""
+    from controller.actuation.shadow import ShadowActuator
+    from controller.api.store import StateStore
+    from controller.clock import VirtualClock
+    from controller.obs.metrics import DaemonMetrics
+    from controller.runtime.daemon import Daemon
+    from controller.types import Mode
+
+    settings = Settings(policy="mpc", policy_params={"planning_model": "learned"}, state_dir=str(tmp_path),
+                        pools=POOLS)
+    clock = VirtualClock(1000.0)
+    learning = Learning(settings.fleet_spec(), tmp_path, clock=clock, logger=logging.getLogger("test"))
+    store = StateStore(tmp_path / "governor.db")
+    try:
+        daemon = Daemon(controller=build_controller(settings, learning), source=_OneReading(), actuator=None,
+                        shadow=ShadowActuator(clock=clock), store=store, metrics=DaemonMetrics(), clock=clock,
+                        logger=logging.getLogger("test"), mode=Mode.SHADOW, learning=learning)
+        daemon.tick()
+        details = dict(daemon.status().details)
+        assert details["planner.model"] == "learned: LearnedPlanModel"
+        assert details["models.source"] == "shipped"
+    finally:
+        store.close()
