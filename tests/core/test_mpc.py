@@ -398,8 +398,9 @@ def test_learned_models_adapter_answers_in_bulk():
 
 def test_learned_adapter_plans_tpot_on_the_per_request_statistic_the_slo_judges():
     """The coupling models predict the pool's per-token inter-token latency, which chunked-prefill
-    steps inflate; a TPOT SLO judges each request's mean TPOT. The adapter takes TPOT from its
-    fallback's per-request model and TTFT from the coupling models."""
+    steps inflate; a TPOT SLO judges each request's mean TPOT. The adapter takes TPOT (and the
+    capacity and batch that go with it) from its fallback's per-request model and TTFT from the
+    coupling models."""
     from controller.core.coupling import CouplingModels, LatencyInputs
     from controller.core.mpc_model import LearnedPlanModel
     from controller.learning.physics import physics_for_pool_spec
@@ -411,6 +412,9 @@ def test_learned_adapter_plans_tpot_on_the_per_request_statistic_the_slo_judges(
     a, own = m.latency(q), fallback.latency(q)
     np.testing.assert_allclose(a.tpot_p95_s, own.tpot_p95_s)
     np.testing.assert_allclose(a.tpot_p50_s, own.tpot_p50_s)
+    # the cap is judged on one model's TPOT, batch and sustainable rate
+    for f in ("capacity_rps", "utilisation", "batch"):
+        np.testing.assert_allclose(getattr(a, f), getattr(own, f), err_msg=f)
     x = LatencyInputs.build(3, physics_index=np.zeros(3, dtype=np.intp), arrival_rps_per_replica=q.rps_per_replica,
                             prompt_tokens=q.prompt_tokens, output_tokens=q.output_tokens, hit_rate=q.hit_rate,
                             inflight_cap=q.inflight_cap, max_num_seqs=q.max_num_seqs,
