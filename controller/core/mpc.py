@@ -486,6 +486,7 @@ class _Evaluator:
         # route-group × hop masks of `shares` (the groups with pools on that hop)
         self.hop_masks = [(g, m) for g in range(len(groups)) for hop in (self.first_hop, self.decode_hop)
                           for m in [(gidx == g) & hop] if m.any()]
+        self.cpr_min = self._cheapest_cost_per_request()
         self.cur = self._current_cand()
         # each pool's share of its hop's traffic under the weights in force (what a lever change moves)
         self.share_now = self.shares(self.cur.tw * self.ready_step0)[0]
@@ -517,6 +518,23 @@ class _Evaluator:
         return flat[:n].reshape(shape)
 
     # -- the plan in force, as a candidate
+
+    def _cheapest_cost_per_request(self) -> float:
+        """USD per request of the pool that serves one cheapest: price / (3,600 × the rate one replica
+        sustains at its concurrency limit, at today's mix, hit rate and batch caps). Example: $4.10
+        an hour and 6 req/s → $0.00019. 0 when no pool has a price and a capacity."""
+        P = self.P
+        if P == 0:
+            return 0.0
+        pools = self.prob.pools
+        lat = self.model.latency(LatencyQuery(
+            pool_index=self.idx, rps_per_replica=np.full(P, 0.01), prompt_tokens=self.P_tok, output_tokens=self.O_tok,
+            hit_rate=self.hit0, inflight_cap=np.zeros(P),
+            max_num_seqs=np.array([float(p.max_num_seqs) for p in pools]),
+            max_num_batched_tokens=np.array([float(p.max_num_batched_tokens) for p in pools])))
+        cap = np.asarray(lat.capacity_rps, dtype=float)
+        ok = (cap > 0) & np.isfinite(cap) & (self.price > 0)
+        return float((self.price[ok] / 3600.0 / cap[ok]).min()) if ok.any() else 0.0
 
     def _current_cand(self) -> _Cand:
         pools, H = self.prob.pools, self.H
@@ -828,7 +846,11 @@ class _Evaluator:
         cost = (billed * self.price[None, :, None] * wt[None, None, :]).sum(axis=(1, 2)) * dt / 3600.0  # (C,)
         succ = np.maximum(adm_n[:, 0].sum(axis=1) - late[:, 0].sum(axis=1), 1e-6)
         total = max(float(req[0].sum()), 1e-6)
-        cpr = cost / succ
+        # Penalties are priced in cost per success; a plan that buys (next to) nothing would price
+        # them at (next to) nothing and win with every request lost (a pool at zero replicas never
+        # came back). Floored at the cheapest any pool can serve a request, which no plan that
+        # serves its successes can go below, the floor only binds for such plans.
+        cpr = np.maximum(cost / succ, self.cpr_min)
         pen = 1.0 + (late[:, 0] * self.wv).sum(axis=1) / total + (shed_n[:, 0] * self.ws_shed).sum(axis=1) / total
         q_i = 1  # the second load scenario is the planned-for quantile (see ClassInput.p90_rps)
         # chance constraint: late or shed, as a share of the class's offered requests (p90 load)

@@ -195,6 +195,33 @@ def down_window_s(t_hist: tuple[float, ...], d_hist: tuple[float, ...], now: flo
     return base_s + frac * (bursty_s - base_s)
 
 
+def _activate(pools: list[PoolInput], arrivals: Mapping[str, float], held: float, demand: bool) -> list[PoolInput]:
+    """Scale from zero: a route group that serves nothing (no replica ready or starting) while traffic
+    for it is seen gets one replica on the cheapest pool of each of its hops (lo raised to 1).
+
+    Traffic for a group is its pools' arrivals, or, in a fleet with one route group, any demand at the
+    router or requests it holds (a pool at zero has no engine to count arrivals; the router holds
+    them while the first replica starts). Without this a plan costed nothing at zero replicas and no
+    arrivals were seen, so a pool at zero never came back. Pinned or frozen pools are left alone.
+    Example: one group, pool at 0, 3 req/s at the router → the pool's minimum becomes 1 this tick.
+    """
+    single = len({p.group for p in pools}) == 1
+    out = list(pools)
+    for g in {p.group for p in pools}:
+        members = [j for j, p in enumerate(pools) if p.group == g]
+        if any(pools[j].ready + len(pools[j].starting_eta_s) > 0 for j in members):
+            continue
+        if not (arrivals.get(g, 0.0) > 0 or (single and (demand or held > 0))):
+            continue
+        for decode in (False, True):
+            hop = [j for j in members if (pools[j].role == "decode") == decode and pools[j].hi >= 1
+                   and not pools[j].frozen and pools[j].lo < pools[j].hi]
+            if hop:
+                j = min(hop, key=lambda i: (pools[i].usd_per_hour, pools[i].name))
+                out[j] = replace(pools[j], lo=max(pools[j].lo, 1))
+    return out
+
+
 def _ewma(old: float | None, new: float, alpha: float) -> float:
     return new if old is None else (1 - alpha) * old + alpha * new
 
@@ -824,6 +851,8 @@ class MpcPolicy:
                 backlog=(value(co.queue_depth) or 0.0) if co is not None else 0.0))
         total = sum(groups.values())
         gshare = {g: v / total for g, v in groups.items()} if total > 0 else {}
+        held = sum((value(co.queue_depth) or 0.0) for co in obs.classes.values())
+        pools = _activate(pools, groups, held, fc.level > 0 or held > 0)
         return PlanProblem(pools=tuple(pools), classes=tuple(classes), weights=weights, group_share=gshare)
 
     # ------------------------------------------------------------------ explanation

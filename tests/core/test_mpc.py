@@ -73,6 +73,19 @@ SURGE = np.array([12.0] * 5 + [28.0] * (H20 - 5))  # 12 req/s now, 28 req/s from
 # --------------------------------------------------------------------------- table: replicas
 
 
+@pytest.mark.parametrize("label, total, want_up", [
+    ("traffic at a pool scaled to zero", 3.0, True),
+    ("no traffic: stays at zero", 0.0, False),
+])
+def test_a_pool_at_zero_comes_back_when_traffic_is_forecast(label, total, want_up):
+    """Lost requests are priced in cost per success; a plan that buys nothing must not price them at
+    nothing (it won every tick and the pool never came back). With long cold starts the policy's
+    activation rule is what brings a pool back (tests/policies, tests/bench/test_scale_to_zero.py)."""
+    r = plan([pool(lo=0, target=0, ready=0, startup_warm_s=30.0, startup_cold_s=60.0)], total)
+    assert (r.plan.pools["a"].replicas[0] >= 1) == want_up, (label, r.plan.pools["a"].replicas)
+
+
+
 @dataclass
 class Row:
     label: str

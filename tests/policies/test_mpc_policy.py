@@ -465,3 +465,34 @@ def test_learned_planning_falls_back_to_the_prior_and_says_why(label, models, re
     assert model["kind"] == "QueueingPrior", label
     assert reason in model["learned_unusable"], label
     assert outs[-1].pools["p"].replicas >= 1
+
+
+def _pin(name, group="g", role="mixed", price=4.1, ready=0, lo=0, hi=8, starting=(), frozen=False):
+    from controller.core.mpc import PoolInput
+
+    return PoolInput(name=name, model_index=0, group=group, role=role, usd_per_hour=price, lo=lo, hi=hi, target=ready,
+                     ready=ready, starting_eta_s=starting, frozen=frozen)
+
+
+@pytest.mark.parametrize("label, pools, arrivals, held, demand, raised", [
+    ("one group at zero, demand at the router", [_pin("a")], {}, 0.0, True, {"a"}),
+    ("one group at zero, requests held, no rate yet", [_pin("a")], {}, 5.0, False, {"a"}),
+    ("no traffic: stays at zero", [_pin("a")], {}, 0.0, False, set()),
+    ("a replica is already starting", [_pin("a", starting=(40.0,))], {}, 5.0, True, set()),
+    ("the cheapest pool of the group", [_pin("a", price=8.0), _pin("b", price=4.1)], {}, 0.0, True, {"b"}),
+    ("disaggregated: the cheapest of each hop",
+     [_pin("p1", role="prefill", price=9.0), _pin("p2", role="prefill", price=5.0), _pin("d1", role="decode")],
+     {}, 0.0, True, {"p2", "d1"}),
+    ("two groups: only the one its arrivals show", [_pin("a", group="x"), _pin("b", group="y", ready=2)],
+     {"x": 1.5, "y": 3.0}, 0.0, True, {"a"}),
+    ("two groups: router demand alone does not say which", [_pin("a", group="x"), _pin("b", group="y", ready=2)],
+     {"y": 3.0}, 4.0, True, set()),
+    ("pinned at zero by an operator", [_pin("a", hi=0)], {}, 5.0, True, set()),
+    ("frozen", [_pin("a", lo=0, hi=0, frozen=True)], {}, 5.0, True, set()),
+])
+def test_activation_starts_one_replica_for_a_group_serving_nothing(label, pools, arrivals, held, demand, raised):
+    from controller.policies.mpc import _activate
+
+    out = _activate(list(pools), arrivals, held, demand)
+    assert {p.name for p, q in zip(pools, out) if q.lo > p.lo} == raised, label
+    assert all(q.lo <= 1 and q.hi == p.hi for p, q in zip(pools, out)), label
