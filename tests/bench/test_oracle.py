@@ -18,7 +18,7 @@ from controller.bench.oracle import (
     window_rates,
 )
 from controller.bench.policies import prepare
-from controller.bench.runner import run_policy
+from controller.bench.runner import RunResult, run_policy
 from controller.sim.scenario import PoolSpecModel, load_scenario
 
 
@@ -128,9 +128,7 @@ def test_fault_extra_covers_the_replacement_start_up(tiny_scenario) -> None:
 # --------------------------------------------------------------------------- the SLO check and the repair
 
 
-def fake_run(task_att: dict, late_sent_s=(), late_prio=(), sent_s=()) -> "RunResult":
-    from controller.bench.runner import RunResult
-
+def fake_run(task_att: dict, late_sent_s=(), late_prio=(), sent_s=()) -> RunResult:
     late = {"late_sent_s": np.asarray(late_sent_s, dtype=float), "late_prio": np.asarray(late_prio, dtype=np.int64),
             "sent_s": np.asarray(sent_s, dtype=float)}
     return RunResult(scenario="s", policy="oracle", seed=0, tick_s=15.0, summary={}, timeline=(), decisions=0,
