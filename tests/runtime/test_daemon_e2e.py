@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 
 def settings_for(scenario, listening, prom_url, state_dir, *, source="prometheus", mode="active",
-                 policy="slo-feedback"):
+                 policy="slo-feedback", policy_params=None):
     spec = fleet_spec_from_scenario(scenario)
     pools = [{"name": p.name, "model": p.model, "sku": p.sku, "gpus_per_replica": p.gpus_per_replica,
               "usd_per_gpu_hour": p.usd_per_replica_hour / p.gpus_per_replica, "min_replicas": p.min_replicas,
@@ -30,7 +30,7 @@ def settings_for(scenario, listening, prom_url, state_dir, *, source="prometheus
                  if source == "prometheus" else
                  {"source": "scrape", "scrape": {"discovery_url": listening["discovery"]}, "window_s": 10, "stale_after_s": 30})
     return Settings(
-        mode=mode, policy=policy, tick_interval_s=1.0, state_dir=str(state_dir), telemetry=telemetry, pools=pools,
+        mode=mode, policy=policy, policy_params=policy_params or {}, tick_interval_s=1.0, state_dir=str(state_dir), telemetry=telemetry, pools=pools,
         actuators={"router": {"address": listening["router_control"]}, "autoscaler": {"address": listening["autoscaler_control"]},
                    "decision_validity_s": 60},
         api={"listen": "127.0.0.1:0"}, metrics={"listen": None}, log={"format": "text"},
@@ -106,11 +106,14 @@ def test_shadow_mode_sends_nothing(live, tmp_path):
         services.close()
 
 
-def test_mpc_plans_on_live_telemetry_within_its_wall_time_budget(live, tmp_path):
+@pytest.mark.parametrize("planning_model, kind", [("prior", "QueueingPrior"), ("learned", "LearnedPlanModel")])
+def test_mpc_plans_on_live_telemetry_within_its_wall_time_budget(live, tmp_path, planning_model, kind):
     # The daemon gives the MPC a wall clock (the bench counts evaluations instead): plans come from
-    # live scraped telemetry, are applied, explained, and an operator pin is planned around.
+    # live scraped telemetry, are applied, explained, and an operator pin is planned around; on the
+    # queueing prior or on the learned models of the daemon's model slot.
     scenario, fleet, info = live
-    services = build_services(settings_for(scenario, info, None, tmp_path / "state", source="scrape", policy="mpc"),
+    services = build_services(settings_for(scenario, info, None, tmp_path / "state", source="scrape", policy="mpc",
+                                           policy_params={"planning_model": planning_model}),
                               clock=WallClock(), logger=logging.getLogger("test"))
     try:
         daemon = services.daemon
@@ -123,6 +126,7 @@ def test_mpc_plans_on_live_telemetry_within_its_wall_time_budget(live, tmp_path)
         rep = wait_until(planned, deadline_s=40, interval_s=0.5, what="an MPC decision applied on live telemetry")
         diag = rep.result.diagnostics
         assert diag["policy"] == "mpc" and diag["evaluations"] > 0
+        assert diag["model"]["kind"] == kind and "learned_unusable" not in diag["model"]
         assert 1 <= rep.result.decision.pools["small"].replicas <= 4
         services.store.add_override("pin_replicas", ttl_s=600, author="e2e", now_s=WallClock().now_s(), value=2,
                                     pool="small", known_pools=["small"])
