@@ -60,14 +60,23 @@ class Daemon:
     # ------------------------------------------------------------------ tick
 
     def _merge_fleet_state(self, obs: FleetObservation) -> FleetObservation:
-        """Replica phases that only the autoscaler knows (starting, draining) join the telemetry."""
+        """Replica phases that only the autoscaler knows (starting, draining) join the telemetry.
+
+        A pool the autoscaler reports with no replica at all (none ready, starting or draining) has
+        no engine to export metrics, so its missing `replicas_ready` reads 0: scaled to zero, not a
+        broken scrape (Prometheus alone cannot tell the two apart). Without this a fleet scaled to
+        zero read as all stale and the controller froze at zero. A pool the autoscaler says has
+        replicas keeps a missing reading missing."""
         state = self.actuator.fleet_state() if self.actuator is not None else None
         if not state:
             return obs
         pools = dict(obs.pools)
         for name, ps in state.pools.items():
             p = pools.get(name) or PoolObservation(pool=name)
-            pools[name] = replace(p, replicas_starting=Reading(float(ps.starting)), replicas_draining=Reading(float(ps.draining)))
+            p = replace(p, replicas_starting=Reading(float(ps.starting)), replicas_draining=Reading(float(ps.draining)))
+            if not p.replicas_ready.ok and ps.ready == 0 and ps.starting == 0 and ps.draining == 0:
+                p = replace(p, replicas_ready=Reading(0.0))
+            pools[name] = p
         return replace(obs, pools=pools)
 
     def tick(self) -> TickReport:

@@ -1,0 +1,87 @@
+"""A fleet scaled to zero has no engine series: the daemon reads the autoscaler's word for it
+(zero replicas) instead of freezing on telemetry that looks all stale, and the MPC starts a replica
+for the traffic the router holds."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+
+from controller.actuation.outcome import FleetStateView, PoolStateView
+from controller.actuation.shadow import ShadowActuator
+from controller.api.store import StateStore
+from controller.clock import VirtualClock
+from controller.config import Settings
+from controller.obs.metrics import DaemonMetrics
+from controller.runtime.daemon import Daemon
+from controller.runtime.main import build_controller
+from controller.types import (
+    ClassObservation,
+    Decision,
+    FleetObservation,
+    Mode,
+    PoolDecision,
+    PoolObservation,
+    Reading,
+)
+
+POOLS = [{"name": "chat", "model": "llama-3-8b", "sku": "a100-80gb", "gpus_per_replica": 1, "usd_per_gpu_hour": 4.1,
+          "min_replicas": 0, "max_replicas": 8, "startup_warm_s": 20, "startup_cold_s": 90}]
+
+
+class _NoEngines:
+    """Prometheus' answer for a pool with no engine series: every pool reading missing; the router
+    still counts arrivals and the requests it holds."""
+
+    name = "prometheus"
+
+    def read(self, now_s: float) -> FleetObservation:
+        classes = {c: ClassObservation(priority_class=c, arrival_rps=Reading(1.0), admitted_rps=Reading(1.0),
+                                       queue_depth=Reading(4.0)) for c in ("critical", "standard", "sheddable")}
+        return FleetObservation(at_s=now_s, pools={"chat": PoolObservation(pool="chat")}, classes=classes)
+
+    def health(self):
+        return True, "ok"
+
+
+class _Autoscaler:
+    """The autoscaler's view of the fleet (what GetFleetState answers)."""
+
+    def __init__(self, ready: int) -> None:
+        self.ready = ready
+
+    def fleet_state(self) -> FleetStateView:
+        return FleetStateView(applied_generation=0, pools={"chat": PoolStateView(
+            pool="chat", target_replicas=self.ready, ready=self.ready, starting=0, draining=0, standby=0)})
+
+    def health(self):
+        return True, "ok"
+
+
+@pytest.mark.parametrize("label, autoscaler_ready, frozen", [
+    ("scaled to zero: the autoscaler says so, the pool comes back", 0, False),
+    ("replicas up but no engine series: a broken scrape, hold", 2, True),
+])
+def test_a_fleet_at_zero_is_not_read_as_stale(tmp_path, label, autoscaler_ready, frozen):
+    settings = Settings(policy="mpc", state_dir=str(tmp_path), pools=POOLS)
+    clock = VirtualClock(1000.0)
+    store = StateStore(tmp_path / "governor.db")
+    try:
+        daemon = Daemon(controller=build_controller(settings), source=_NoEngines(), actuator=_Autoscaler(autoscaler_ready),
+                        shadow=ShadowActuator(clock=clock), store=store, metrics=DaemonMetrics(), clock=clock,
+                        logger=logging.getLogger("test"), mode=Mode.SHADOW)
+        # the decision in force scaled the pool to zero (no engine has exported metrics since)
+        daemon.state = replace(daemon.state, current=Decision(
+            decision_id="d-0", generation=0, at_s=900.0, valid_until_s=1200.0,
+            pools={"chat": PoolDecision(replicas=autoscaler_ready)}))
+        rep = daemon.tick()
+        assert rep.result.frozen is frozen, label
+        if not frozen:
+            assert rep.observation.pools["chat"].replicas_ready.value == 0
+            assert rep.result.decision.pools["chat"].replicas == 1, label  # one replica for the held traffic
+        else:
+            assert not rep.observation.pools["chat"].replicas_ready.ok
+    finally:
+        store.close()
