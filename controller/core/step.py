@@ -228,7 +228,14 @@ def explain(decision: Decision, current: Decision | None, reasons: tuple[Reason,
             changes.append(f"{name}={pd.replicas}")
         elif before != pd.replicas:
             changes.append(f"{name} {before}→{pd.replicas}")
-    head = ("hold (telemetry frozen)" if frozen else ("scale " + ", ".join(changes) if changes else "no change"))
+    if frozen:
+        head = "hold (telemetry frozen)"
+    elif changes:
+        head = "scale " + ", ".join(changes)
+    elif reasons:  # other levers moved, or a change was held: say which, not "no change"
+        head = "replicas unchanged: " + ", ".join(dict.fromkeys(r.code for r in reasons))
+    else:
+        head = "no change"
     lines = [f"{decision.decision_id} ({mode.value}) {head}"]
     for name, pd in decision.pools.items():
         why = [r for r in reasons if r.pool == name]

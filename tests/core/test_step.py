@@ -89,3 +89,20 @@ def test_record_is_json_ready_and_explains_guards():
     assert r2.decision.pools["a"].replicas == 6
     assert any(g["code"] == "guard_max_step_down" for g in r2.record()["guard_adjustments"])
     assert "guardrail guard_max_step_down" in r2.explanation
+
+
+def test_summary_line_says_what_moved_when_replicas_did_not():
+    """The first line names a replica change; without one it names the reasons (a lever moved, a
+    scale-down held) rather than "no change", which it says only when nothing was said at all."""
+    from controller.core.step import explain
+    from controller.types import Decision, PoolDecision, Reason
+
+    cur = Decision("d-1", 1, 0.0, 60.0, pools={"a": PoolDecision(replicas=3)})
+    dec = Decision("d-2", 2, 15.0, 75.0, pools={"a": PoolDecision(replicas=3, traffic_weight=0.4)})
+    moved = (Reason("lever_move", "traffic 0.5→0.4", pool="a"), Reason("lever_move", "again", pool="a"))
+    head = explain(dec, cur, moved, (), {"a": "ok"}, (), False, Mode.ACTIVE).splitlines()[0]
+    assert head == "d-2 (active) replicas unchanged: lever_move"
+    head = explain(dec, cur, (), (), {"a": "ok"}, (), False, Mode.ACTIVE).splitlines()[0]
+    assert head == "d-2 (active) no change"
+    up = Decision("d-3", 3, 30.0, 90.0, pools={"a": PoolDecision(replicas=4)})
+    assert explain(up, cur, moved, (), {"a": "ok"}, (), False, Mode.ACTIVE).splitlines()[0] == "d-3 (active) scale a 3→4"
