@@ -164,9 +164,17 @@ class FleetObservation:
 
     @property
     def all_stale(self) -> bool:
-        """True when no pool has a single fresh core signal: the controller must freeze."""
+        """True when no pool has a single fresh core signal and the router reports no fresh class
+        arrivals or holds either: the controller must freeze. A router that still counts traffic
+        while every pool reads missing is what a fleet scaled to zero looks like from Prometheus
+        (no engine exports a series), so that is not frozen: the policies hold pools whose
+        signals are missing, and the MPC starts a replica for a route group serving nothing."""
         for p in self.pools.values():
             for r in (p.replicas_ready, p.arrival_rps, p.ttft_p95_s, p.running, p.waiting):
+                if r.ok:
+                    return False
+        for c in self.classes.values():
+            for r in (c.arrival_rps, c.queue_depth):
                 if r.ok:
                     return False
         return True
