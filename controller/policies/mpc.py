@@ -201,8 +201,9 @@ def _activate(pools: list[PoolInput], arrivals: Mapping[str, float], held: float
 
     Traffic for a group is its pools' arrivals, or, in a fleet with one route group, any demand at the
     router or requests it holds (a pool at zero has no engine to count arrivals; the router holds
-    them while the first replica starts). Without this a plan costed nothing at zero replicas and no
-    arrivals were seen, so a pool at zero never came back. Pinned or frozen pools are left alone.
+    them while the first replica starts). The planner alone may rather lose those requests than pay
+    for a replica that serves nothing through a long cold start (a 300 s start is ten of its twenty
+    steps), and would leave the pool at zero for good. Pinned or frozen pools are left alone.
     Example: one group, pool at 0, 3 req/s at the router → the pool's minimum becomes 1 this tick.
     """
     single = len({p.group for p in pools}) == 1
