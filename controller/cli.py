@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_handler("controller.bench.sim_speed:cmd_bench_sim_speed"))
     b = bsub.add_parser("policies", help="replay a scenario once per policy and compare")
     b.add_argument("--scenario", required=True, help="scenario YAML file (see scenarios/)")
-    b.add_argument("--policies", default=None, help="comma-separated policy names (default: all)")
+    b.add_argument("--policies", default=None,
+                   help="comma-separated policy names (default: every baseline and its variants, mpc and the "
+                        "oracle; mpc-learned, the MPC on the learned models, only when named)")
     seeds = b.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, default=None, help="override the scenario's seed (arrivals, routing draws)")
     seeds.add_argument("--seeds", default=None, metavar="LIST",
