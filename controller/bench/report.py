@@ -139,13 +139,18 @@ def _oracle_suffix(e: Mapping[str, Any]) -> str:
     return " (" + ", ".join(parts) + ")"
 
 
+def _profile_note(report: Mapping[str, Any]) -> str:
+    """", profile cost" for a table title when the replays ran under another than the default profile."""
+    prof = report.get("objective_profile", "balanced")
+    return f", profile {prof}" if prof != "balanced" else ""
+
+
 def render_table(report: Mapping[str, Any]):
     """A rich Table with one row per policy (sorted by cost per successful task, oracle last)."""
     from rich.table import Table
 
-    prof = report.get("objective_profile", "balanced")
-    t = Table(title=f"{report['scenario']} (seed {report['seed']}, tick {report['tick_s']:g} s"
-                    + (f", profile {prof}" if prof != "balanced" else "") + ")", show_lines=False)
+    t = Table(title=f"{report['scenario']} (seed {report['seed']}, tick {report['tick_s']:g} s{_profile_note(report)})",
+              show_lines=False)
     cols = [("policy", "left"), ("$/succ. task", "right"), ("× best base", "right"), ("× best at SLO", "right"),
             ("× oracle", "right"),
             ("succ. tasks", "right"), ("SLO crit/std/shed", "right"), ("TTFT p50/p95 s", "right"),
@@ -284,9 +289,8 @@ def render_seeds_table(summary: Mapping[str, Any]):
     from rich.table import Table
 
     seeds = summary["seeds"]
-    prof = summary.get("objective_profile", "balanced")
     t = Table(title=f"{summary['scenario']} (seeds {', '.join(str(s) for s in seeds)}, tick {summary['tick_s']:g} s"
-                    + (f", profile {prof}" if prof != "balanced" else "") + ")")
+                    f"{_profile_note(summary)})")
 
     for name in ("policy", "$/succ. task mean [min–max]", "crit mean / min", "std mean / min", "shed mean",
                  "× oracle mean [max]", "at SLO", "beats baselines", "recovery s (worst)"):

@@ -677,15 +677,14 @@ class LearnedPlanModel:
         # per-request TPOT (with its corrections and burst term) from the fallback, see the docstring
         own = self.fallback.latency(LatencyQuery(**flat))
         wait = prior.router_wait_p95_s
-        tpot95 = own.tpot_p95_s
         ans = LatencyAnswer(
             ttft_p50_s=(out["ttft_p50_s"] + 0.5 * wait) * np.sqrt(k_ttft),
             ttft_p95_s=(out["ttft_p95_s"] + wait) * k_ttft,
-            tpot_p50_s=own.tpot_p50_s, tpot_p95_s=tpot95,
+            tpot_p50_s=own.tpot_p50_s, tpot_p95_s=own.tpot_p95_s,
             capacity_rps=own.capacity_rps, utilisation=own.utilisation, batch=own.batch,
             confidence=np.asarray(conf, dtype=float) * np.ones(n),
             slot_wait_p50_s=0.5 * wait * np.sqrt(k_ttft), slot_wait_p95_s=wait * k_ttft,
-            tpot_max_s=np.maximum(own.tpot_max_s, tpot95))
+            tpot_max_s=np.maximum(own.tpot_max_s, own.tpot_p95_s))
         return LatencyAnswer(**{f: (None if getattr(ans, f) is None else np.reshape(getattr(ans, f), shape))
                                 for f in LatencyAnswer.__dataclass_fields__})
 

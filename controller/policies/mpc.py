@@ -195,13 +195,13 @@ def down_window_s(t_hist: tuple[float, ...], d_hist: tuple[float, ...], now: flo
     return base_s + frac * (bursty_s - base_s)
 
 
-def _activate(pools: list[PoolInput], arrivals: Mapping[str, float], held: float, demand: bool) -> list[PoolInput]:
+def _activate(pools: list[PoolInput], arrivals: Mapping[str, float], demand: bool) -> list[PoolInput]:
     """Scale from zero: a route group that serves nothing (no replica ready or starting) while traffic
     for it is seen gets one replica on the cheapest pool of each of its hops (lo raised to 1).
 
-    Traffic for a group is its pools' arrivals, or, in a fleet with one route group, any demand at the
-    router or requests it holds (a pool at zero has no engine to count arrivals; the router holds
-    them while the first replica starts). The planner alone may rather lose those requests than pay
+    Traffic for a group is its pools' arrivals, or, in a fleet with one route group, `demand`: any
+    demand at the router or requests it holds (a pool at zero has no engine to count arrivals; the
+    router holds them while the first replica starts). The planner alone may rather lose those requests than pay
     for a replica that serves nothing through a long cold start (a 300 s start is ten of its twenty
     steps), and would leave the pool at zero for good. Pinned or frozen pools are left alone.
     Example: one group, pool at 0, 3 req/s at the router → the pool's minimum becomes 1 this tick.
@@ -212,7 +212,7 @@ def _activate(pools: list[PoolInput], arrivals: Mapping[str, float], held: float
         members = [j for j, p in enumerate(pools) if p.group == g]
         if any(pools[j].ready + len(pools[j].starting_eta_s) > 0 for j in members):
             continue
-        if not (arrivals.get(g, 0.0) > 0 or (single and (demand or held > 0))):
+        if not (arrivals.get(g, 0.0) > 0 or (single and demand)):
             continue
         for decode in (False, True):
             hop = [j for j in members if (pools[j].role == "decode") == decode and pools[j].hi >= 1
@@ -296,8 +296,13 @@ class MpcPolicy:
     def initial_state(self) -> MpcState:
         return MpcState()
 
+    @staticmethod
+    def _fleet_key(fleet: FleetSpec) -> tuple[str, ...]:
+        """What the models built for a fleet depend on: each pool's name, engine and role."""
+        return tuple(f"{p.name}:{p.model}:{p.sku}:{p.gpus_per_replica}:{p.role}" for p in fleet.pools)
+
     def _prior(self, fleet: FleetSpec) -> QueueingPrior:
-        key = tuple(f"{p.name}:{p.model}:{p.sku}:{p.gpus_per_replica}:{p.role}" for p in fleet.pools)
+        key = self._fleet_key(fleet)
         m = self._model_cache.get(key)
         if m is None:
             m = QueueingPrior.for_pools(fleet.pools, self.engine_figures)
@@ -314,7 +319,7 @@ class MpcPolicy:
         coupling = self.coupling_source()
         if coupling is None:
             return prior, "no learned models loaded"
-        key = tuple(f"{p.name}:{p.model}:{p.sku}:{p.gpus_per_replica}:{p.role}" for p in fleet.pools)
+        key = self._fleet_key(fleet)
         cached = self._learned
         if cached is None or cached[0] != id(coupling) or cached[1] != key:
             try:  # the fallback carries the policy's seeded prior (its cache model, burst term, corrections)
@@ -853,7 +858,7 @@ class MpcPolicy:
         total = sum(groups.values())
         gshare = {g: v / total for g, v in groups.items()} if total > 0 else {}
         held = sum((value(co.queue_depth) or 0.0) for co in obs.classes.values())
-        pools = _activate(pools, groups, held, fc.level > 0 or held > 0)
+        pools = _activate(pools, groups, fc.level > 0 or held > 0)
         return PlanProblem(pools=tuple(pools), classes=tuple(classes), weights=weights, group_share=gshare)
 
     # ------------------------------------------------------------------ explanation

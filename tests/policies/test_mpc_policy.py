@@ -493,6 +493,6 @@ def _pin(name, group="g", role="mixed", price=4.1, ready=0, lo=0, hi=8, starting
 def test_activation_starts_one_replica_for_a_group_serving_nothing(label, pools, arrivals, held, demand, raised):
     from controller.policies.mpc import _activate
 
-    out = _activate(list(pools), arrivals, held, demand)
+    out = _activate(list(pools), arrivals, demand or held > 0)  # the policy's demand: a rate or requests held
     assert {p.name for p, q in zip(pools, out) if q.lo > p.lo} == raised, label
     assert all(q.lo <= 1 and q.hi == p.hi for p, q in zip(pools, out)), label
