@@ -114,6 +114,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "reads it; default balanced)")
     b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
     b.set_defaults(func=_handler("controller.bench.policies:cmd_bench_policies"))
+    b = bsub.add_parser("oracle-lag", help="the hindsight oracle's schedule replayed late: how much of its lead is "
+                                           "foresight no online policy has")
+    b.add_argument("--scenario", required=True, help="scenario YAML file (see scenarios/)")
+    b.add_argument("--seed", type=int, default=None, help="override the scenario's seed (arrivals, routing draws)")
+    b.add_argument("--lags", default="0,15,30,60", metavar="LIST",
+                   help="comma-separated delays, simulated seconds (0-600), each applied to every change of the "
+                        "oracle's schedule (default 0,15,30,60)")
+    b.add_argument("--holds", default="0,2,4", metavar="LIST",
+                   help="comma-separated extra 60 s windows (0-30) each schedule level is held, the hedge a late "
+                        "controller needs against the next burst (default 0,2,4)")
+    b.add_argument("--extras", default="0,1", metavar="LIST",
+                   help="comma-separated replicas (0-16) added to every window, the hedge against a ramp followed "
+                        "late (default 0,1)")
+    b.add_argument("--out", default=None, help="directory for the JSON (default bench-out/)")
+    b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
+    b.set_defaults(func=_handler("controller.bench.oracle_lag:cmd_bench_oracle_lag"))
     b = bsub.add_parser("tick", help="tick overhead (read + step + actuate) for a large fleet")
     b.add_argument("--pools", type=int, default=10, help="pools in the synthetic fleet (default 10)")
     b.add_argument("--replicas", type=int, default=200, help="replicas across the pools (default 200)")
