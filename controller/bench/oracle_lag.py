@@ -50,6 +50,7 @@ from controller.bench.policies import (
     BenchError,
     _Bar,
     _emit,
+    parse_list,
     prepare,
     scenario_seed,
     verify_static,
@@ -182,32 +183,13 @@ def render_lag_table(report: Mapping[str, Any]):
     return t
 
 
-def _parse_list(text: str, what: str, kind, lo: float, hi: float) -> list:
-    vals = []
-    for part in (x.strip() for x in text.split(",")):
-        if not part:
-            continue
-        try:
-            v = kind(part)
-        except ValueError:
-            raise BenchError(f"--{what}: {part!r} is not a number") from None
-        if not (lo <= v <= hi) or (isinstance(v, float) and not math.isfinite(v)):
-            raise BenchError(f"--{what}: {part} is outside [{lo:g}, {hi:g}]")
-        if v in vals:
-            raise BenchError(f"--{what}: {part} is listed twice")
-        vals.append(v)
-    if not 1 <= len(vals) <= MAX_VALUES:
-        raise BenchError(f"--{what}: give 1 to {MAX_VALUES} values (got {len(vals)})")
-    return vals
-
-
 def cmd_bench_oracle_lag(args: argparse.Namespace) -> int:
     prog = "governor bench oracle-lag"
     try:
         scenario = load_scenario(args.scenario)
-        lags = _parse_list(args.lags, "lags", float, 0.0, MAX_LAG_S)
-        holds = _parse_list(args.holds, "holds", int, 0, MAX_HOLD_WINDOWS)
-        extras = _parse_list(args.extras, "extras", int, 0, MAX_EXTRA)
+        lags = parse_list(args.lags, "lags", float, 0.0, MAX_LAG_S, MAX_VALUES)
+        holds = parse_list(args.holds, "holds", int, 0, MAX_HOLD_WINDOWS, MAX_VALUES)
+        extras = parse_list(args.extras, "extras", int, 0, MAX_EXTRA, MAX_VALUES)
     except (ScenarioError, BenchError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

@@ -345,23 +345,32 @@ def scenario_seed(scenario: Scenario, seed: int | None) -> int:
 MAX_SEEDS = 20
 
 
+def parse_list(text: str, option: str, kind: type, lo: float, hi: float, most: int) -> list:
+    """"1,2,3" → [1, 2, 3]: distinct values of `kind` within [lo, hi], 1 to `most` of them, else a
+    BenchError naming --option and the problem (the bench CLIs' comma-separated lists)."""
+    vals: list = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        try:
+            v = kind(part)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise BenchError(f"--{option}: {part!r} is not {what} (expected e.g. 1,2,3)") from None
+        if not (lo <= v <= hi):  # a NaN fails too
+            bound = f"must be >= {lo:g} (got {part})" if hi == math.inf else f"{part} is outside [{lo:g}, {hi:g}]"
+            raise BenchError(f"--{option}: {bound}")
+        if v in vals:
+            raise BenchError(f"--{option}: {part} is listed twice")
+        vals.append(v)
+    if not 1 <= len(vals) <= most:
+        raise BenchError(f"--{option}: give 1 to {most} values (got {len(vals)})")
+    return vals
+
+
 def parse_seeds(text: str) -> list[int]:
     """"1,2,3" → [1, 2, 3]; distinct integers ≥ 0, at most MAX_SEEDS, else a BenchError naming the problem."""
-    seeds: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            seed = int(part)
-        except ValueError:
-            raise BenchError(f"--seeds: {part!r} is not an integer (expected e.g. 1,2,3)") from None
-        if seed < 0:
-            raise BenchError(f"--seeds: seeds must be >= 0 (got {seed})")
-        if seed in seeds:
-            raise BenchError(f"--seeds: seed {seed} is listed twice")
-        seeds.append(seed)
-    if not 1 <= len(seeds) <= MAX_SEEDS:
-        raise BenchError(f"--seeds: give 1 to {MAX_SEEDS} seeds (got {len(seeds)})")
-    return seeds
+    return parse_list(text, "seeds", int, 0, math.inf, MAX_SEEDS)
 
 
 def cmd_bench_policies(args: argparse.Namespace) -> int:
@@ -439,4 +448,4 @@ def _bench_seeds(args: argparse.Namespace, prog: str, scenario: Scenario, labels
 
 
 __all__ = ["BenchContext", "BenchError", "VARIANTS", "cmd_bench_policies", "default_policies", "params_for",
-           "parse_policies", "prepare", "resolve", "run_bench"]
+           "parse_list", "parse_policies", "prepare", "resolve", "run_bench"]
