@@ -149,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("planner", help="the MPC planner's time per tick for a 10-pool fleet on one core")
     b.add_argument("--pools", type=int, default=10, help="pools in the planned fleet (default 10)")
     b.add_argument("--ticks", type=int, default=120, help="ticks to time (default 120)")
+    b.add_argument("--budget-ms", type=float, default=None, metavar="MS",
+                   help="search within this wall-time budget per tick, as the daemon does, and report how much worse "
+                        "its plans score than the full search (default: a fixed count of candidates, as the bench "
+                        "replays do)")
     b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
     b.set_defaults(func=_handler("controller.bench.planner:cmd_bench_planner"))
     b = bsub.add_parser("all", help="every shipped scenario: sim speed and policies")

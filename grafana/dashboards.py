@@ -318,7 +318,15 @@ def control_loop() -> dict:
             "Tick duration by phase (mean)", "Mean time per tick phase.",
             [(f"sum by (phase) (rate(governor_tick_duration_seconds_sum[{RATE}])) / "
               f"sum by (phase) (rate(governor_tick_duration_seconds_count[{RATE}]))", "{{phase}}")],
-            unit="s", min_=0)))
+            unit="s", min_=0))
+         .with_panel(ts(
+            "MPC search: candidates and budget cuts", "Candidate plans the MPC scored in its last tick, and the "
+            "share of ticks whose search its time budget cut short (MPC policy only; if most are cut, raise "
+            "time_budget_s).",
+            [("governor_planner_candidates", "candidates scored"),
+             (f"sum(rate(governor_planner_budget_cut_total[{RATE}])) / "
+              f"sum(rate(governor_ticks_total{{result=\"decided\"}}[{RATE}]))", "share of ticks cut")],
+            unit="short", min_=0)))
     return _to_json(d)
 
 

@@ -6,12 +6,21 @@ with a slowly varying, noisy load, so forecasts, corrections and plans move from
 to one CPU where the platform allows) and wall time. Prints p50/p95/p99/max and the number of
 candidates scored per tick; `--json` prints one object (`cpu_p50_ms`, `cpu_p99_ms`,
 `wall_p99_ms`, ...). Deterministic inputs (seed 0). Must not: touch the network or files.
+
+Two budgets. By default the search scores a fixed count of candidate rows (`MpcConfig.max_evaluations`,
+as the bench replays do): the time shows what that search costs on this machine. With
+`--budget-ms B` it runs as the daemon runs it, against a monotonic wall clock with a budget of B ms
+per tick: the time is then bounded by construction and what varies is how much search fits. Either
+way each tick is also solved from the same state by the search run to completion (every phase, no
+budget), and `objective_gap_*` reports how much worse the budgeted plan scored (J_budget /
+J_complete − 1; 0 = as good). The state carried from tick to tick is the budgeted search's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -56,47 +65,71 @@ def _observation(t: float, fleet: FleetSpec, current: Decision, rng: np.random.G
     return FleetObservation(at_s=t, pools=pools, classes=classes, source="bench")
 
 
-def measure(n_pools: int = 10, ticks: int = 120) -> dict:
+COMPLETE_EVALUATIONS = 10**7  # rows: enough that no phase of the search is cut
+
+
+def measure(n_pools: int = 10, ticks: int = 120, budget_ms: float | None = None) -> dict:
     from controller.policies.mpc import MpcPolicy
 
     if n_pools < 1 or ticks < 1:
         raise ValueError(f"need pools >= 1 and ticks >= 1 (got {n_pools}, {ticks})")
+    if budget_ms is not None and not (math.isfinite(budget_ms) and 25.0 <= budget_ms <= 10_000.0):
+        raise ValueError(f"--budget-ms must be between 25 and 10000 (got {budget_ms:g})")
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     fleet = _fleet(n_pools)
-    policy = MpcPolicy()
+    complete = MpcPolicy(max_evaluations=COMPLETE_EVALUATIONS)
+    policy = MpcPolicy() if budget_ms is None else MpcPolicy(timer=time.perf_counter, time_budget_s=budget_ms / 1e3)
     rng = np.random.default_rng(0)
     state = policy.initial_state()
     current = Decision("d0", 0, 0.0, 120.0, pools={p.name: PoolDecision(6) for p in fleet.pools})
-    cpu, wall, evals = [], [], []
+    cpu, wall, evals, gaps = [], [], [], []
     for k in range(ticks):
         t = 15.0 * (k + 1)
         inp = PolicyInput(now_s=t, observation=_observation(t, fleet, current, rng), fleet=fleet, current=current)
+        before = state
         c0, w0 = time.process_time(), time.perf_counter()
-        state, out = policy.decide(state, inp, np.random.default_rng([0, k]))
+        state, out = policy.decide(before, inp, np.random.default_rng([0, k]))
         cpu.append(1e3 * (time.process_time() - c0))
         wall.append(1e3 * (time.perf_counter() - w0))
         evals.append(int(out.diagnostics.get("evaluations", 0)))
+        # the same tick from the same state (states are immutable), searched to completion
+        _, ref = complete.decide(before, inp, np.random.default_rng([0, k]))
+        gaps.append(float(out.diagnostics["objective"]) / float(ref.diagnostics["objective"]) - 1.0)
         current = Decision(f"d{k}", k, t, t + 120, pools=dict(out.pools), admission=dict(out.admission))
     cpu_a, wall_a = np.array(cpu), np.array(wall)
-    return {"pools": n_pools, "ticks": ticks,
-            "cpu_p50_ms": round(float(np.percentile(cpu_a, 50)), 1), "cpu_p95_ms": round(float(np.percentile(cpu_a, 95)), 1),
-            "cpu_p99_ms": round(float(np.percentile(cpu_a, 99)), 1), "cpu_max_ms": round(float(cpu_a.max()), 1),
-            "wall_p99_ms": round(float(np.percentile(wall_a, 99)), 1),
-            "candidates_per_tick_median": int(np.median(evals)), "candidates_per_tick_max": int(max(evals)),
-            "load_average_1m": round(os.getloadavg()[0], 2)}
+    res = {"pools": n_pools, "ticks": ticks, "budget": "rows" if budget_ms is None else "wall",
+           "budget_ms": budget_ms,
+           "cpu_p50_ms": round(float(np.percentile(cpu_a, 50)), 1), "cpu_p95_ms": round(float(np.percentile(cpu_a, 95)), 1),
+           "cpu_p99_ms": round(float(np.percentile(cpu_a, 99)), 1), "cpu_max_ms": round(float(cpu_a.max()), 1),
+           "wall_p99_ms": round(float(np.percentile(wall_a, 99)), 1), "wall_max_ms": round(float(wall_a.max()), 1),
+           "candidates_per_tick_median": int(np.median(evals)), "candidates_per_tick_max": int(max(evals)),
+           "load_average_1m": round(os.getloadavg()[0], 2)}
+    g = np.array(gaps)
+    res.update({"candidates_per_tick_min": int(min(evals)),
+                "objective_gap_median": round(float(np.median(g)), 5),
+                "objective_gap_p90": round(float(np.percentile(g, 90)), 5),
+                "objective_gap_max": round(float(g.max()), 5)})
+    return res
 
 
 def cmd_bench_planner(args: argparse.Namespace) -> int:
+    budget = getattr(args, "budget_ms", None)
     try:
-        out = measure(int(args.pools), int(args.ticks))
+        out = measure(int(args.pools), int(args.ticks), None if budget is None else float(budget))
     except ValueError as exc:
         print(f"governor bench planner: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(out, sort_keys=True))
         return 0
-    print(f"MPC planner, {out['pools']} pools, {out['ticks']} ticks, one core: CPU ms per tick p50 {out['cpu_p50_ms']}, "
-          f"p95 {out['cpu_p95_ms']}, p99 {out['cpu_p99_ms']}, max {out['cpu_max_ms']}; wall p99 {out['wall_p99_ms']} ms; "
-          f"candidates scored per tick median {out['candidates_per_tick_median']} (load average {out['load_average_1m']})")
+    how = "fixed candidate count" if budget is None else f"wall budget {budget:g} ms"
+    print(f"MPC planner, {out['pools']} pools, {out['ticks']} ticks, one core, {how}: CPU ms per tick p50 "
+          f"{out['cpu_p50_ms']}, p95 {out['cpu_p95_ms']}, p99 {out['cpu_p99_ms']}, max {out['cpu_max_ms']}; wall p99 "
+          f"{out['wall_p99_ms']} ms; candidates scored per tick median {out['candidates_per_tick_median']} "
+          f"(load average {out['load_average_1m']})")
+    print(f"objective against the search run to completion from the same state: median "
+          f"{100 * out['objective_gap_median']:+.2f} %, p90 {100 * out['objective_gap_p90']:+.2f} %, max "
+          f"{100 * out['objective_gap_max']:+.2f} %; candidates per tick {out['candidates_per_tick_min']}-"
+          f"{out['candidates_per_tick_max']}")
     return 0

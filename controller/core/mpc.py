@@ -80,7 +80,13 @@ class MpcConfig:
     # the same plans now take ≈ 90 ms (`governor bench planner`: cheaper scoring, same decisions). A
     # single pool gets 4,000 plans, far more than its search needs.
     max_evaluations: int = 4000
-    time_budget_s: float = 0.2  # with a timer: stop starting new batches after this
+    # With a timer: the whole tick (from `started_s`, see solve) ends within time_budget_s. A batch
+    # is cut to the candidates that fit, at the cost per candidate row measured so far; the search
+    # leaves room for `_settle`'s rows at that cost, and time_reserve_s for what follows the solver
+    # (the chosen plan scored in detail, its terms, the policy's decision and reasons: 7-10 ms of a
+    # 10-pool tick on a 2-core AVX2 host).
+    time_budget_s: float = 0.2
+    time_reserve_s: float = 0.015
     ce_iterations: int = 4
     ce_population: int = 48
     ce_elite_frac: float = 0.2
@@ -106,6 +112,9 @@ class MpcConfig:
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"mpc.{name} must be an integer >= 1 (got {v!r})")
+        if not (isinstance(self.time_reserve_s, (int, float)) and 0 <= self.time_reserve_s < self.time_budget_s):
+            raise ValueError(f"mpc.time_reserve_s must be >= 0 and below time_budget_s = {self.time_budget_s!r} "
+                             f"(got {self.time_reserve_s!r})")
         if self.max_evaluations < 50:
             raise ValueError(f"mpc.max_evaluations must be >= 50 (got {self.max_evaluations})")
         if not 0 < self.ce_elite_frac < 1:
@@ -977,19 +986,52 @@ def _templates(ev: _Evaluator, base: _Cand, j: int, need: np.ndarray, span: int)
 
 
 class _Search:
-    def __init__(self, ev: _Evaluator, cfg: MpcConfig, rng: np.random.Generator, timer: Timer | None) -> None:
+    def __init__(self, ev: _Evaluator, cfg: MpcConfig, rng: np.random.Generator, timer: Timer | None,
+                 started_s: float | None = None) -> None:
         self.ev, self.cfg, self.rng, self.timer = ev, cfg, rng, timer
-        self.t0 = timer() if timer is not None else 0.0
+        self.t0 = (started_s if started_s is not None else timer()) if timer is not None else 0.0
         self.best: _Cand | None = None
         self.best_J = math.inf
         self.exhausted = False
+        self.cost = _BatchCost()  # with a timer: what a batch of n candidates has cost
+        self.last_end_s: float | None = None
+
+    def deadline_s(self) -> float:
+        """With a timer: when the search must stop (the budget less the reserve)."""
+        return self.t0 + self.cfg.time_budget_s - self.cfg.time_reserve_s
 
     def left(self) -> int:
+        """Candidates the budget still allows: by count, or with a timer by the time left before the
+        reserve at what batches have cost so far (unlimited until one has been timed), keeping room
+        for `_settle` (two batches of at most one row per lever and pool, plus three). A search
+        the budget stops is marked `exhausted`."""
         if self.timer is not None:
-            if self.timer() - self.t0 >= self.cfg.time_budget_s:
-                return 0
-            return 10**9
-        return (self.cfg.max_evaluations - self.ev.evaluations * self.ev.P) // self.ev.P
+            remaining = self.deadline_s() - self.timer()
+            room = 0
+            if remaining > 0:
+                if not self.cost.known():
+                    return 10**9
+                if self.cost.identified():  # until then per-candidate costs carry the fixed one: too dear
+                    remaining -= self.cost.seconds(len(_SETTLE_FIELDS) * self.ev.P + 2) + self.cost.seconds(1)
+                room = self.cost.fits(remaining)
+        else:
+            room = (self.cfg.max_evaluations - self.ev.evaluations * self.ev.P) // self.ev.P
+        if room <= 0:
+            self.exhausted = True
+        return room
+
+    def score(self, cands: _Cand) -> np.ndarray:
+        """Score candidates regardless of the budget, and (with a timer) learn what a batch costs: from
+        the end of the previous one, so building the candidates counts too."""
+        if self.timer is None:
+            return self.ev.score(cands)[0]
+        if self.last_end_s is None:
+            self.last_end_s = self.timer()
+        J, _ = self.ev.score(cands)
+        end = self.timer()
+        self.cost.add(cands.n, end - self.last_end_s)
+        self.last_end_s = end
+        return J
 
     def run(self, cands: _Cand) -> np.ndarray:
         """Score a batch (truncated to the budget); keep the best; return the scores (inf where skipped)."""
@@ -1001,7 +1043,7 @@ class _Search:
         if room < n:
             self.exhausted = True
             cands = cands.take(np.arange(room))
-        J, _ = self.ev.score(cands)
+        J = self.score(cands)
         k = int(np.argmin(J))
         if J[k] < self.best_J:
             self.best_J = float(J[k])
@@ -1009,6 +1051,53 @@ class _Search:
         if len(J) < n:
             J = np.concatenate([J, np.full(n - len(J), np.inf)])
         return J
+
+
+class _BatchCost:
+    """Seconds a search batch of n candidates costs, a + b·n, least squares over the batches timed so
+    far (a: the fixed cost of a score call and of building its candidates; b: per candidate). Example:
+    batches of 7 and 78 candidates at 3.5 and 18.6 ms → a = 2.0 ms, b = 0.21 ms; 60 ms left → 276
+    candidates. With one batch size only, b = its mean cost per candidate and a = 0 (dear for large
+    batches: the first one is then cut to what fits at that price, and the next fit has two sizes)."""
+
+    def __init__(self) -> None:
+        self.k = 0
+        self.sn = self.st = self.snn = self.snt = 0.0
+
+    def add(self, n: int, dt: float) -> None:
+        self.k += 1
+        self.sn += n
+        self.st += dt
+        self.snn += n * n
+        self.snt += n * dt
+
+    def known(self) -> bool:
+        return self.k > 0 and self.st > 0
+
+    def identified(self) -> bool:
+        """Both terms fitted (batches of two sizes or more, a sane fit)."""
+        return self._fit() is not None
+
+    def _fit(self) -> tuple[float, float] | None:
+        if self.k < 2:
+            return None
+        var = self.snn - self.sn * self.sn / self.k
+        if var <= 1e-9:
+            return None
+        b = (self.snt - self.sn * self.st / self.k) / var
+        a = (self.st - b * self.sn) / self.k
+        return (a, b) if b > 0 and a >= 0 else None
+
+    def _ab(self) -> tuple[float, float]:
+        return self._fit() or (0.0, self.st / max(self.sn, 1.0))
+
+    def seconds(self, n: int) -> float:
+        a, b = self._ab()
+        return a + b * n
+
+    def fits(self, seconds: float) -> int:
+        a, b = self._ab()
+        return max(int((seconds - a) / b), 0) if b > 0 else 10**9
 
 
 def _sweep_replicas(s: _Search, needs: list[np.ndarray], order: list[int]) -> None:
@@ -1215,6 +1304,9 @@ def _batch_caps(s: _Search, needs: list[np.ndarray] | None = None) -> None:
                     s.best_J, s.best = float(J2[k2]), c2.take(np.array([k2]))
 
 
+_SETTLE_FIELDS = ("pw", "cap", "tw", "standby")  # the continuous levers `_settle` puts back one by one
+
+
 def _settle(s: _Search, tolerance: float = 0.003) -> None:
     """Put back every lever whose change does not pay: each continuous lever of the best plan is
     reset to the value in force (shedding: to what is in force, or to none) if that alone costs
@@ -1229,7 +1321,7 @@ def _settle(s: _Search, tolerance: float = 0.003) -> None:
     for j, p in enumerate(ev.prob.pools):
         if p.frozen:
             continue
-        for field_ in ("pw", "cap", "tw", "standby"):
+        for field_ in _SETTLE_FIELDS:
             b = float(getattr(cur, field_)[0, j])
             if field_ == "cap" and p.max_inflight_cap:
                 b = min(b, float(p.max_inflight_cap))
@@ -1319,11 +1411,14 @@ def _from_plan(ev: _Evaluator, plan: Plan, shift: int) -> _Cand | None:
 
 
 def solve(problem: PlanProblem, model: PlanModel, config: MpcConfig, rng: np.random.Generator, *,
-          warm: Plan | None = None, warm_shift: int = 0, timer: Timer | None = None) -> PlanResult:
+          warm: Plan | None = None, warm_shift: int = 0, timer: Timer | None = None,
+          started_s: float | None = None) -> PlanResult:
     """Find the best plan within the budget (see the module docstring). Never returns nothing:
-    the plan in force (clipped to the bounds) is always scored first."""
+    the plan in force (clipped to the bounds) is always scored first. With a `timer`, the time
+    budget counts from `started_s` (a reading of the same timer, e.g. when the tick began; default
+    now)."""
     ev = _Evaluator(problem, model, config)
-    s = _Search(ev, config, rng, timer)
+    s = _Search(ev, config, rng, timer, started_s)
     cur = ev.cur.tile(1)
     for j, p in enumerate(problem.pools):
         cur.repl[0, j] = np.clip(cur.repl[0, j], p.lo, p.hi)
@@ -1342,7 +1437,7 @@ def solve(problem: PlanProblem, model: PlanModel, config: MpcConfig, rng: np.ran
                 if p.levers_fixed:
                     w.pw[0, j], w.cap[0, j] = cur.pw[0, j], cur.cap[0, j]
             starts.append(w)
-    J0 = ev.score(_Cand.concat(starts))[0]
+    J0 = s.score(_Cand.concat(starts))
     incumbent_J = float(J0[0])
     k = int(np.argmin(J0))
     s.best, s.best_J = _Cand.concat(starts).take(np.array([k])), float(J0[k])
@@ -1350,7 +1445,7 @@ def solve(problem: PlanProblem, model: PlanModel, config: MpcConfig, rng: np.ran
     order = sorted(range(len(problem.pools)), key=lambda j: -problem.pools[j].usd_per_hour)
     needs = [_need_per_step(ev, s.best, j) for j in range(len(problem.pools))]
     ev.need = np.array(needs, dtype=float)
-    s.best_J = float(ev.score(s.best)[0][0])  # rescore: shedding now releases once capacity is ready
+    s.best_J = float(s.score(s.best)[0])  # rescore: shedding now releases once capacity is ready
     _delay_sweep(s)
     _sweep_replicas(s, needs, order)
     _delay_sweep(s)

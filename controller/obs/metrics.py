@@ -50,6 +50,10 @@ class DaemonMetrics:
         self.breaker_stage = Gauge("governor_breaker_stage", "Cascading-failure breaker stage (0 = closed)", registry=r)
         self.breaker_trips = Gauge("governor_breaker_trips", "Times the cascading-failure breaker has tripped", registry=r)
         self.overrides_active = Gauge("governor_overrides_active", "Operator overrides in force", registry=r)
+        self.planner_candidates = Gauge("governor_planner_candidates", "Candidate plans the MPC scored in the last tick",
+                                        registry=r)
+        self.planner_budget_cut = Counter("governor_planner_budget_cut", "Ticks whose MPC search its time budget cut "
+                                          "short (raise mpc time_budget_s if this grows with most ticks)", registry=r)
         self._server: WSGIServer | None = None
 
     def set_mode(self, mode: Mode) -> None:

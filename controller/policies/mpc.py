@@ -358,6 +358,7 @@ class MpcPolicy:
     # ------------------------------------------------------------------ the tick
 
     def decide(self, state: MpcState, inp: PolicyInput, rng: np.random.Generator) -> tuple[MpcState, PolicyOutput]:
+        started = self.timer() if self.timer is not None else None  # the wall budget covers the whole tick
         now = inp.now_s
         fleet = inp.fleet
         cfg = self.config
@@ -428,7 +429,8 @@ class MpcPolicy:
         warm_shift = 0
         if state.plan is not None and state.plan_at_s is not None:
             warm_shift = int(round((now - state.plan_at_s) / cfg.step_s))
-        result = solve(problem, model, cfg, rng, warm=state.plan, warm_shift=warm_shift, timer=self.timer)
+        result = solve(problem, model, cfg, rng, warm=state.plan, warm_shift=warm_shift, timer=self.timer,
+                       started_s=started)
 
         # --- the first step → decisions (with scale-down stabilisation, longer when demand is bursty)
         down_window = down_window_s(t_hist, d_hist, now, self.down_window_s, self.bursty_window_s)

@@ -158,6 +158,10 @@ class Daemon:
             m.decisions.labels(outcome.status).inc()
             for target, r in outcome.targets.items():
                 m.actuation.labels(target, r.status).inc()
+        if "evaluations" in result.diagnostics:  # the MPC's search
+            m.planner_candidates.set(float(result.diagnostics["evaluations"]))
+            if result.diagnostics.get("budget_exhausted"):
+                m.planner_budget_cut.inc()
         breaker = result.diagnostics.get("breaker")
         if isinstance(breaker, dict):
             m.breaker_stage.set(float(breaker.get("stage") or 0))

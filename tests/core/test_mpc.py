@@ -212,6 +212,66 @@ def test_injected_timer_bounds_the_search():
     assert r.budget_exhausted and r.plan.pools["a"].replicas
 
 
+class _CostClock:
+    """A fake monotonic clock on which scoring n candidates takes `a + b·n` seconds (nothing else
+    takes time): the planner's wall budget against a known cost per batch."""
+
+    def __init__(self, a: float, b: float) -> None:
+        self.now, self.a, self.b, self.batches = 0.0, a, b, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("label, a, b, budget", [
+    ("cheap rows, a tight budget", 0.002, 0.0004, 0.2),
+    ("dear batches", 0.01, 0.002, 0.2),
+    ("a budget of half a second", 0.002, 0.0004, 0.5),
+])
+def test_wall_budget_is_kept_whole_tick(monkeypatch, label, a, b, budget):
+    """With a timer the search cuts batches to what fits, leaves room for settling the levers and
+    stops `time_reserve_s` early: everything `solve` scores ends within the budget counted from
+    `started_s`, and most of the budget is used."""
+    import controller.core.mpc as mpc
+
+    clock = _CostClock(a, b)
+    real = mpc._Evaluator.score
+
+    def score(self, cand, detail=False):
+        clock.now += clock.a + clock.b * cand.n
+        clock.batches += 1
+        return real(self, cand, detail)
+
+    monkeypatch.setattr(mpc._Evaluator, "score", score)
+    pools = [pool(f"p{j}", j, group=f"g{j % 2}") for j in range(6)]
+    H = plan_steps(CFG, pools)
+    prob = PlanProblem(pools=tuple(pools), classes=classes(np.full(H, 60.0)), weights=resolve_weights("balanced"))
+    cfg = MpcConfig(time_budget_s=budget, time_reserve_s=0.015)
+    clock.now = 0.01  # the tick began 10 ms before the solver started
+    r = solve(prob, QueueingPrior.for_pools([SPEC] * 6), cfg, np.random.default_rng(0), timer=clock, started_s=0.0)
+    assert clock.now <= budget  # the detailed score of the chosen plan included
+    assert clock.now >= 0.6 * budget or not r.budget_exhausted  # a cut search used most of it
+    assert set(r.plan.pools) == {p.name for p in pools}
+
+
+def test_wall_budget_that_is_not_needed_leaves_the_search_whole():
+    """A generous wall budget: the same plan as the search by count when neither binds."""
+    pools = [pool("a", 0)]
+    H = plan_steps(CFG, pools)
+    prob = PlanProblem(pools=tuple(pools), classes=classes(np.full(H, 20.0)), weights=resolve_weights("balanced"))
+    model = QueueingPrior.for_pools([SPEC])
+    by_count = solve(prob, model, MpcConfig(max_evaluations=10**6), np.random.default_rng(0))
+    t = {"now": 0.0}
+    by_time = solve(prob, model, MpcConfig(time_budget_s=1e6), np.random.default_rng(0), timer=lambda: t["now"])
+    assert not by_count.budget_exhausted and not by_time.budget_exhausted
+    assert by_time.plan == by_count.plan and by_time.objective == by_count.objective
+
+
+def test_time_reserve_must_be_below_the_budget():
+    with pytest.raises(ValueError, match="time_reserve_s"):
+        MpcConfig(time_budget_s=0.1, time_reserve_s=0.1)
+
+
 def test_warm_start_plan_is_a_candidate():
     pools = [pool("a", 0)]
     first = plan(pools, 20.0)

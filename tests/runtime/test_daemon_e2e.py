@@ -127,6 +127,11 @@ def test_mpc_plans_on_live_telemetry_within_its_wall_time_budget(live, tmp_path,
         diag = rep.result.diagnostics
         assert diag["policy"] == "mpc" and diag["evaluations"] > 0
         assert diag["model"]["kind"] == kind and "learned_unusable" not in diag["model"]
+        # the search shows on the daemon's own metrics
+        reg = services.metrics.registry
+        assert reg.get_sample_value("governor_planner_candidates") == diag["evaluations"]
+        cut = reg.get_sample_value("governor_planner_budget_cut_total")
+        assert cut is not None and cut >= (1 if diag["budget_exhausted"] else 0)
         assert 1 <= rep.result.decision.pools["small"].replicas <= 4
         services.store.add_override("pin_replicas", ttl_s=600, author="e2e", now_s=WallClock().now_s(), value=2,
                                     pool="small", known_pools=["small"])
