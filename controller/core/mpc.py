@@ -38,8 +38,8 @@ anchors computed from the model), pool by pool with the others at the incumbent;
 cross-entropy refinement of the continuous levers (affinity, in-flight cap, traffic
 weights, shed fractions) around the warm start; then another replica sweep with the new
 levers; then the slow batch-cap options when a review is due. The budget is a count of
-evaluated candidate × pool rows (`max_evaluations`; ~90 ms of CPU for 10 pools on one core, see MpcConfig),
-or wall time through an injected monotonic `timer` (the core reads no clock itself).
+evaluated candidate × pool rows (`max_evaluations`; see MpcConfig), or wall time through an
+injected monotonic `timer`, counted from the tick's start (the core reads no clock itself).
 
 Must not: do I/O, read the clock, draw randomness other than from the Generator passed in,
 or import the simulator.
@@ -76,15 +76,16 @@ class MpcConfig:
     horizon_steps: int = 10
     step_s: float = 30.0
     # Budget without a timer: candidate plans × pools scored per tick. 4,000 was set at ≈ 200 ms of CPU
-    # on one core for 10 pools (400 plans) on the reference machine (see /work/notes/mpc-results.md);
-    # the same plans now take ≈ 90 ms (`governor bench planner`: cheaper scoring, same decisions). A
-    # single pool gets 4,000 plans, far more than its search needs.
+    # on one core for 10 pools (400 plans) on the machine of the first measurements; the same plans
+    # later took ≈ 90 ms there and take ≈ 230 ms on a 2-core AVX2 EPYC (`governor bench planner`,
+    # docs/BENCHMARKS.md). For 10 pools that is about 40 % of the whole search; a single pool gets
+    # 4,000 plans, far more than its search needs.
     max_evaluations: int = 4000
     # With a timer: the whole tick (from `started_s`, see solve) ends within time_budget_s. A batch
-    # is cut to the candidates that fit, at the cost per candidate row measured so far; the search
+    # is cut to the candidates that fit at what batches have cost so far (`_BatchCost`); the search
     # leaves room for `_settle`'s rows at that cost, and time_reserve_s for what follows the solver
     # (the chosen plan scored in detail, its terms, the policy's decision and reasons: 7-10 ms of a
-    # 10-pool tick on a 2-core AVX2 host).
+    # 10-pool tick on a 2-core AVX2 EPYC).
     time_budget_s: float = 0.2
     time_reserve_s: float = 0.015
     ce_iterations: int = 4
