@@ -217,7 +217,7 @@ class _CostClock:
     takes time): the planner's wall budget against a known cost per batch."""
 
     def __init__(self, a: float, b: float) -> None:
-        self.now, self.a, self.b, self.batches = 0.0, a, b, 0
+        self.now, self.a, self.b = 0.0, a, b
 
     def __call__(self) -> float:
         return self.now
@@ -239,7 +239,6 @@ def test_wall_budget_is_kept_whole_tick(monkeypatch, label, a, b, budget):
 
     def score(self, cand, detail=False):
         clock.now += clock.a + clock.b * cand.n
-        clock.batches += 1
         return real(self, cand, detail)
 
     monkeypatch.setattr(mpc._Evaluator, "score", score)
