@@ -338,6 +338,19 @@ def schedule_targets(spec: PoolSpecModel, replicas: Sequence[int], *, window_s: 
     return tuple(out)
 
 
+def schedule_routing(scenario: Scenario) -> dict[str, RoutingWeights]:
+    """The router weights a replayed schedule runs with: the scenario's own, for every pool."""
+    return {p.name: RoutingWeights(scenario.router.prefix_weight, scenario.router.queue_weight,
+                                   scenario.router.kv_weight) for p in scenario.pools}
+
+
+def slo_check_from_s(scenario: Scenario, tick_s: float) -> float:
+    """From when tasks are held against a schedule: before the first cold start-up ordered at t = 0
+    could serve, the fleet is what the scenario starts with, whatever the schedule. The shipped
+    scenarios start at the replicas their first minutes need, so this excludes little."""
+    return max(p.startup_cold_s for p in scenario.pools) + tick_s
+
+
 class SchedulePolicy:
     """Follows a precomputed replica schedule per pool (the oracle's replay). Pure; state is None."""
 
@@ -577,12 +590,8 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
     static_cost = planned({s.name: [static[s.name]] * n_windows for s in scenario.pools})
     cands = candidates(scenario, demands, profiles, window_s=window_s, n_windows=n_windows, margins=margins,
                        burst_windows_s=burst_windows_s, static=static, static_cost=static_cost, tick_s=tick_s)
-    routing = {p.name: RoutingWeights(scenario.router.prefix_weight, scenario.router.queue_weight,
-                                      scenario.router.kv_weight) for p in scenario.pools}
-    # Before the first cold start-up ordered at t = 0 could serve, the fleet is what the scenario
-    # starts with, whatever the schedule: those tasks are not held against it. The shipped
-    # scenarios start at the replicas their first minutes need, so this excludes little.
-    check_from_s = max(p.startup_cold_s for p in scenario.pools) + tick_s
+    routing = schedule_routing(scenario)
+    check_from_s = slo_check_from_s(scenario, tick_s)
     tried: list[dict[str, Any]] = []
 
     def play(c: Candidate, label: str) -> tuple[bool, float, RunResult]:

@@ -41,7 +41,9 @@ from controller.bench.oracle import (
     WINDOW_S,
     SchedulePolicy,
     run_oracle,
+    schedule_routing,
     schedule_targets,
+    slo_check_from_s,
     task_slo_ok,
 )
 from controller.bench.policies import (
@@ -59,7 +61,6 @@ from controller.bench.profile import ProfileError
 from controller.bench.report import _fmt
 from controller.bench.runner import Progress, RunResult, run_closed_loop
 from controller.clock import WallClock
-from controller.policies.common import RoutingWeights
 from controller.sim.scenario import PoolSpecModel, Scenario, ScenarioError, load_scenario
 from controller.types import PRIORITY_CLASSES
 
@@ -125,9 +126,8 @@ def run_lag_study(scenario: Scenario, *, seed: int, lags_s: Sequence[float] = DE
     oracle = run_oracle(scenario, workload=ctx.workload, profiles=ctx.profiles, demands=ctx.demands, seed=seed,
                         tick_s=tick_s, static=verified, progress=progress)
     schedule = {n: list(p.replicas) for n, p in oracle.candidate.plans.items()}
-    routing = {p.name: RoutingWeights(scenario.router.prefix_weight, scenario.router.queue_weight,
-                                      scenario.router.kv_weight) for p in scenario.pools}
-    check_from_s = max(p.startup_cold_s for p in scenario.pools) + tick_s
+    routing = schedule_routing(scenario)
+    check_from_s = slo_check_from_s(scenario, tick_s)
     base = _entry(oracle.run)
     base_cps = base["cost_per_successful_task_usd"]
     rows: list[dict[str, Any]] = []

@@ -43,6 +43,7 @@ from controller.bench.oracle import (
     peak_rate,
     pool_demands,
     run_oracle,
+    slo_check_from_s,
     static_replicas,
     task_slo_ok,
 )
@@ -113,7 +114,7 @@ def verify_static(ctx: BenchContext, *, tick_s: float, progress: Callable[[str],
     """
     scenario = ctx.scenario
     reps = dict(ctx.static_replicas)
-    check_from_s = max(p.startup_cold_s for p in scenario.pools) + tick_s
+    check_from_s = slo_check_from_s(scenario, tick_s)
     for i in range(rounds + 1):
         label = STATIC if i == 0 else f"{STATIC} +{i}"
         try:
