@@ -114,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "reads it; default balanced)")
     b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
     b.set_defaults(func=_handler("controller.bench.policies:cmd_bench_policies"))
+    b = bsub.add_parser("compare", help="are two bench runs' results the same, wall times aside? (exit 1 if not)")
+    b.add_argument("old", help="--out folder (or JSON report) of the earlier run")
+    b.add_argument("new", help="--out folder (or JSON report) of the later run")
+    b.add_argument("--rel-tol", type=float, default=0.0, metavar="FRAC",
+                   help="relative tolerance for floats (default 0: exact)")
+    b.add_argument("--max-diffs", type=int, default=20, metavar="N", help="differences listed per report (default 20)")
+    b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    b.set_defaults(func=_handler("controller.bench.compare:cmd_bench_compare"))
     b = bsub.add_parser("oracle-lag", help="the hindsight oracle's schedule replayed late: how much of its lead is "
                                            "foresight no online policy has")
     b.add_argument("--scenario", required=True, help="scenario YAML file (see scenarios/)")
