@@ -3,7 +3,7 @@
 OLD and NEW are `--out` folders of `bench all` or `bench policies` (or two JSON files).
 Every `*.json` report in OLD is matched by name in NEW and compared value by value,
 leaving out what measures the machine rather than the policies: keys that hold wall
-times, speed-ups and memory, and the scenario file's path (`WALL_KEYS`). Floats compare exactly unless `--rel-tol`
+times, speed-ups and memory, the scenario file's path and the profile cache's key (`WALL_KEYS`). Floats compare exactly unless `--rel-tol`
 is given. This is the check that a change meant to keep behaviour (a refactor, a
 move of code) kept it: the bench replays are deterministic for a seed.
 
@@ -22,11 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# Keys whose values depend on the machine and its load, or on where the scenario was read from
-# (a checkout's path), not on what was simulated.
+# Keys whose values depend on the machine and its load, on where the scenario was read from (a
+# checkout's path), or on the source text (the profile cache's key hashes the simulator's files, so
+# moving code changes it), not on what was simulated.
 WALL_KEYS = frozenset({
     "wall_s", "wall_seconds", "timings_s", "sim_speed_wall_s", "policies_wall_s", "speedup",
-    "peak_rss_mb", "elapsed_s", "workers", "scenario_file",
+    "peak_rss_mb", "elapsed_s", "workers", "scenario_file", "cache_key",
 })
 
 
