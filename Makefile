@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench models protos check-protos clean dashboards
+.PHONY: run test bench models protos check-protos clean dashboards perf-tables
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,10 @@ models: $(STAMP)
 
 protos: $(STAMP)
 	$(VPY) protos/generate.py
+
+# Regenerates controller/perf/figures_table.py (the planner's step-time figures) from the performance model.
+perf-tables: $(STAMP)
+	$(VPY) -m controller.perf.figures_gen --write
 
 # Regenerates grafana/*.json from grafana/dashboards.py (Grafana Foundation SDK, a dev extra).
 dashboards: $(STAMP)

@@ -156,7 +156,7 @@ def coupling_figures(train_recs, test_recs, seed: int) -> dict:
 
 
 def forecast_figures(seed: int) -> dict:
-    from controller.sim.paths import shared_data_dir
+    from controller.paths import shared_data_dir
     from controller.sim.scenario import ServeGenSpec
     from controller.sim.traces import read_servegen_rates, read_trace_file, servegen_arrivals
 

@@ -42,9 +42,9 @@ from typing import Any
 
 import numpy as np
 
+from controller.perf.iteration import IterationModel
 from controller.policies.common import tightest_slo
 from controller.policies.sla_planner import ReplicaCapacity, capacity_from_samples
-from controller.sim.calibration import IterationModel
 from controller.sim.fleet import Fleet
 from controller.sim.fleetspec import fleet_spec_from_scenario
 from controller.sim.scenario import PoolSpecModel, Scenario
@@ -64,7 +64,9 @@ TARGET_REQUESTS = 800  # measured requests per point (fewer when MAX_MEASURE_S b
 PENALTY_S = 1.0e4  # latency given to a request that never completed
 ANCHOR_UTILISATION = 0.8  # r_est = this / mean work seconds per request
 DECODE_BATCH = 64  # batch size at which the decode cost per token is estimated
-_SIM_SOURCES = ("calibration.py", "engine.py", "fleet.py", "router.py", "cache.py", "workload.py")
+# The sources a profile depends on, relative to controller/ (part of the cache key).
+_SIM_SOURCES = ("perf/catalogue.py", "perf/curves.py", "perf/profiles.py", "perf/iteration.py", "sim/engine.py",
+                "sim/fleet.py", "sim/router.py", "sim/cache.py", "sim/workload.py")
 
 
 class ProfileError(ValueError):
@@ -250,9 +252,9 @@ def _meets(pt: ProfilePoint, slo: SloSpec) -> bool:
 
 def _sim_source_digest() -> str:
     h = hashlib.sha256()
-    sim_dir = Path(__file__).resolve().parent.parent / "sim"
+    src_dir = Path(__file__).resolve().parent.parent
     for name in _SIM_SOURCES:
-        p = sim_dir / name
+        p = src_dir / name
         h.update(name.encode())
         h.update(p.read_bytes() if p.exists() else b"")
     return h.hexdigest()

@@ -14,10 +14,10 @@ flat numpy arrays (one row per candidate × horizon step × pool) and returns ar
 `QueueingPrior` answers both from first principles plus per-engine step-time figures
 (`EngineFigures`: a linear step-time model a + b·seqs + c·context + d·prefill tokens +
 e·attention work). The figures are constructor data: the policy passes either an
-operator's profile or `figures_for(pool)`, which looks the engine up in
-`PROFILED_FIGURES` (least-squares fits of step times profiled at batch 0–256, context
-0.5k–12k tokens, prefill 0–8k tokens; MAPE 2–6 %) and falls back to a roofline from the
-model's parameter count and the SKU's memory bandwidth for engines not in the table.
+operator's profile or `figures_for(pool)` (controller.perf.figures), which looks the engine
+up in `PROFILED_FIGURES` (least-squares fits of the calibrated step times at batch 0–256,
+context 0.5k–12k tokens, prefill 0–8k tokens; MAPE 2–6 %) and falls back to a roofline from
+the model's parameter count and the SKU's memory bandwidth for engines not in the table.
 
 The fluid model of one replica (worked example, Llama-3-70B TP4 on H100, 3.3 req/s per
 replica, 1,155-token prompts with 35 % hits, 211 output tokens):
@@ -50,7 +50,6 @@ Must not: do I/O, read the clock, use global randomness, or import the simulator
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -58,6 +57,7 @@ from typing import Protocol
 import numpy as np
 from scipy.special import ndtr
 
+from controller.perf.figures import EngineFigures, figures_for, figures_key
 from controller.types import PoolSpec
 
 PROMPT_LOG_SIGMA = 1.0  # spread of prompt lengths in log space (Azure 2023: ~1.0)
@@ -70,100 +70,6 @@ AFFINITY_HALF_WEIGHT = 1.5  # prefix weight at which half the requests follow th
 CACHE_COVERAGE_EXP = 0.5  # hit ~ coverage^0.5: LRU keeps the hottest prefixes first
 UTIL_CLIP = 0.995
 PROMPT_M2, PROMPT_M3, PROMPT_M4 = 2.4, 7.0, 50.0  # E[u^k]/E[u]^k of prompt lengths (see latency())
-
-
-# --------------------------------------------------------------------------- engine figures
-
-
-@dataclass(frozen=True)
-class EngineFigures:
-    """Step-time model of one replica: t = a + b·seqs + c·Σcontext + d·prefill tokens + e·attention work."""
-
-    a_s: float  # fixed cost per step (weights read, launch)
-    b_s_per_seq: float  # per decoding sequence
-    c_s_per_ctx_token: float  # per context token of the decoding sequences (KV read)
-    d_s_per_prefill_token: float
-    e_s_per_attn_work: float  # per unit of Σ chunk × (context before + chunk / 2)
-    kv_tokens: float  # KV cache per replica, tokens
-    source: str = "profile"
-
-    def __post_init__(self) -> None:
-        for f in ("a_s", "b_s_per_seq", "c_s_per_ctx_token", "d_s_per_prefill_token", "e_s_per_attn_work",
-                  "kv_tokens"):
-            v = getattr(self, f)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"EngineFigures.{f} must be a finite number >= 0 (got {v!r})")
-        if self.a_s <= 0 or self.kv_tokens <= 0:
-            raise ValueError(f"EngineFigures: a_s and kv_tokens must be > 0 (got {self.a_s}, {self.kv_tokens})")
-
-    @staticmethod
-    def of(v: EngineFigures | Mapping[str, float]) -> EngineFigures:
-        if isinstance(v, EngineFigures):
-            return v
-        if not isinstance(v, Mapping):
-            raise ValueError(f"engine figures must be EngineFigures or a mapping (got {type(v).__name__})")
-        allowed = set(EngineFigures.__dataclass_fields__)
-        unknown = sorted(set(v) - allowed)
-        if unknown:
-            raise ValueError(f"engine figures: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
-        missing = sorted(allowed - {"source"} - set(v))
-        if missing:
-            raise ValueError(f"engine figures: missing field(s) {missing}")
-        return EngineFigures(**{k: (str(x) if k == "source" else float(x)) for k, x in v.items()})
-
-
-def _fig(a_ms: float, b_ms: float, c_ns: float, d_us: float, e_ps: float, kv: float) -> EngineFigures:
-    return EngineFigures(a_ms * 1e-3, b_ms * 1e-3, c_ns * 1e-9, d_us * 1e-6, e_ps * 1e-12, kv, "profile")
-
-
-# Fitted step-time figures per "model/sku/tpN" (vLLM-style engine, bf16, gpu_memory_utilization 0.9,
-# block 16). Least-squares over batch 0-256, context 0.5k-12k, prefill 0-8,192 tokens.
-PROFILED_FIGURES: Mapping[str, EngineFigures] = {
-    "llama-3-70b/h100-80gb/tp4": _fig(32.688, 0.2948, 35.395, 66.44, 1554.0, 484_800),
-    "llama-3-70b/a100-80gb/tp4": _fig(38.474, 0.4550, 57.862, 179.62, 4061.1, 488_960),
-    "llama-3-70b/h100-80gb/tp8": _fig(35.955, 0.2919, 17.705, 45.21, 412.5, 1_403_088),
-    "llama-3-70b/h100-80gb/tp2": _fig(32.797, 0.3547, 71.736, 114.61, 3431.7, 25_648),
-    "llama-3-8b/a100-80gb/tp1": _fig(9.398, 0.3586, 92.671, 65.31, 3368.1, 452_464),
-    "llama-3-8b/h100-80gb/tp1": _fig(8.272, 0.2843, 55.824, 21.50, 1282.1, 449_856),
-    "llama-2-7b/a100-80gb/tp1": _fig(8.407, 0.3391, 367.18, 60.81, 3456.6, 118_432),
-    "llama-2-7b/h100-80gb/tp1": _fig(7.641, 0.2764, 223.05, 20.06, 1283.0, 117_776),
-    "llama-2-70b/h100-80gb/tp4": _fig(32.766, 0.2939, 35.372, 65.23, 1506.1, 495_616),
-    "llama-2-70b/a100-80gb/tp4": _fig(38.636, 0.4528, 57.850, 176.48, 3946.2, 499_776),
-}
-
-# Public datasheet figures used by the roofline fallback: HBM bytes/s and dense BF16 FLOP/s.
-_SKU_SHEET: Mapping[str, tuple[float, float, float]] = {  # (HBM bytes/s, FLOP/s, memory bytes)
-    "a100-80gb": (2.039e12, 312e12, 80 * 2**30),
-    "h100-80gb": (3.35e12, 989e12, 79.6 * 2**30),
-}
-
-
-def figures_key(pool: PoolSpec) -> str:
-    return f"{pool.model}/{pool.sku}/tp{pool.gpus_per_replica}"
-
-
-def figures_for(pool: PoolSpec, table: Mapping[str, EngineFigures] = PROFILED_FIGURES) -> EngineFigures:
-    """The pool's step-time figures: from the table, else a roofline estimate.
-
-    Roofline (for an engine nobody profiled): a = weight bytes / (tp × HBM × 0.6);
-    d = 2 × params / (tp × FLOPs × 0.5); per-token KV bytes from a Llama-like shape
-    (params^0.5 scaling). Example: a 13B model on one A100 → a = 26 GB / 1.22 TB/s = 21 ms.
-    """
-    key = figures_key(pool)
-    if key in table:
-        return table[key]
-    m = re.search(r"(\d+(?:\.\d+)?)b", pool.model.lower())
-    params = float(m.group(1)) * 1e9 if m else 8e9
-    bw, flops, mem = _SKU_SHEET.get(pool.sku, (2.0e12, 300e12, 80 * 2**30))
-    tp = max(1, pool.gpus_per_replica)
-    weight_bytes = 2.0 * params
-    a = weight_bytes / (tp * bw * 0.6) + 0.004
-    d = 2.0 * params / (tp * flops * 0.5)
-    kv_per_token = 131072.0 * math.sqrt(params / 8e9)
-    kv_tokens = max(1e4, (tp * mem * 0.9 - weight_bytes - tp * 2 * 2**30) / kv_per_token)
-    c = kv_per_token / (tp * bw * 0.7)
-    return EngineFigures(a_s=a, b_s_per_seq=0.35e-3, c_s_per_ctx_token=c, d_s_per_prefill_token=d,
-                         e_s_per_attn_work=d * 0.05 / 1000.0, kv_tokens=kv_tokens, source="roofline")
 
 
 # --------------------------------------------------------------------------- queries and answers

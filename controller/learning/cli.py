@@ -234,7 +234,7 @@ def default_forecaster(seed: int = 0) -> tuple[ForecasterModel, dict[str, float]
     """A scale-free default series model fitted on the shared traces (no seasonality: a daily
     shape learnt on one provider's clock would be wrong for another fleet until its own history
     has two days). The level model is chosen on ServeGen m-small arrivals (1 day, 60 s bins)."""
-    from controller.sim.paths import shared_data_dir
+    from controller.paths import shared_data_dir
     from controller.sim.scenario import ServeGenSpec
     from controller.sim.traces import read_servegen_rates, servegen_arrivals
 

@@ -1,13 +1,13 @@
 """Pool physics for the coupling priors, tabulated from the calibrated step-time model.
 
-The pure core cannot import the simulator, so the edge probes
-`controller.sim.calibration.IterationModel` (Vidur profiles + first-principles attention) once
-per replica type and hands the core a `PoolPhysics` value: decode and prefill step times on
-`TOKEN_GRID`, the per-context-token decode cost, the attention cost per unit of prefill work and
-the KV capacity. A real fleet of a known model × SKU × TP uses the same table; its errors are what
+The edge probes the one performance model, `controller.perf.iteration.IterationModel` (Vidur
+profiles + first-principles attention; the simulator's engine times its steps with the same
+model), once per replica type and hands the core a `PoolPhysics` value: decode and prefill step
+times on `TOKEN_GRID`, the per-context-token decode cost, the attention cost per unit of prefill
+work and the KV capacity. A real fleet of a known model × SKU × TP uses the same table; its errors are what
 the learned corrections absorb.
 
-Must not: keep state between calls beyond the calibration module's own per-key cache.
+Must not: keep state between calls beyond IterationModel's own per-key cache, or import the simulator.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from controller.core.coupling import TOKEN_GRID, PoolPhysics
+from controller.perf.iteration import IterationModel
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_BLOCK_SIZE = 16
@@ -32,8 +33,6 @@ def build_physics(model: str, sku: str, tp: int, *, gpu_memory_utilization: floa
     Example (Llama-3-8B, A100, TP1): decode_step_s at 64 seqs = 32 ms; prefill_step_s at 2,048
     tokens = 145 ms; decode context 92 ns per token; KV capacity ≈ 452k tokens at util 0.9.
     """
-    from controller.sim.calibration import IterationModel
-
     im = IterationModel.build(model, sku, int(tp), data_dir)
     decode = tuple(im.step_time_s(0, 0.0, int(n), 0) for n in TOKEN_GRID)
     prefill = tuple(im.step_time_s(int(n), 0.0, 0, 0) for n in TOKEN_GRID)

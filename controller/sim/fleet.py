@@ -62,7 +62,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from controller.sim.calibration import MODELS, SKUS, IterationModel
+from controller.perf.catalogue import MODELS, SKUS
+from controller.perf.iteration import IterationModel
 from controller.sim.engine import (
     DONE,
     EV_KICK,

@@ -7,7 +7,7 @@ start-up delays, SLOs).
 
 from __future__ import annotations
 
-from controller.sim.calibration import SKUS
+from controller.perf.catalogue import SKUS
 from controller.sim.scenario import Scenario
 from controller.types import FleetSpec, PoolSpec, SloSpec
 

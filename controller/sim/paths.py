@@ -1,21 +1,10 @@
-"""Where the shared data lives: `../shared/data` beside the project, or $GOVERNOR_SHARED_DATA."""
+"""The project's root directory (scenarios, models and docs are found from it).
+
+The shared data directory is located by `controller.paths.shared_data_dir`.
+"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-
-
-def shared_data_dir() -> Path:
-    """The shared traces and calibration data (read-only). Raises FileNotFoundError naming where it looked."""
-    env = os.environ.get("GOVERNOR_SHARED_DATA")
-    candidates = [Path(env)] if env else []
-    candidates += [PROJECT_ROOT.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
-    for c in candidates:
-        if (c / "traces").is_dir() and (c / "calibration").is_dir():
-            return c.resolve()
-    raise FileNotFoundError(
-        "shared data not found; looked in " + ", ".join(str(c) for c in candidates) + " (set GOVERNOR_SHARED_DATA)"
-    )

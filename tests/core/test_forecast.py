@@ -106,7 +106,7 @@ def test_seasonal_naive_uses_the_previous_day_when_it_can():
 
 def test_servegen_shape_beats_seasonal_naive_by_20_percent():
     """The acceptance figure on the real shape (600 s windows of the 14-day ServeGen file)."""
-    from controller.sim.paths import shared_data_dir
+    from controller.paths import shared_data_dir
     from controller.sim.traces import read_servegen_rates
 
     rates = read_servegen_rates(shared_data_dir() / "traces" / "servegen_14day_rates.csv")
@@ -119,7 +119,7 @@ def test_servegen_shape_beats_seasonal_naive_by_20_percent():
 @pytest.mark.parametrize("name", ["azure2023_conv", "azure2023_code"])
 def test_does_not_lose_to_seasonal_naive_on_the_azure_traces(name):
     """Under an hour of history: the forecaster must not do worse than the last value."""
-    from controller.sim.paths import shared_data_dir
+    from controller.paths import shared_data_dir
     from controller.sim.traces import read_trace_file
 
     tr = read_trace_file(shared_data_dir() / "traces" / f"{name}.csv", "azure")

@@ -28,14 +28,12 @@ from controller.core.mpc import (
     solve,
 )
 from controller.core.mpc_model import (
-    PROFILED_FIGURES,
-    EngineFigures,
     LatencyQuery,
     PriorForecaster,
     QueueingPrior,
-    figures_for,
 )
 from controller.core.objective import PROFILES, ObjectiveWeights, resolve_weights
+from controller.perf.figures import PROFILED_FIGURES, EngineFigures, figures_for
 from controller.types import PoolSpec
 
 SPEC = PoolSpec("p", "llama-3-70b", "h100-80gb", gpus_per_replica=4, usd_per_replica_hour=49.16, min_replicas=1,

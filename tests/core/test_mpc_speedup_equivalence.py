@@ -30,8 +30,9 @@ from controller.core.mpc import (
     _upper_tail,
     plan_steps,
 )
-from controller.core.mpc_model import EngineFigures, LatencyQuery, QueueingPrior, _ndtr_upper_saturated
+from controller.core.mpc_model import LatencyQuery, QueueingPrior, _ndtr_upper_saturated
 from controller.core.objective import resolve_weights
+from controller.perf.figures import EngineFigures
 
 FIG_70B = EngineFigures(32.688e-3, 0.2948e-3, 35.395e-9, 66.44e-6, 1554.0e-12, 484_800)
 FIG_8B = EngineFigures(9.398e-3, 0.3586e-3, 92.671e-9, 65.31e-6, 3368.1e-12, 452_464)

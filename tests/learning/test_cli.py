@@ -9,7 +9,7 @@ import pytest
 from controller.cli import main
 from controller.learning.records import read_recording
 from controller.learning.store import ModelStore
-from controller.sim.paths import shared_data_dir
+from controller.paths import shared_data_dir
 
 SCENARIO = """
 name: tiny

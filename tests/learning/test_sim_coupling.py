@@ -19,7 +19,7 @@ from controller.core.coupling import fit_coupling
 from controller.core.features import build_training_data
 from controller.learning.dataset import Excitation, RunSpec, SimRecorder, record_run
 from controller.learning.physics import physics_for_scenario_pool
-from controller.sim.paths import shared_data_dir
+from controller.paths import shared_data_dir
 
 SCENARIO = """
 name: cache-coupling

@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
-from controller.sim.calibration import MODELS
+from controller.paths import shared_data_dir
+from controller.perf.catalogue import MODELS
 from controller.sim.control import apply_decision
 from controller.sim.fleet import WARM_NODE_TTL_S, Fleet
-from controller.sim.paths import shared_data_dir
 from controller.types import ClassAdmission, Decision, PoolDecision
 from tests.fakes.sim_fleet import pool, scenario, shared_hashes, workload
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.sim.paths import shared_data_dir
+from controller.paths import shared_data_dir
 from controller.sim.scenario import ScenarioError, ServeGenSpec, SurgeSpec, SyntheticPrefixSpec, TraceSpec
 from controller.sim.traces import (
     Trace,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.sim.paths import shared_data_dir
+from controller.paths import shared_data_dir
 from controller.sim.scenario import Scenario, parse_scenario
 from controller.sim.workload import Workload, build_workload, consecutive_tasks
 from controller.types import PRIORITY_CLASSES

@@ -7,9 +7,17 @@ from dataclasses import dataclass
 
 import pytest
 
-from controller.sim import calibration as cal
-from controller.sim.calibration import MODELS, SKUS, STACK_OVERHEADS, ZERO_OVERHEAD, IterationModel
-from controller.sim.paths import shared_data_dir
+from controller.paths import shared_data_dir
+from controller.perf import report
+from controller.perf.catalogue import (
+    HBM_READ_FRAC,
+    MODELS,
+    SKUS,
+    STACK_OVERHEADS,
+    ZERO_OVERHEAD,
+)
+from controller.perf.fit import fit_stack_overhead
+from controller.perf.iteration import IterationModel
 
 TOLERANCE_FRAC = 0.10
 
@@ -72,10 +80,10 @@ def test_published_figure_within_tolerance(fig: Figure):
 def test_report_table_lists_exactly_the_tested_figures():
     # the Markdown table (REFERENCE_FIGURES) must not drift from the figures tested above
     covered = sorted((f.model, f.sku, f.tp, f.prefill_tokens, f.decode_seqs, f.reference_ms)
-                     for f in cal.REFERENCE_FIGURES if f.covered)
+                     for f in report.REFERENCE_FIGURES if f.covered)
     tested = sorted((f.model, f.sku, f.tp, f.prefill_tokens, f.decode_seqs, f.reference_ms) for f in FIGURES)
     assert covered == tested
-    rows = cal.reference_rows()
+    rows = report.reference_rows()
     assert all(abs(r.error_frac) <= TOLERANCE_FRAC for r in rows if r.figure.covered)
     uncovered = [r for r in rows if not r.figure.covered]
     assert {r.figure.source for r in uncovered} == {"NVIDIA NIM", "vLLM CI (H200)"}
@@ -83,7 +91,7 @@ def test_report_table_lists_exactly_the_tested_figures():
 
 
 def test_markdown_table_has_every_section():
-    text = cal.calibration_table_markdown()
+    text = report.calibration_table_markdown()
     for heading in ("## Figures we check", "## Figures for models or SKUs we do not model", "## Method",
                     "## Fitted serving-stack overhead", "## Memory"):
         assert heading in text
@@ -124,7 +132,7 @@ def test_attention_terms_follow_the_formulas():
     sku = SKUS["a100-80gb"]
     # decode: 1,000 extra context tokens read 1000 × 131072 B at 0.70 × 2.039 TB/s = 91.8 µs
     d = m.step_time_s(0, 0.0, 4, 5000) - m.step_time_s(0, 0.0, 4, 4000)
-    assert d == pytest.approx(1000 * 131072 / (sku.hbm_bytes_per_s * cal.HBM_READ_FRAC), rel=1e-9)
+    assert d == pytest.approx(1000 * 131072 / (sku.hbm_bytes_per_s * HBM_READ_FRAC), rel=1e-9)
     # prefill: 1e6 more work units cost 4 × 32 × 32 × 128 × 1e6 FLOPs at 0.5 × 312 TFLOP/s = 3.36 ms
     p = m.step_time_s(1024, 2e6, 0, 0) - m.step_time_s(1024, 1e6, 0, 0)
     assert p == pytest.approx(4 * 32 * 32 * 128 * 1e6 / (312e12 * 0.5), rel=1e-9)
@@ -182,7 +190,7 @@ def test_h100_llama3_profiles_are_derived_and_consistent():
 
 def test_fitted_stack_overhead_matches_the_pinned_constants():
     for sku, pinned in STACK_OVERHEADS.items():
-        fit = cal.fit_stack_overhead(sku)
+        fit = fit_stack_overhead(sku)
         for field in ("collective_skew_s", "per_decode_seq_s", "prefill_floor_per_layer_s", "prefill_step_per_layer_s"):
             got, want = getattr(fit, field), getattr(pinned, field)
             assert got == pytest.approx(want, rel=0.02, abs=2e-6), f"{sku}.{field}: fit {got} vs pinned {want}"

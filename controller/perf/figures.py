@@ -1,0 +1,108 @@
+"""The planner's compact step-time model of one replica (`EngineFigures`) and where a pool's figures
+come from: the fitted table (`PROFILED_FIGURES`, generated into controller/perf/figures_table.py by
+`python -m controller.perf.figures_gen --write`) or, for an engine nobody profiled, a roofline from
+the model's parameter count and the SKU's data sheet (controller.perf.catalogue).
+
+Pure data and arithmetic: must not read files, the clock or randomness (the fit that makes the
+table lives in controller.perf.figures_gen).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from controller.perf.catalogue import GIB, SKUS
+from controller.perf.figures_table import FITTED_FIGURES
+from controller.types import PoolSpec
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    """Step-time model of one replica: t = a + b·seqs + c·Σcontext + d·prefill tokens + e·attention work."""
+
+    a_s: float  # fixed cost per step (weights read, launch)
+    b_s_per_seq: float  # per decoding sequence
+    c_s_per_ctx_token: float  # per context token of the decoding sequences (KV read)
+    d_s_per_prefill_token: float
+    e_s_per_attn_work: float  # per unit of Σ chunk × (context before + chunk / 2)
+    kv_tokens: float  # KV cache per replica, tokens
+    source: str = "profile"
+
+    def __post_init__(self) -> None:
+        for f in ("a_s", "b_s_per_seq", "c_s_per_ctx_token", "d_s_per_prefill_token", "e_s_per_attn_work",
+                  "kv_tokens"):
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"EngineFigures.{f} must be a finite number >= 0 (got {v!r})")
+        if self.a_s <= 0 or self.kv_tokens <= 0:
+            raise ValueError(f"EngineFigures: a_s and kv_tokens must be > 0 (got {self.a_s}, {self.kv_tokens})")
+
+    @staticmethod
+    def of(v: EngineFigures | Mapping[str, float]) -> EngineFigures:
+        if isinstance(v, EngineFigures):
+            return v
+        if not isinstance(v, Mapping):
+            raise ValueError(f"engine figures must be EngineFigures or a mapping (got {type(v).__name__})")
+        allowed = set(EngineFigures.__dataclass_fields__)
+        unknown = sorted(set(v) - allowed)
+        if unknown:
+            raise ValueError(f"engine figures: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+        missing = sorted(allowed - {"source"} - set(v))
+        if missing:
+            raise ValueError(f"engine figures: missing field(s) {missing}")
+        return EngineFigures(**{k: (str(x) if k == "source" else float(x)) for k, x in v.items()})
+
+
+def engine_figures_in_units(a_ms: float, b_ms: float, c_ns: float, d_us: float, e_ps: float,
+                            kv: float) -> EngineFigures:
+    """EngineFigures from the table's units: ms, ms per sequence, ns per context token, µs per prefill
+    token, ps per unit of attention work, KV tokens."""
+    return EngineFigures(a_ms * 1e-3, b_ms * 1e-3, c_ns * 1e-9, d_us * 1e-6, e_ps * 1e-12, kv, "profile")
+
+
+# Fitted step-time figures per "model/sku/tpN" (vLLM-style engine, bf16, gpu_memory_utilization 0.9,
+# block 16): see controller.perf.figures_gen for the fit.
+PROFILED_FIGURES: Mapping[str, EngineFigures] = {k: engine_figures_in_units(*v) for k, v in FITTED_FIGURES.items()}
+
+# The roofline's figures for a SKU the catalogue does not list: (HBM bytes/s, dense BF16 FLOP/s, memory bytes).
+_UNKNOWN_SKU_SHEET = (2.0e12, 300e12, 80 * 2**30)
+
+
+def _sku_sheet(sku: str) -> tuple[float, float, float]:
+    """(HBM bytes/s, dense BF16 FLOP/s, memory bytes) of `sku` from the catalogue, memory to 0.1 GiB
+    (H100: 79.6 GiB of its 79.65), the precision the roofline's figures were set at."""
+    s = SKUS.get(sku)
+    if s is None:
+        return _UNKNOWN_SKU_SHEET
+    return s.hbm_bytes_per_s, s.dense_bf16_flops, round(s.memory_gib, 1) * GIB
+
+
+def figures_key(pool: PoolSpec) -> str:
+    return f"{pool.model}/{pool.sku}/tp{pool.gpus_per_replica}"
+
+
+def figures_for(pool: PoolSpec, table: Mapping[str, EngineFigures] = PROFILED_FIGURES) -> EngineFigures:
+    """The pool's step-time figures: from the table, else a roofline estimate.
+
+    Roofline (for an engine nobody profiled): a = weight bytes / (tp × HBM × 0.6);
+    d = 2 × params / (tp × FLOPs × 0.5); per-token KV bytes from a Llama-like shape
+    (params^0.5 scaling). Example: a 13B model on one A100 → a = 26 GB / 1.22 TB/s = 21 ms.
+    """
+    key = figures_key(pool)
+    if key in table:
+        return table[key]
+    m = re.search(r"(\d+(?:\.\d+)?)b", pool.model.lower())
+    params = float(m.group(1)) * 1e9 if m else 8e9
+    bw, flops, mem = _sku_sheet(pool.sku)
+    tp = max(1, pool.gpus_per_replica)
+    weight_bytes = 2.0 * params
+    a = weight_bytes / (tp * bw * 0.6) + 0.004
+    d = 2.0 * params / (tp * flops * 0.5)
+    kv_per_token = 131072.0 * math.sqrt(params / 8e9)
+    kv_tokens = max(1e4, (tp * mem * 0.9 - weight_bytes - tp * 2 * 2**30) / kv_per_token)
+    c = kv_per_token / (tp * bw * 0.7)
+    return EngineFigures(a_s=a, b_s_per_seq=0.35e-3, c_s_per_ctx_token=c, d_s_per_prefill_token=d,
+                         e_s_per_attn_work=d * 0.05 / 1000.0, kv_tokens=kv_tokens, source="roofline")
