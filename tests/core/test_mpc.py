@@ -20,13 +20,13 @@ from controller.core.mpc import (
     MpcConfig,
     PlanProblem,
     PoolInput,
-    _lognormal_exceed,
     applied_router_weights,
     delay_ladder,
     ladder_level,
     plan_steps,
     solve,
 )
+from controller.core.mpc.tails import lognormal_exceed
 from controller.core.mpc_model import (
     LatencyQuery,
     PriorForecaster,
@@ -230,16 +230,16 @@ def test_wall_budget_is_kept_whole_tick(monkeypatch, label, a, b, budget):
     """With a timer the search cuts batches to what fits, leaves room for settling the levers and
     stops `time_reserve_s` early: everything `solve` scores ends within the budget counted from
     `started_s`, and most of the budget is used."""
-    import controller.core.mpc as mpc
+    from controller.core.mpc.score import Evaluator
 
     clock = _CostClock(a, b)
-    real = mpc._Evaluator.score
+    real = Evaluator.score
 
     def score(self, cand, detail=False):
         clock.now += clock.a + clock.b * cand.n
         return real(self, cand, detail)
 
-    monkeypatch.setattr(mpc._Evaluator, "score", score)
+    monkeypatch.setattr(Evaluator, "score", score)
     pools = [pool(f"p{j}", j, group=f"g{j % 2}") for j in range(6)]
     H = plan_steps(CFG, pools)
     prob = PlanProblem(pools=tuple(pools), classes=classes(np.full(H, 60.0)), weights=resolve_weights("balanced"))
@@ -514,8 +514,8 @@ def _exceed_beyond_p95(p95: float, bound: float, sigma: float) -> float:
 ])
 def test_exceedance_tail_beyond_the_p95(label, p50, p95, bound, tail, expect):
     a = np.array([p50]), np.array([p95]), np.array([bound])
-    fitted = float(_lognormal_exceed(*a)[0])
-    got = float(_lognormal_exceed(*a, tail_sigma=tail)[0])
+    fitted = float(lognormal_exceed(*a)[0])
+    got = float(lognormal_exceed(*a, tail_sigma=tail)[0])
     assert got == pytest.approx(fitted if expect is None else expect, rel=1e-3, abs=1e-6), label
     assert got <= fitted + 1e-12  # a tail bound never adds risk
 

@@ -17,19 +17,10 @@ import numpy as np
 import pytest
 from scipy.special import ndtr
 
-from controller.core.mpc import (
-    ClassInput,
-    MpcConfig,
-    PlanProblem,
-    PoolInput,
-    _Evaluator,
-    _lognormal_exceed,
-    _lognormal_exceed_into,
-    _lognormal_exceed_ref,
-    _sum_pools,
-    _upper_tail,
-    plan_steps,
-)
+from controller.core.mpc import ClassInput, MpcConfig, PlanProblem, PoolInput, plan_steps
+from controller.core.mpc.risk import sum_pools
+from controller.core.mpc.score import Evaluator
+from controller.core.mpc.tails import lognormal_exceed, lognormal_exceed_into, lognormal_exceed_ref, upper_tail
 from controller.core.mpc_model import LatencyQuery, QueueingPrior, _ndtr_upper_saturated
 from controller.core.objective import resolve_weights
 from controller.perf.figures import EngineFigures
@@ -52,7 +43,7 @@ def _z(rng: np.random.Generator, n: int, saturated_share: float) -> np.ndarray:
 def test_saturated_normal_tails_equal_ndtr(saturated_share):
     rng = np.random.default_rng(1)
     z = _z(rng, 20_000, saturated_share)
-    np.testing.assert_array_equal(_upper_tail(z.copy()), 1.0 - ndtr(z))
+    np.testing.assert_array_equal(upper_tail(z.copy()), 1.0 - ndtr(z))
     np.testing.assert_array_equal(_ndtr_upper_saturated(z), ndtr(z))
 
 
@@ -63,18 +54,18 @@ def test_lognormal_exceedance_in_place_equals_the_formula(tail):
     p50 = np.exp(rng.normal(-1.0, 1.5, (K, C, 2, H, P)))
     p95 = p50 * np.exp(rng.uniform(-0.2, 3.0, p50.shape))  # some p95 below the p50 (clamped)
     bound = rng.uniform(0.05, 5.0, K).reshape(K, 1, 1, 1, 1)
-    want = _lognormal_exceed_ref(p50, p95, bound, tail)
-    np.testing.assert_array_equal(_lognormal_exceed(p50, p95, bound, tail_sigma=tail), want)
+    want = lognormal_exceed_ref(p50, p95, bound, tail)
+    np.testing.assert_array_equal(lognormal_exceed(p50, p95, bound, tail_sigma=tail), want)
     # owned inputs, overwritten; z written over the p50
     a, b, scratch = p50.copy(), p95.copy(), np.empty_like(p50)
-    np.testing.assert_array_equal(_lognormal_exceed_into(a, b, bound, tail, z=a, scratch=scratch, own=True), want)
+    np.testing.assert_array_equal(lognormal_exceed_into(a, b, bound, tail, z=a, scratch=scratch, own=True), want)
     # per-pool (C,2,H,P) quantiles against per-class bounds, as the TPOT call
     q50, q95 = p50[0], p95[0]
     z, scratch = np.empty_like(p50), np.empty_like(p50)
-    np.testing.assert_array_equal(_lognormal_exceed_into(q50, q95, bound, tail, z=z, scratch=scratch),
-                                  _lognormal_exceed_ref(q50, q95, bound, tail))
+    np.testing.assert_array_equal(lognormal_exceed_into(q50, q95, bound, tail, z=z, scratch=scratch),
+                                  lognormal_exceed_ref(q50, q95, bound, tail))
     # scalars go through the formula
-    assert _lognormal_exceed(2.0, 4.0, np.array([4.0]))[0] == pytest.approx(0.05, abs=1e-3)
+    assert lognormal_exceed(2.0, 4.0, np.array([4.0]))[0] == pytest.approx(0.05, abs=1e-3)
 
 
 @pytest.mark.parametrize("K", [1, 2, 3, 4])
@@ -83,7 +74,7 @@ def test_sum_over_pools_in_the_order_of_the_class_last_layout(K, P):
     rng = np.random.default_rng(K * 100 + P)
     x = rng.random((K, 6, 2, 5, P)) * 10.0 ** rng.integers(-9, 3, (K, 6, 2, 5, P))
     class_last = np.ascontiguousarray(np.moveaxis(x, 0, -1))  # (C,2,H,P,K): how the score laid it out before
-    np.testing.assert_array_equal(_sum_pools(x), np.moveaxis(class_last.sum(axis=3), -1, 0))
+    np.testing.assert_array_equal(sum_pools(x), np.moveaxis(class_last.sum(axis=3), -1, 0))
 
 
 def _prior() -> QueueingPrior:
@@ -155,17 +146,17 @@ def _problem(K: int = 3) -> PlanProblem:
     return PlanProblem(pools=pools, classes=cls, weights=resolve_weights("balanced"), group_share={"g0": 0.6, "g1": 0.4})
 
 
-def _evaluator(K: int = 3) -> _Evaluator:
+def _evaluator(K: int = 3) -> Evaluator:
     prob = _problem(K)
     model = QueueingPrior(pools=("a", "b", "c"), figures=(FIG_70B, FIG_8B, FIG_8B),
                           roles=("mixed", "prefill", "decode")).with_corrections([1.2, 1.0, 0.9], [1.1, 1.0, 1.0], 0.3,
                                                                                  burst=[0.5, 0.0, 0.0])
-    ev = _Evaluator(prob, model, MpcConfig())
+    ev = Evaluator(prob, model, MpcConfig())
     ev.need = np.full((len(prob.pools), ev.H), 4.0)
     return ev
 
 
-def _candidates(ev: _Evaluator, rng: np.random.Generator, n: int, vary: tuple[int, ...]):
+def _candidates(ev: Evaluator, rng: np.random.Generator, n: int, vary: tuple[int, ...]):
     c = ev.cur.tile(n)
     c.repl, c.standby = c.repl.copy(), c.standby.copy()
     for j in vary:
@@ -184,15 +175,16 @@ def _candidates(ev: _Evaluator, rng: np.random.Generator, n: int, vary: tuple[in
     return c
 
 
-def _dynamics_reference(ev: _Evaluator, repl: np.ndarray, standby: np.ndarray):
+def _dynamics_reference(ev: Evaluator, repl: np.ndarray, standby: np.ndarray):
     """The replica dynamics rules one pool and candidate at a time, in plain Python (as the planner's
     docstring states them): starting replicas removed latest first, then ready ones drained."""
     C, P, H = repl.shape
+    dyn = ev.dynamics
     ready_mid, billed, fresh = np.empty((C, P, H)), np.empty((C, P, H)), np.empty((C, P, H))
     for c in range(C):
         for p in range(P):
-            ready, warm = float(ev.ready0[p]), float(ev.warm0[p] + standby[c, p])
-            pend, new_pend, new_ready = list(ev.pend0[p]), [0.0] * (H + 1), 0.0
+            ready, warm = float(dyn.ready0[p]), float(dyn.warm0[p] + standby[c, p])
+            pend, new_pend, new_ready = list(dyn.pend0[p]), [0.0] * (H + 1), 0.0
             for h in range(H):
                 if h > 0:
                     ready += pend[h - 1]
@@ -203,7 +195,8 @@ def _dynamics_reference(ev: _Evaluator, repl: np.ndarray, standby: np.ndarray):
                 if add > 0:
                     n_w = min(add, warm)
                     warm -= n_w
-                    for b, n in ((min(h + int(ev.bin_warm[p]), H), n_w), (min(h + int(ev.bin_cold[p]), H), add - n_w)):
+                    bw, bc = min(h + int(dyn.bin_warm[p]), H), min(h + int(dyn.bin_cold[p]), H)
+                    for b, n in ((bw, n_w), (bc, add - n_w)):
                         pend[b] += n
                         new_pend[b] += n
                 cut = max(serving - tgt, 0.0)
@@ -219,7 +212,7 @@ def _dynamics_reference(ev: _Evaluator, repl: np.ndarray, standby: np.ndarray):
                     warm += drained
                 ready_mid[c, p, h] = ready + pend[h]
                 fresh[c, p, h] = (new_ready + new_pend[h]) / max(ready_mid[c, p, h], 1e-9)
-                billed[c, p, h] = ready + sum(pend) + standby[c, p] * ev.cfg.standby_cost_frac
+                billed[c, p, h] = ready + sum(pend) + standby[c, p] * dyn.standby_cost_frac
     return ready_mid, billed, np.clip(fresh, 0.0, 1.0)
 
 
@@ -228,7 +221,7 @@ def test_replica_dynamics_equal_the_rules_pool_by_pool(vary):
     """Pools whose plan is the same in every candidate are simulated once; the rest row by row."""
     ev = _evaluator()
     c = _candidates(ev, np.random.default_rng(len(vary)), 9, vary)
-    got = ev.dynamics(c.repl, c.standby)
+    got = ev.dynamics.run(c.repl, c.standby)
     want = _dynamics_reference(ev, c.repl, c.standby)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)

@@ -1,0 +1,224 @@
+"""The planner's inputs and outputs: its configuration, the problem a tick poses, the plan it returns.
+
+`MpcConfig` (horizon, budget, lever ranges), `PlanProblem` (the pools and priority classes as
+the policy sees them this tick, with the objective's weights), `Plan` / `PoolPlan` (what the
+search returns, per pool and per class) and `PlanResult` (the plan with its predicted terms),
+plus the small rules the policy and the planner share: how many steps a plan is scored over,
+which replicas serve in its first step and the router weights of an applied plan.
+
+Must not: score or search plans (controller/core/mpc/score.py, search.py), do I/O, read the clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.core.objective import ObjectiveWeights
+
+Timer = Callable[[], float]
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class MpcConfig:
+    horizon_steps: int = 10
+    step_s: float = 30.0
+    # Budget without a timer: candidate plans × pools scored per tick. 4,000 was set at ≈ 200 ms of CPU
+    # on one core for 10 pools (400 plans) on the machine of the first measurements; the same plans
+    # later took ≈ 90 ms there and take ≈ 230 ms on a 2-core AVX2 EPYC (`governor bench planner`,
+    # docs/BENCHMARKS.md). For 10 pools that is about 40 % of the whole search; a single pool gets
+    # 4,000 plans, far more than its search needs.
+    max_evaluations: int = 4000
+    # With a timer: the whole tick (from `started_s`, see solve) ends within time_budget_s. A batch
+    # is cut to the candidates that fit at what batches have cost so far (`_BatchCost`); the search
+    # leaves room for `_settle`'s rows at that cost, and time_reserve_s for what follows the solver
+    # (the chosen plan scored in detail, its terms, the policy's decision and reasons: 7-10 ms of a
+    # 10-pool tick on a 2-core AVX2 EPYC).
+    time_budget_s: float = 0.2
+    time_reserve_s: float = 0.015
+    ce_iterations: int = 4
+    ce_population: int = 48
+    ce_elite_frac: float = 0.2
+    replica_span: int = 2  # constant-level candidates within ±span of the anchors
+    cache_refill_s: float = 90.0  # time constant of a cache refilling after routing/replica changes
+    client_retries: int = 2  # retries a client makes after a 429/503 (shed^(1+R) is finally rejected)
+    client_timeout_s: float = 120.0
+    prefix_weight_range: tuple[float, float] = (0.0, 8.0)
+    min_inflight_cap: int = 8
+    standby_cost_frac: float = 1.0  # a warm-standby replica costs this share of a serving one
+    batch_token_options: tuple[int, ...] = (1024, 2048, 4096, 8192)
+    batch_cap_gain: float = 0.1  # a batch-cap change must improve the objective by this share
+    terminal_steps: float = 5.0  # extra weight of the last step (the state left behind the horizon)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.horizon_steps, int) and 2 <= self.horizon_steps <= 40):
+            raise ValueError(f"mpc.horizon_steps must be an integer in [2, 40] (got {self.horizon_steps!r})")
+        for name in ("step_s", "time_budget_s", "cache_refill_s", "client_timeout_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"mpc.{name} must be a finite number > 0 (got {v!r})")
+        for name in ("max_evaluations", "ce_iterations", "ce_population"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"mpc.{name} must be an integer >= 1 (got {v!r})")
+        if not (isinstance(self.time_reserve_s, (int, float)) and 0 <= self.time_reserve_s < self.time_budget_s):
+            raise ValueError(f"mpc.time_reserve_s must be >= 0 and below time_budget_s = {self.time_budget_s!r} "
+                             f"(got {self.time_reserve_s!r})")
+        if self.max_evaluations < 50:
+            raise ValueError(f"mpc.max_evaluations must be >= 50 (got {self.max_evaluations})")
+        if not 0 < self.ce_elite_frac < 1:
+            raise ValueError(f"mpc.ce_elite_frac must be in (0, 1) (got {self.ce_elite_frac!r})")
+        lo, hi = self.prefix_weight_range
+        if not 0 <= lo <= hi:
+            raise ValueError(f"mpc.prefix_weight_range must be 0 <= lo <= hi (got {self.prefix_weight_range!r})")
+
+
+# --------------------------------------------------------------------------- the problem
+
+
+@dataclass(frozen=True)
+class PoolInput:
+    """One pool as the planner sees it this tick (the policy builds it from telemetry and state)."""
+
+    name: str
+    model_index: int  # row of this pool in the PlanModel
+    group: str
+    role: str  # mixed | prefill | decode
+    usd_per_hour: float  # per replica
+    lo: int  # replica bounds after overrides (a pin sets lo = hi)
+    hi: int
+    target: int  # replica target in force
+    ready: int
+    starting_eta_s: tuple[float, ...] = ()  # seconds until each starting replica is ready
+    warm_slots: int = 0  # replicas that can start warm now
+    startup_warm_s: float = 30.0
+    startup_cold_s: float = 180.0
+    standby: int = 0
+    prefix_weight: float = 3.0
+    load_weight: float = 4.0  # queue + kv weights (what affinity competes with)
+    inflight_cap: int = 0
+    traffic_weight: float = 1.0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    prompt_tokens: float = 1000.0
+    output_tokens: float = 200.0
+    hit_rate: float = 0.0
+    reuse_inf_hit: float = 0.0
+    reuse_working_set: float = 0.0
+    backlog: float = 0.0  # requests waiting now (engine queues + router holds)
+    frozen: bool = False  # operator freeze: nothing of this pool may change
+    levers_fixed: bool = False  # breaker or operator: routing levers are given, not searched
+    max_prefix_weight: float | None = None  # breaker ceiling on affinity
+    max_inflight_cap: int | None = None  # breaker ceiling on the in-flight cap (0 = no ceiling)
+    batch_review: bool = False  # may the slow batch-cap lever change this tick
+
+
+@dataclass(frozen=True)
+class ClassInput:
+    name: str
+    ttft_slo_s: float
+    tpot_slo_s: float
+    p50_rps: tuple[float, ...]  # forecast arrival rate per step (whole fleet)
+    p90_rps: tuple[float, ...]  # the quantile planned for (ObjectiveWeights.plan_quantile), per step
+    shed_now: float = 0.0
+    min_shed: float = 0.0  # breaker floor
+    max_shed: float = 1.0
+    backlog: float = 0.0
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    pools: tuple[PoolInput, ...]
+    classes: tuple[ClassInput, ...]  # most protected first
+    weights: ObjectiveWeights
+    group_share: Mapping[str, float] = field(default_factory=dict)  # share of class traffic per route group
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise ValueError("PlanProblem: no pools")
+        for p in self.pools:
+            if not 0 <= p.lo <= p.hi:
+                raise ValueError(f"PlanProblem: pool {p.name} bounds lo={p.lo} hi={p.hi} are not 0 <= lo <= hi")
+
+
+def plan_steps(cfg: MpcConfig, pools: Sequence[PoolInput]) -> int:
+    """Steps the plan is scored over: the configured horizon *after* the longest cold start
+    (capped at 40), so a replica ordered now is valued over a full horizon once it serves
+    rather than looking like pure cost. Example: 10 × 30 s with a 300 s cold start → 20 steps;
+    with a 90 s cold start → 13.
+    """
+    longest = max((p.startup_cold_s for p in pools), default=0.0)
+    return int(min(40, cfg.horizon_steps + math.ceil(longest / cfg.step_s)))
+
+
+def serving_first_step(p: PoolInput, step_s: float) -> int:
+    """Replicas of a pool serving in a plan's first step: ready now, plus the starting ones due
+    within half a step (the planner puts a start in the step its ETA rounds to)."""
+    return p.ready + sum(1 for eta in p.starting_eta_s if eta <= 0.5 * step_s)
+
+
+def applied_router_weights(problem: PlanProblem, plan: Plan, applied: Mapping[str, int],
+                           step_s: float) -> dict[str, float]:
+    """The plan's router weights for the replica targets actually applied, as shares of each hop.
+
+    The planner sets a pool's router weight to its weight per replica × the replicas its plan
+    serves in the first step. When the policy applies another target (a scale-down held by
+    stabilisation, a guard), those replicas serve too, and the next plan reads the weight per
+    replica back by dividing by them: left as planned, a held pool's weight shrank each tick
+    (the demo's A100 pool, planned at 1 replica and held at 2, went 0.30 → 0.00 of the traffic
+    in eight ticks while both its replicas were paid for). So the weight is scaled by serving
+    (applied) / serving (planned) and the hop renormalised. Serving = the target, at most the
+    replicas ready or due within half a step, at least 1. Pools alone on their hop keep theirs.
+    Example: A100 planned 1, applied 2 (2 ready), H100 5 → A100's weight doubles before renormalising.
+    """
+    due = {p.name: serving_first_step(p, step_s) for p in problem.pools}
+    hops: dict[tuple[str, bool], list[PoolInput]] = {}
+    for p in problem.pools:
+        hops.setdefault((p.group, p.role == "decode"), []).append(p)
+    out = {name: pp.traffic_weight for name, pp in plan.pools.items()}
+    for members in hops.values():
+        if len(members) < 2:
+            continue
+        w = {}
+        for p in members:
+            planned = max(min(plan.pools[p.name].replicas[0], due[p.name]), 1)
+            served = max(min(applied.get(p.name, plan.pools[p.name].replicas[0]), due[p.name]), 1)
+            w[p.name] = max(plan.pools[p.name].traffic_weight, 0.0) * served / planned
+        tot = sum(w.values())
+        for name, x in w.items():
+            out[name] = round(x / tot, 4) if tot > 0 else round(1.0 / len(w), 4)
+    return out
+
+
+# --------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    replicas: tuple[int, ...]  # per horizon step (the first is applied)
+    standby: int
+    prefix_weight: float
+    inflight_cap: int  # 0 = none
+    traffic_weight: float  # absolute router weight now (weight per replica × replicas serving in the first step)
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    pools: Mapping[str, PoolPlan]
+    shed: Mapping[str, float]  # per class, first step
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan
+    objective: float
+    terms: Mapping[str, Any]  # predicted cost, successes, per-class risk, binding constraints
+    evaluations: int
+    budget_exhausted: bool
+    incumbent_objective: float  # the plan in force (held), for comparison

@@ -1,0 +1,87 @@
+"""Stage 4 of scoring a plan: the late share of each class, from the pools' latencies.
+
+Violation probability per pool and class: P(TTFT > SLO) and P(TPOT > SLO) from a log-normal
+through the predicted p50 and p95, whose spread beyond the p95 is bounded (TTFT by the
+prompt-length spread, TPOT by a request's averaging over its life; see tails.py), TPOT truncated
+at the pool's full-chunk bound; a request whose backlog wait passes the client's timeout is late.
+Per class, the hops of each route group are combined, weighted by traffic share.
+
+Must not: price anything (score.py), or change its inputs (the latency stage's work arrays
+excepted: t50, t95 and scratch are overwritten).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from controller.core.mpc.latency import PoolLatencies
+from controller.core.mpc.problem import PlanProblem
+from controller.core.mpc.tails import TPOT_TAIL_SIGMA, TTFT_TAIL_SIGMA, lognormal_exceed, lognormal_exceed_into
+from controller.core.mpc.traffic import Traffic
+
+
+def sum_pools(x: np.ndarray) -> np.ndarray:
+    """Σ over the pool axis of (K, …, P) rows, in the order numpy sums the pool axis of the same
+    rows laid out (…, P, K): one pool after another for K ≥ 2 (the pool axis is not the inner
+    one there), numpy's own pairwise sum for K = 1 (the two layouts coincide in memory). So the
+    planner's figures do not depend on the layout it computes in (floating-point sums do depend
+    on their order)."""
+    K, P = x.shape[0], x.shape[-1]
+    if K == 1 or P == 0:
+        return np.moveaxis(np.moveaxis(x, 0, -1).sum(axis=-2), -1, 0)
+    out = x[..., 0].copy()
+    for j in range(1, P):
+        out += x[..., j]
+    return out
+
+
+class Risk:
+    """Per-class SLOs (with the objective's margin) and the fleet's hops, and the late share of a batch."""
+
+    def __init__(self, prob: PlanProblem, traffic: Traffic) -> None:
+        cls = prob.classes
+        K = len(cls)
+        margin = prob.weights.slo_margin
+        self.slo_ttft = np.array([c.ttft_slo_s for c in cls]) * margin
+        self.slo_tpot = np.array([c.tpot_slo_s for c in cls]) * margin
+        self.slo_ttft_k = self.slo_ttft.reshape(K, 1, 1, 1, 1)  # per class, against (K,C,2,H,P) rows
+        self.slo_tpot_k = self.slo_tpot.reshape(K, 1, 1, 1, 1)
+        self.prefill_pool = traffic.prefill_pool
+        self.first_hop = traffic.first_hop
+        self.decode_hop = traffic.decode_hop
+
+    def late_share(self, pl: PoolLatencies, share: np.ndarray) -> np.ndarray:
+        """(C,2,H,K) share of each class's admitted requests that is late, given each pool's share of
+        the class traffic (C,H,P)."""
+        t50, t95, tpot50, tpot95, scratch = pl.t50, pl.t95, pl.tpot50, pl.tpot95, pl.scratch
+        pf = lognormal_exceed_into(t50, t95, self.slo_ttft_k, TTFT_TAIL_SIGMA, z=t50, scratch=scratch, own=True)
+        pt = lognormal_exceed_into(tpot50, tpot95, self.slo_tpot_k, TPOT_TAIL_SIGMA, z=t95, scratch=scratch)
+        if pl.lat.tpot_max_s is not None:
+            # No request's TPOT exceeds the full-chunk bound c (see mpc_model): the log-normal is
+            # truncated there, P(T > s | T ≤ c) = (P(T > s) − P(T > c)) / (1 − P(T > c)), which falls
+            # to 0 as s reaches c. Example: p50 0.03 s, p95 0.098 s, SLO 0.1 s: untruncated 4.6 %;
+            # c = 0.12 s → 2.6 %, c = 0.1 s → 0. (An unbounded pool, c = inf, is read as c = 1e6 s.)
+            c_max = np.minimum(np.reshape(pl.lat.tpot_max_s, pl.shape), 1e6)
+            p_c = lognormal_exceed(tpot50, tpot95, c_max, TPOT_TAIL_SIGMA)
+            pt -= p_c[None]
+            pt /= np.maximum(1.0 - p_c, 1e-12)[None]
+            np.clip(pt, 0.0, 1.0, out=pt)
+        if pl.timed_out.any():
+            pf[pl.timed_out] = 1.0
+        # Per class: combine the hops of each group, weighted by traffic share.
+        w_share = share[None, :, None, :, :]
+        prod = np.multiply(pf, pt, out=scratch)
+        mixed_v = np.add(pf, pt, out=pt)
+        mixed_v -= prod  # 1 − (1 − pf)(1 − pt)
+        # mixed/prefill pools: TTFT (and TPOT for mixed); decode pools: TPOT and their first step
+        first_v = np.where(self.prefill_pool, pf, mixed_v) if self.prefill_pool.any() else mixed_v
+        # Without decode pools every pool is a first hop (× 1 is exact) and the decode hop adds
+        # nothing: (1 − v_first) × (1 − 0) is (1 − v_first) exactly (a NaN row is NaN in v_first too).
+        if self.decode_hop.any():
+            v_first = sum_pools(w_share * self.first_hop * first_v)
+            v_dec = sum_pools(w_share * self.decode_hop * mixed_v)
+            v = 1.0 - (1.0 - v_first) * (1.0 - v_dec)
+        else:
+            v = 1.0 - (1.0 - sum_pools(np.multiply(w_share, first_v, out=scratch)))
+        v = np.ascontiguousarray(np.moveaxis(v, 0, -1))  # (C,2,H,K)
+        return np.clip(v, 0.0, 1.0)  # (C,2,H,K) late share of admitted requests

@@ -1,0 +1,151 @@
+"""The planner's scorer: the stages composed, and the objective of each candidate plan.
+
+`Evaluator.score(cand)` runs, vectorised over candidates × steps × pools × classes × two load
+scenarios (the forecast's p50 and p90):
+
+1. replica dynamics (dynamics.py): replicas ready and billed per step;
+2. traffic (traffic.py): the requests each pool receives after shedding;
+3. latency (latency.py): hit rate, the PlanModel's latencies and the backlog's wait;
+4. risk (risk.py): each class's late share;
+5. the objective (here; see controller/core/objective.py): cost / expected successes × (1 +
+   weighted late and shed shares), + the chance-constraint penalty on the p90 scenario, +
+   change penalties.
+
+Must not: choose candidates (search.py), do I/O, read the clock or draw randomness.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from controller.core.mpc.candidates import Candidates, WorkArrays, incumbent
+from controller.core.mpc.dynamics import ReplicaDynamics
+from controller.core.mpc.latency import Latency, PoolLatencies
+from controller.core.mpc.problem import MpcConfig, PlanProblem, plan_steps
+from controller.core.mpc.risk import Risk
+from controller.core.mpc.traffic import Flow, Traffic
+from controller.core.mpc_model import PlanModel
+
+
+class Evaluator:
+    """Scores batches of candidates for one problem (each stage precomputes what does not depend on
+    the plan when the evaluator is built)."""
+
+    def __init__(self, prob: PlanProblem, model: PlanModel, cfg: MpcConfig) -> None:
+        self.prob, self.model, self.cfg = prob, model, cfg
+        P, K = len(prob.pools), len(prob.classes)
+        H = plan_steps(cfg, prob.pools)
+        self.P, self.K, self.H = P, K, H
+        dt = cfg.step_s
+        self.dt = dt
+        pools = prob.pools
+        cls = prob.classes
+        self.dynamics = ReplicaDynamics(pools, H, dt, cfg.standby_cost_frac)
+        self.traffic = Traffic(prob, H, dt, cfg.client_retries)
+        tr = self.traffic
+        # the plan in force, as a candidate
+        self.cur = incumbent(prob, H, tr.per_replica_weights(np.array([[p.traffic_weight for p in pools]])))
+        self.latency = Latency(prob, model, cfg, H, tr.lam, self.cur)
+        self.risk = Risk(prob, tr)
+        # Per-tick constants of the objective (they do not depend on the candidate).
+        self.price = np.array([p.usd_per_hour for p in pools])
+        self.ready_int = np.array([p.ready for p in pools])
+        w = prob.weights
+        self.wv = np.array([w.cls("violation_weight", c.name) * (1 + w.cls("steps_per_task", c.name)) / 2 for c in cls])
+        self.ws_shed = np.array([w.cls("shed_weight", c.name) * (1 + w.cls("steps_per_task", c.name)) / 2 for c in cls])
+        self.tol = np.array([w.cls("risk_tolerance", c.name) for c in cls])
+        self.risk_prio = np.array([w.cls("risk_priority", c.name) for c in cls])
+        self.step_weight = np.ones(H)
+        self.step_weight[-1] += cfg.terminal_steps
+        self.req = (tr.lam * self.step_weight[None, :, None]).sum(axis=1) * dt  # (2,K) requests offered
+        self.cpr_min = self._cheapest_cost_per_request()
+        # each pool's share of its hop's traffic under the weights in force (what a lever change moves)
+        self.share_now = tr.shares(self.cur.tw * tr.ready_step0)[0]
+        self.evaluations = 0
+        self.work = WorkArrays()  # reused work arrays of `score`
+        self.need: np.ndarray | None = None  # (P, H) replicas each step's p90 load needs (set by solve)
+
+    def _cheapest_cost_per_request(self) -> float:
+        """USD per request of the pool that serves one cheapest: price / (3,600 × the rate one replica
+        sustains at its concurrency limit, at today's mix, hit rate and batch caps). Example: $4.10
+        an hour and 6 req/s → $0.00019. 0 when no pool has a price and a capacity."""
+        if self.P == 0:
+            return 0.0
+        cap = self.latency.capacity_now()
+        ok = (cap > 0) & np.isfinite(cap) & (self.price > 0)
+        return float((self.price[ok] / 3600.0 / cap[ok]).min()) if ok.any() else 0.0
+
+    def score(self, cand: Candidates, detail: bool = False) -> tuple[np.ndarray, dict[str, Any] | None]:
+        """Objective per candidate (inf where not finite); with `detail`, the terms behind it."""
+        self.evaluations += cand.n
+        ready, billed, fresh = self.dynamics.run(cand.repl, cand.standby)
+        flow = self.traffic.admit(cand, ready, self.need, self.work)
+        pl = self.latency.predict(cand, flow, fresh, self.work, detail)
+        v = self.risk.late_share(pl, flow.share)
+        return self._objective(cand, ready, billed, flow, pl, v, detail)
+
+    def _objective(self, cand: Candidates, ready: np.ndarray, billed: np.ndarray, flow: Flow, pl: PoolLatencies,
+                   v: np.ndarray, detail: bool) -> tuple[np.ndarray, dict[str, Any] | None]:
+        prob, dt = self.prob, self.dt
+        lam = self.traffic.lam
+        adm, shed, rejected = flow.adm, flow.shed, flow.rejected
+        # Aggregates over the horizon.
+        # Terminal weight: the last step stands for the state the plan leaves behind, which lasts
+        # beyond the horizon (a replica ordered now keeps serving after it): it counts
+        # `terminal_steps` extra steps, so capacity arriving late in the horizon is not judged
+        # on a few steps of benefit against the whole horizon's cost.
+        wt = self.step_weight  # (H,)
+        req = self.req  # (2,K) requests offered
+        adm_n = (adm * wt[None, None, :, None]).sum(axis=2) * dt  # (C,2,K)
+        # a shed attempt that is retried and admitted arrives at least one backoff late: count
+        # half of those as late (partial shedding delays; it is not free)
+        retried = lam[None] * (shed - rejected)[:, None, :, :]
+        late = (np.minimum(adm * v + 0.5 * retried, lam[None] - lam[None] * rejected[:, None])
+                * wt[None, None, :, None]).sum(axis=2) * dt
+        shed_n = req[None] - adm_n
+        cost = (billed * self.price[None, :, None] * wt[None, None, :]).sum(axis=(1, 2)) * dt / 3600.0  # (C,)
+        succ = np.maximum(adm_n[:, 0].sum(axis=1) - late[:, 0].sum(axis=1), 1e-6)
+        total = max(float(req[0].sum()), 1e-6)
+        # Penalties are priced in cost per success; a plan that buys (next to) nothing would price
+        # them at (next to) nothing and win with every request lost (a pool at zero replicas never
+        # came back). Floored at the cheapest any pool can serve a request, which no plan that
+        # serves its successes can go below, the floor only binds for such plans.
+        cpr = np.maximum(cost / succ, self.cpr_min)
+        pen = 1.0 + (late[:, 0] * self.wv).sum(axis=1) / total + (shed_n[:, 0] * self.ws_shed).sum(axis=1) / total
+        q_i = 1  # the second load scenario is the planned-for quantile (see ClassInput.p90_rps)
+        # chance constraint: late or shed, as a share of the class's offered requests (p90 load)
+        v90 = (late[:, q_i] + shed_n[:, q_i]) / np.maximum(req[q_i][None], 1e-9)  # (C,K)
+        excess = np.maximum(v90 - self.tol[None], 0.0)
+        # per class, not weighted by traffic share: each class has its own attainment target
+        risk = prob.weights.risk_weight * (excess * self.risk_prio).sum(axis=1)
+        # Change penalties, in units of "one replica-step at this pool's price" per success.
+        step_price = self.price * dt / 3600.0
+        cur = self.cur
+        d_repl = np.abs(cand.repl[:, :, 0] - cur.repl[:, :, 0])
+        change = prob.weights.change_weight * (d_repl * step_price).sum(axis=1)
+        lever = ((np.abs(cand.pw - cur.pw) > 0.25).astype(float) + (np.abs(cand.cap - cur.cap) > 0.5)
+                 + (np.abs(self.traffic.shares(cand.tw * self.traffic.ready_step0) - self.share_now) > 0.02)
+                 + (cand.standby != cur.standby))
+        change += prob.weights.lever_change_weight * (lever * step_price).sum(axis=1)
+        # a rolling restart (`restart`, from the latency stage's hit rate) runs one surge replica per
+        # replica for its warm start; counted twice, as a margin for what the model does not see (the
+        # drain overlap, the new engines' first minutes). The empty caches it leaves are in the hit rate.
+        restart_usd = (pl.restart * self.ready_int * self.price * self.dynamics.d_warm / 3600.0).sum(axis=1)
+        change += restart_usd * 2.0
+        J = cpr * (pen + risk) + change / succ
+        J = np.where(np.isfinite(J), J, np.inf)
+        if not detail:
+            return J, None
+        lat = pl.lat
+        info = {
+            "cost_usd": cost, "successes": succ, "cost_per_success_usd": cpr,
+            "late_frac_p50": late[:, 0] / np.maximum(adm_n[:, 0], 1e-9), "late_or_shed_frac_p90": v90,
+            "shed_frac_final": shed_n[:, 0] / np.maximum(req[0][None], 1e-9),
+            "risk_excess": excess, "ready": ready, "billed": billed, "ttft_p95": pl.ttft95, "tpot_p95": pl.tpot95,
+            "wait": pl.wait_detail, "utilisation": (flow.pool_rps / np.maximum(pl.cap_rps, 1e-9)), "hit": pl.hit,
+            "penalty_factor": pen, "risk_term": risk, "change_usd": change,
+            "tpot_max": None if lat.tpot_max_s is None else np.reshape(lat.tpot_max_s, pl.shape),
+        }
+        return J, info
