@@ -63,6 +63,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from controller.core.breaker import BreakerAction, BreakerConfig, BreakerState, update_breaker
+from controller.core.forecast import PriorForecaster
 from controller.core.mpc import (
     ClassInput,
     MpcConfig,
@@ -79,7 +80,6 @@ from controller.core.mpc_model import (
     LatencyQuery,
     LearnedPlanModel,
     PlanModel,
-    PriorForecaster,
     QueueingPrior,
     affinity,
 )

@@ -29,7 +29,6 @@ from controller.core.mpc import (
 from controller.core.mpc.tails import lognormal_exceed
 from controller.core.mpc_model import (
     LatencyQuery,
-    PriorForecaster,
     QueueingPrior,
 )
 from controller.core.objective import PROFILES, ObjectiveWeights, resolve_weights
@@ -414,20 +413,6 @@ def test_figures_table_and_roofline_fallback():
     assert f.source == "roofline" and 0.01 < f.a_s < 0.05
     with pytest.raises(ValueError, match="unknown field"):
         EngineFigures.of({"a_s": 0.01, "bogus": 1})
-
-
-def test_forecaster_level_trend_and_spread():
-    fc = PriorForecaster()
-    t = np.arange(0, 600, 15.0)
-    flat = fc.forecast(t, np.full(len(t), 20.0), 600.0, np.array([30.0, 300.0]))
-    assert flat.p50 == pytest.approx([20.0, 20.0]) and np.all(flat.p90 > flat.p50)
-    rising = fc.forecast(t, 10.0 + 0.02 * t, 600.0, np.array([30.0, 300.0]))
-    assert rising.p50[1] > rising.p50[0] > 20.0 and rising.trend_per_s > 0
-    # a bursty series keeps capacity for its bursts (additive spread)
-    tl = np.arange(0, 1800, 15.0)
-    bursty = np.where((tl // 60) % 2 == 0, 30.0, 0.5)
-    b = fc.forecast(tl, bursty, 1800.0, np.array([300.0]))
-    assert b.p90[0] >= 20.0
 
 
 # --------------------------------------------------------------------------- objective profiles

@@ -257,7 +257,7 @@ def test_tpot_correction_carries_only_what_the_burst_term_does_not_explain(label
 ])
 def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting, cap_at_least_held):
     from controller.core.breaker import BreakerAction
-    from controller.core.mpc_model import LoadForecast
+    from controller.core.forecast import LoadForecast
     from controller.core.objective import resolve_weights
     from controller.policies.mpc import MpcPoolMemory
 

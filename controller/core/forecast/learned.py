@@ -1,4 +1,4 @@
-"""Load forecaster: arrival rate and token mix per series over the planning horizon, p50 and p90.
+"""The learned load forecaster: arrival rate and token mix per series, fitted to history, p50 and p90.
 
 Each named series (e.g. "arrival_rps:critical", "prompt_tokens_per_request") is modelled as
 y(t) = e^s(t) · z(t):
@@ -16,9 +16,9 @@ p90 is as wide as this series' own forecast errors have been. With little histor
 `min_bins` bins) the model falls back to the last value with a default spread and reports a low
 confidence.
 
-`seasonal_naive` is the reference forecast the bench compares against: the value one period
-before the target (period = one day, or one week when asked), or the last value when the history
-is shorter than a period.
+`fit_forecaster` fits a `ForecasterModel` (stored by controller/learning/store.py, scored by
+backtest.py); `LearnedForecaster` puts one of its series behind the planner's `Forecaster`
+interface (interface.py).
 
 Must not: do I/O, read the clock (time is the `now_s` argument) or keep state between calls.
 """
@@ -28,10 +28,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 from scipy.signal import lfilter
+
+from controller.core.forecast.interface import LoadForecast
 
 DAY_S = 86_400.0
 WEEK_S = 7 * DAY_S
@@ -449,164 +450,34 @@ def _predict_series(m: SeriesModel, t: np.ndarray, y: np.ndarray, now_s: float, 
     return p50, p90, conf
 
 
-# --------------------------------------------------------------------------- reference and scoring
+
+# --------------------------------------------------------------------------- the planner's interface
 
 
-def seasonal_naive(t_s: np.ndarray, y: np.ndarray, step_s: float, horizon_s: float,
-                   period_s: float = DAY_S) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The reference forecast on a binned series: ŷ(t + H) = y(t + H − period) when the series is at
-    least one period long, else the last value y(t).
+@dataclass(frozen=True)
+class LearnedForecaster:
+    """A fitted `ForecasterModel` behind the planner's `Forecaster` interface, for one of its series.
 
-    Returns (target bin times, actual, forecast) for every target bin with both defined.
+    `series` names the model's series the history passed in is of ("arrival_rps": the fleet's
+    arrivals, see controller/core/features.forecast_series); a model without that series
+    forecasts it with its default or a last-value fallback (`ForecasterModel.predict`). A series
+    with no usable point forecasts 0, as the prior does. The level is the newest finite value
+    (as the prior's), the trend the p50's mean slope over the leads. Example: p50 10 → 12 req/s
+    from lead 15 s to 285 s → trend 0.0074 req/s per s.
     """
-    t0, yb = bin_series(t_s, y, step_s)
-    h = max(1, int(round(horizon_s / step_s)))
-    p = int(round(period_s / step_s))
-    span = len(t0)
-    if span > p + h:
-        fc = np.full(span, np.nan)
-        fc[p:] = yb[:-p]
-    else:
-        fc = np.full(span, np.nan)
-        fc[h:] = yb[:-h]
-    ok = np.isfinite(fc) & np.isfinite(yb)
-    return t0[ok], yb[ok], fc[ok]
 
+    model: ForecasterModel
+    series: str = "arrival_rps"
 
-def rolling_backtest(t_s: np.ndarray, y: np.ndarray, *, config: ForecastConfig = ForecastConfig(),
-                     horizon_s: float = 600.0, start_s: float | None = None, refit_every_s: float = DAY_S,
-                     history_for_predict_s: float = 4 * 3600.0, name: str = "y",
-                     period_s: float = DAY_S) -> dict[str, float]:
-    """Walk forward through a series: refit every `refit_every_s` on everything before, forecast
-    `horizon_s` ahead from every bin, and compare with seasonal-naive on the same targets.
-
-    Returns {"mae": …, "naive_mae": …, "ratio": mae / naive_mae, "coverage_p90": share of actuals
-    ≤ p90, "n": targets}. Pure and deterministic; used by `governor bench models` and the tests.
-    """
-    t0, yb = bin_series(t_s, y, config.step_s)
-    if len(t0) == 0:
-        return {"mae": math.nan, "naive_mae": math.nan, "ratio": math.nan, "coverage_p90": math.nan, "n": 0}
-    h = max(1, int(round(horizon_s / config.step_s)))
-    p = int(round(period_s / config.step_s))
-    first = t0[0] + (start_s if start_s is not None else min(DAY_S, 0.25 * (t0[-1] - t0[0])))
-    origins = np.flatnonzero((t0 >= first) & (np.arange(len(t0)) + h < len(t0)))
-    errs, nerrs, cover = [], [], []
-    model: SeriesModel | None = None
-    next_refit = -math.inf
-    hist_bins = int(history_for_predict_s / config.step_s)
-    long = len(t0) > p + h
-    fitted_bins = 0
-    for i in origins:
-        now = t0[i] + config.step_s  # bin i is complete
-        # refit on schedule, and early on whenever the history grew by a quarter (a young series
-        # changes its best half-life quickly)
-        if now >= next_refit or i + 1 >= 1.25 * fitted_bins:
-            model = fit_series(name, t0[: i + 1] + 0.5 * config.step_s, yb[: i + 1], config)
-            next_refit = now + refit_every_s
-            fitted_bins = i + 1
-        lo = max(0, i + 1 - hist_bins)
-        fm = ForecasterModel(config, {name: model})
-        # the target bin starts h bins after the origin bin; its centre is now + (h − 0.5)·step
-        f = fm.predict({name: (t0[lo: i + 1] + 0.5 * config.step_s, yb[lo: i + 1])}, now,
-                       [(h - 0.5) * config.step_s])
-        actual = yb[i + h]
-        naive = yb[i + h - p] if long and i + h - p >= 0 else yb[i]
-        if not (np.isfinite(actual) and np.isfinite(naive) and np.isfinite(f.p50[name][0])):
-            continue
-        errs.append(abs(float(f.p50[name][0]) - actual))
-        nerrs.append(abs(float(naive) - actual))
-        cover.append(float(actual <= f.p90[name][0]))
-    if not errs:
-        return {"mae": math.nan, "naive_mae": math.nan, "ratio": math.nan, "coverage_p90": math.nan, "n": 0}
-    mae, nmae = float(np.mean(errs)), float(np.mean(nerrs))
-    return {"mae": mae, "naive_mae": nmae, "ratio": mae / nmae if nmae > 0 else math.nan,
-            "coverage_p90": float(np.mean(cover)), "n": len(errs)}
-
-
-# --------------------------------------------------------------------------- plain state (for storage)
-
-STATE_FORMAT = "governor-forecast/1"
-_CONFIG_FIELDS = ("step_s", "target_horizon_s", "max_horizon_s", "half_lives_s", "dampings", "holt_alphas",
-                  "holt_betas", "holt_dampings", "naive_margin", "min_scored", "median_shrink_n", "slot_s",
-                  "min_bins", "quantiles", "default_log_spread", "max_fit_bins")
-
-
-def _series_to_state(m: SeriesModel) -> dict[str, Any]:
-    return {"name": m.name, "step_s": m.step_s, "half_life_s": m.half_life_s, "damping": m.damping,
-            "log_offset": m.log_offset, "slot_s": m.slot_s, "daily": list(m.daily), "weekly": list(m.weekly),
-            "mean_z": m.mean_z, "horizons_s": list(m.horizons_s),
-            "resid_q": {str(q): list(v) for q, v in m.resid_q.items()}, "n_bins": m.n_bins,
-            "backtest_mae": None if math.isnan(m.backtest_mae) else m.backtest_mae, "fallback": m.fallback,
-            "kind": m.kind, "alpha": m.alpha, "beta": m.beta}
-
-
-def _series_from_state(d: Mapping[str, Any]) -> SeriesModel:
-    kind = str(d.get("kind", "ewma"))
-    if kind not in ("naive", "ewma", "holt"):
-        raise ValueError(f"series {d.get('name')!r}: unknown kind {kind!r}")
-    mae = d.get("backtest_mae")
-    return SeriesModel(
-        name=str(d["name"]), step_s=float(d["step_s"]), half_life_s=float(d["half_life_s"]),
-        damping=float(d["damping"]), log_offset=float(d["log_offset"]), slot_s=float(d["slot_s"]),
-        daily=tuple(float(v) for v in d.get("daily", ())), weekly=tuple(float(v) for v in d.get("weekly", ())),
-        mean_z=float(d["mean_z"]), horizons_s=tuple(float(v) for v in d.get("horizons_s", ())),
-        resid_q={float(q): tuple(float(x) for x in v) for q, v in (d.get("resid_q") or {}).items()},
-        n_bins=int(d.get("n_bins", 0)), backtest_mae=math.nan if mae is None else float(mae),
-        fallback=bool(d.get("fallback", False)), kind=kind, alpha=float(d.get("alpha", 1.0)),
-        beta=float(d.get("beta", 0.0)))
-
-
-def forecaster_to_state(model: ForecasterModel) -> dict[str, Any]:
-    cfg = {k: (list(getattr(model.config, k)) if isinstance(getattr(model.config, k), tuple)
-               else getattr(model.config, k)) for k in _CONFIG_FIELDS}
-    return {"format": STATE_FORMAT, "config": cfg,
-            "series": {n: _series_to_state(m) for n, m in model.series.items()},
-            "default": _series_to_state(model.default) if model.default is not None else None}
-
-
-def forecaster_from_state(state: Mapping[str, Any]) -> ForecasterModel:
-    if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-        got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
-        raise ValueError(f"not a forecaster state (format {got!r}, expected {STATE_FORMAT!r})")
-    c = dict(state["config"])
-    unknown = set(c) - set(_CONFIG_FIELDS)
-    if unknown:
-        raise ValueError(f"forecaster config: unknown field(s) {sorted(unknown)}")
-    for k, v in list(c.items()):
-        if isinstance(v, list):
-            c[k] = tuple(float(x) for x in v)
-    config = ForecastConfig(**c)
-    series = {str(n): _series_from_state(d) for n, d in state["series"].items()}
-    default = _series_from_state(state["default"]) if state.get("default") is not None else None
-    return ForecasterModel(config=config, series=series, default=default)
-
-
-def holdout_mae(model: ForecasterModel, series: Mapping[str, tuple[np.ndarray, np.ndarray]], split_s: float,
-                horizon_s: float, *, max_origins: int = 120, history_s: float = 4 * 3600.0) -> dict[str, float]:
-    """Walk-forward MAE of `model` at `horizon_s` over the points after `split_s` (fixed model, no
-    refits): the validation gate's score for a forecaster. Per series, plus "mean" (of the series'
-    MAEs relative to their mean level, so series of different units average fairly)."""
-    out: dict[str, float] = {}
-    rel: list[float] = []
-    for name, (t, y) in series.items():
-        t = np.asarray(t, float)
-        y = np.asarray(y, float)
-        origins = np.flatnonzero((t >= split_s) & (t + horizon_s <= t[-1] if len(t) else False))
-        if len(origins) == 0:
-            continue
-        if len(origins) > max_origins:
-            origins = origins[np.linspace(0, len(origins) - 1, max_origins).astype(np.int64)]
-        errs = []
-        for i in origins:
-            now = float(t[i])
-            lo = np.searchsorted(t, now - history_s)
-            f = model.predict({name: (t[lo: i + 1], y[lo: i + 1])}, now, [horizon_s])
-            j = np.searchsorted(t, now + horizon_s)
-            if j < len(t) and np.isfinite(f.p50[name][0]):
-                errs.append(abs(float(f.p50[name][0]) - float(y[j])))
-        if errs:
-            out[name] = float(np.mean(errs))
-            scale = float(np.mean(np.abs(y))) or 1.0
-            rel.append(out[name] / scale)
-    out["mean"] = float(np.mean(rel)) if rel else math.nan
-    return out
+    def forecast(self, t_s: np.ndarray, y: np.ndarray, now_s: float, lead_s: np.ndarray) -> LoadForecast:
+        t_s = np.asarray(t_s, dtype=float)
+        y = np.asarray(y, dtype=float)
+        lead_s = np.asarray(lead_s, dtype=float)
+        f = self.model.predict({self.series: (t_s, y)}, now_s, lead_s)
+        p50 = np.nan_to_num(np.asarray(f.p50[self.series], dtype=float), nan=0.0)
+        p90 = np.maximum(np.nan_to_num(np.asarray(f.p90[self.series], dtype=float), nan=0.0), p50)
+        ok = np.isfinite(t_s) & np.isfinite(y) & (t_s <= now_s)
+        level = float(max(y[ok][-1], 0.0)) if ok.any() else 0.0
+        span_s = float(lead_s[-1] - lead_s[0]) if len(lead_s) > 1 else 0.0
+        trend = float(p50[-1] - p50[0]) / span_s if span_s > 0 else 0.0
+        return LoadForecast(lead_s, p50, p90, level, trend, method="learned")
