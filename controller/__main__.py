@@ -1,3 +1,5 @@
-from controller.cli import main
 import sys
+
+from controller.cli import main
+
 sys.exit(main())

@@ -26,10 +26,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from controller.telemetry import promql
+from controller import promql
 from controller.types import PRIORITY_CLASSES, FleetSpec, Mode, PoolSpec, SloSpec
 
 ENV_PREFIX = "GOVERNOR_"

@@ -11,7 +11,15 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from controller.config import ConfigError, Settings, cmd_schema, cmd_validate, is_loopback, load_settings, parse_settings
+from controller.config import (
+    ConfigError,
+    Settings,
+    cmd_schema,
+    cmd_validate,
+    is_loopback,
+    load_settings,
+    parse_settings,
+)
 from controller.types import FleetSpec, Mode, PoolSpec
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "governor.example.yaml"

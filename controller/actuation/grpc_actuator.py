@@ -17,7 +17,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
@@ -37,6 +36,7 @@ from controller.actuation.outcome import (
 )
 from controller.clock import Clock
 from controller.gen.governor.v1 import control_pb2, control_pb2_grpc
+from controller.transport import ClientTls, bearer_metadata, make_channel
 from controller.types import PRIORITY_CLASSES, ClassAdmission, Decision
 
 ROUTER = "router"
@@ -52,52 +52,6 @@ _ACK_STATUS = {
     control_pb2.ACK_STATUS_STALE_GENERATION: STALE,
     control_pb2.ACK_STATUS_INVALID: INVALID,
 }
-
-# gRPC's own transparent retries are off so that `attempts` counts real calls; reconnection
-# backoff is kept short so a restarted fleet adapter is reached again within a tick.
-_CHANNEL_OPTIONS = (
-    ("grpc.enable_retries", 0),
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 5000),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ClientTls:
-    """TLS for the channels to the fleet. ca_file verifies the server; cert_file + key_file give mTLS."""
-
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    server_name: str | None = None  # overrides the name checked against the server certificate
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("tls: cert_file and key_file must be given together (client certificate for mTLS)")
-        return grpc.ssl_channel_credentials(
-            root_certificates=_read(self.ca_file, "tls.ca_file"),
-            private_key=_read(self.key_file, "tls.key_file"),
-            certificate_chain=_read(self.cert_file, "tls.cert_file"),
-        )
-
-
-def _read(path: str | None, what: str) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ValueError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from exc
-
-
-def make_channel(address: str, tls: ClientTls | None = None) -> grpc.Channel:
-    options = list(_CHANNEL_OPTIONS)
-    if tls is None:
-        return grpc.insecure_channel(address, options=options)
-    if tls.server_name:
-        options.append(("grpc.ssl_target_name_override", tls.server_name))
-    return grpc.secure_channel(address, tls.credentials(), options=options)
 
 
 # --------------------------------------------------------------------------- Decision → proto
@@ -192,7 +146,7 @@ class GrpcActuator:
         self._retries = int(retries)
         self._backoff_s = float(backoff_s)
         self._issuer = issuer
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._metadata = bearer_metadata(token) or None
         self._addresses = {ROUTER: router_address, AUTOSCALER: autoscaler_address}
         self._channels: dict[str, grpc.Channel] = {}
         self._router: control_pb2_grpc.RouterControlStub | None = None

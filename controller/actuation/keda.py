@@ -25,9 +25,8 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health
 
-from controller.api.auth import TlsConfig
-from controller.api.serving import add_health_and_reflection, bind
 from controller.gen.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
+from controller.transport import TlsConfig, add_health_and_reflection, bind
 
 POOL_KEY = "pool"
 SERVICE_NAME = externalscaler_pb2.DESCRIPTOR.services_by_name["ExternalScaler"].full_name  # "externalscaler.ExternalScaler"

@@ -32,9 +32,9 @@ from google.protobuf.json_format import MessageToDict
 from rich.console import Console
 from rich.table import Table
 
-from controller.actuation.grpc_actuator import ClientTls, make_channel
 from controller.clock import WallClock
 from controller.gen.governor.v1 import policy_pb2, policy_pb2_grpc
+from controller.transport import ClientTls, bearer_metadata, make_channel
 
 DEFAULT_API = "127.0.0.1:50051"
 TOKEN_ENV = "GOVERNOR_API_TOKEN"
@@ -162,7 +162,7 @@ def resolve_tls(args: argparse.Namespace) -> ClientTls | None:
 def _call(args: argparse.Namespace, rpc: Callable[[policy_pb2_grpc.PolicyServiceStub, tuple], Any]) -> Any:
     address, token = resolve_target(args)
     tls = resolve_tls(args)
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    metadata = bearer_metadata(token)
     try:
         channel = make_channel(address, tls)
     except ValueError as exc:  # an unreadable certificate or key file

@@ -26,11 +26,10 @@ import grpc
 from grpc_health.v1 import health
 
 from controller import __version__
-from controller.api.auth import BearerTokenInterceptor, TlsConfig, check_listen_safe
-from controller.api.serving import add_health_and_reflection, bind
 from controller.api.store import DecisionRow, InvalidRequest, StateStore
 from controller.clock import Clock
 from controller.gen.governor.v1 import policy_pb2, policy_pb2_grpc
+from controller.transport import BearerTokenInterceptor, TlsConfig, add_health_and_reflection, bind, check_listen_safe
 from controller.types import Mode, Override
 
 log = logging.getLogger(__name__)

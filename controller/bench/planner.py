@@ -27,8 +27,18 @@ import time
 
 import numpy as np
 
-from controller.types import (ClassObservation, Decision, FleetObservation, FleetSpec, PolicyInput, PoolDecision,
-                              PoolObservation, PoolSpec, Reading, SloSpec)
+from controller.types import (
+    ClassObservation,
+    Decision,
+    FleetObservation,
+    FleetSpec,
+    PolicyInput,
+    PoolDecision,
+    PoolObservation,
+    PoolSpec,
+    Reading,
+    SloSpec,
+)
 
 # (model, SKU, GPUs per replica, $/replica-hour, warm start s, cold start s)
 KINDS = (("llama-3-8b", "a100-80gb", 1, 5.12, 20, 90), ("llama-3-8b", "h100-80gb", 1, 12.29, 20, 90),

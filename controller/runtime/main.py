@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.actuation.grpc_actuator import ClientTls, GrpcActuator
+from controller.actuation.grpc_actuator import GrpcActuator
 from controller.actuation.keda import KedaScalerServer
 from controller.actuation.shadow import ShadowActuator
-from controller.api.auth import TlsConfig
 from controller.api.server import PolicyServer
 from controller.api.store import StateStore
 from controller.clock import Clock, WallClock
@@ -34,6 +33,7 @@ from controller.runtime.learning import Learning
 from controller.runtime.loop import TickLoop
 from controller.sim.paths import PROJECT_ROOT
 from controller.telemetry import build_source
+from controller.transport import ClientTls, TlsConfig
 from controller.types import Mode
 
 DEMO_SCENARIO = PROJECT_ROOT / "scenarios" / "demo.yaml"

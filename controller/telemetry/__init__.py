@@ -1,16 +1,18 @@
 """Telemetry in: turn what the fleet exposes into FleetObservations (an edge of the daemon).
 
 - `source.py`: the `TelemetrySource` protocol and `ScrapeTarget`;
-- `promql.py`: the named default PromQL queries (vLLM V1, SGLang, DCGM, llm-d router);
 - `prometheus.py`: `PrometheusSource`, through the Prometheus HTTP API;
 - `scrape.py`: `ScrapeSource`, straight from /metrics endpoints;
 - `rules.py`: the same queries as Prometheus recording rules (deploy/prometheus/governor-rules.yml);
 - `window.py`: `FamiliesWindow`, rates/quantiles/gauges from scraped families (no HTTP;
   the in-process bench feeds it the simulator's collectors).
 
+The named default PromQL queries live in `controller/promql.py` (strings only), which
+`controller.config` validates overrides against without importing this edge.
+
 `build_source(settings, clock)` picks and builds the configured source. Sources
-are imported lazily so that `controller.config` (which imports `promql`) stays
-light. Nothing here may be imported by `controller.core`.
+are imported lazily, so importing the package does not load the HTTP clients.
+Nothing here may be imported by `controller.core`.
 """
 
 from __future__ import annotations

@@ -36,18 +36,18 @@ metrics beyond turning query results into Readings (the PromQL does the maths).
 
 from __future__ import annotations
 
-from concurrent import futures
-
 import math
 from collections.abc import Mapping, Sequence
+from concurrent import futures
 from dataclasses import dataclass
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
+from controller import promql
 from controller.clock import Clock, WallClock
-from controller.telemetry import promql, rules
+from controller.telemetry import rules
 from controller.telemetry.source import describe_error
 from controller.types import (
     PRIORITY_CLASSES,

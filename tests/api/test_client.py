@@ -185,10 +185,10 @@ def test_parse_since():
 
 @pytest.fixture
 def mtls_api(tmp_path, certs):
-    from controller.api.auth import TlsConfig
     from controller.api.server import PolicyServer
     from controller.api.store import StateStore
     from controller.clock import VirtualClock
+    from controller.transport import TlsConfig
     from tests.fakes.act_daemon import FakeDaemon
 
     store = StateStore(tmp_path / "tls.db")

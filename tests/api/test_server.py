@@ -9,12 +9,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from controller.api.auth import InsecureListenError, TlsConfig, bearer_token_ok, is_loopback_address
 from controller.api.server import PolicyServer, render_explanation
 from controller.api.store import StateStore
 from controller.clock import VirtualClock
 from controller.gen.governor.v1 import policy_pb2 as pb
 from controller.gen.governor.v1 import policy_pb2_grpc
+from controller.transport import InsecureListenError, TlsConfig
 from controller.types import Mode
 from tests.api.conftest import T0, TOKEN
 from tests.fakes.act_daemon import FakeDaemon
@@ -75,21 +75,6 @@ def test_refuses_non_loopback_without_a_token(tmp_path, listen):
     with pytest.raises(InsecureListenError):  # TLS without client certificates does not authenticate callers
         PolicyServer(FakeDaemon(), store, listen, token=None, tls=TlsConfig("c", "k"), clock=VirtualClock(T0))
     store.close()
-
-
-@pytest.mark.parametrize("listen,loopback", [("127.0.0.1:1", True), ("127.0.0.2:1", True), ("localhost:1", True),
-                                             ("[::1]:1", True), ("unix:/tmp/g.sock", True), ("0.0.0.0:1", False),
-                                             ("192.168.1.2:1", False)])
-def test_is_loopback_address(listen, loopback):
-    assert is_loopback_address(listen) is loopback
-
-
-def test_bearer_token_check():
-    assert bearer_token_ok([("authorization", "Bearer abc")], "abc")
-    assert bearer_token_ok([("Authorization", "bearer abc")], "abc")
-    assert not bearer_token_ok([("authorization", "Bearer abcd")], "abc")
-    assert not bearer_token_ok([("x-token", "abc")], "abc")
-    assert not bearer_token_ok(None, "abc")
 
 
 def test_no_token_on_loopback_serves_without_auth(tmp_path):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.telemetry import promql, rules
+from controller import promql
+from controller.telemetry import rules
 from controller.telemetry.prometheus import PrometheusSource
 from controller.types import FleetObservation, Reading, SignalStatus
 from tests.fixtures.prometheus import wait_until

@@ -1,12 +1,20 @@
-"""Authentication for Governor's gRPC servers: bearer token interceptor, TLS/mTLS credentials, listen safety.
+"""The gRPC plumbing Governor's servers and clients share: TLS, bearer tokens, channels, health, binding.
 
-- `BearerTokenInterceptor` requires `authorization: Bearer <token>` metadata on every call except gRPC
-  health and reflection, and answers UNAUTHENTICATED otherwise (constant-time compare).
+Servers (the PolicyService in `api/`, the KEDA external scaler in `actuation/`):
 - `TlsConfig` builds server credentials; with `client_ca_file` set, clients must present a certificate
   signed by that CA (mTLS).
+- `BearerTokenInterceptor` requires `authorization: Bearer <token>` metadata on every call except gRPC
+  health and reflection, and answers UNAUTHENTICATED otherwise (constant-time compare).
 - `check_listen_safe` refuses a non-loopback listen address unless the callers are authenticated.
+- `add_health_and_reflection` and `bind` give every server the standard health and reflection services
+  and the same error on a bad address.
 
-This module must not log or echo tokens.
+Clients (the actuator to the fleet, the CLI to the daemon):
+- `ClientTls` and `make_channel` build a channel (plaintext, TLS or mTLS);
+- `bearer_metadata` is the call metadata that carries a token.
+
+This is a neutral edge module: `actuation/` and `api/` both import it and never each other. It holds no
+Governor logic and must not log or echo tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 # Health checks and reflection carry no secrets and must answer for probes (kubelet, grpcurl) without a token.
 EXEMPT_METHOD_PREFIXES: tuple[str, ...] = (
@@ -55,6 +65,10 @@ def _read(path: str, what: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ValueError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from exc
+
+
+def _read_optional(path: str | None, what: str) -> bytes | None:
+    return None if path is None else _read(path, what)
 
 
 def split_host_port(listen: str) -> tuple[str, str]:
@@ -143,3 +157,76 @@ def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(_deny, **kwargs)
     return grpc.stream_stream_rpc_method_handler(_deny, **kwargs)
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def add_health_and_reflection(server: grpc.Server, service_name: str) -> health.HealthServicer:
+    """Serve gRPC health (overall and `service_name` SERVING) and reflection; returns the health servicer."""
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    for name in ("", service_name):
+        servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    return servicer
+
+
+def bind(server: grpc.Server, listen: str, tls: TlsConfig | None, what: str) -> int:
+    """Add the listening port (TLS when configured); OSError naming `what` and the address if it cannot."""
+    try:
+        if tls is not None:
+            port = server.add_secure_port(listen, tls.server_credentials())
+        else:
+            port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        raise OSError(f"{what}: cannot listen on {listen!r}: {exc}") from exc
+    if not port:
+        raise OSError(f"{what}: cannot listen on {listen!r}")
+    return port
+
+
+# --------------------------------------------------------------------------- clients
+
+# gRPC's own transparent retries are off so that a caller's `attempts` counts real calls; reconnection
+# backoff is kept short so a restarted peer is reached again within a tick.
+_CHANNEL_OPTIONS = (
+    ("grpc.enable_retries", 0),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 5000),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTls:
+    """Client TLS. ca_file verifies the server; cert_file + key_file give mTLS."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None  # overrides the name checked against the server certificate
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("tls: cert_file and key_file must be given together (client certificate for mTLS)")
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read_optional(self.ca_file, "tls.ca_file"),
+            private_key=_read_optional(self.key_file, "tls.key_file"),
+            certificate_chain=_read_optional(self.cert_file, "tls.cert_file"),
+        )
+
+
+def make_channel(address: str, tls: ClientTls | None = None) -> grpc.Channel:
+    """A channel to `address`: plaintext without `tls`, else TLS (mTLS when it has a client certificate)."""
+    options: list[tuple[str, int | str]] = list(_CHANNEL_OPTIONS)
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.secure_channel(address, tls.credentials(), options=options)
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The call metadata that carries `token` (none without one): (("authorization", "Bearer <token>"),)."""
+    return (("authorization", f"Bearer {token}"),) if token else ()

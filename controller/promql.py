@@ -20,7 +20,9 @@ sample time per pool (engines, DCGM) or class (router), from which a source
 decides STALE. Example of the maths the queries do: with 30 hit tokens/s out of
 150 looked-up tokens/s, `hit_rate` = 30 / 150 = 0.2.
 
-This module only builds strings: it must not import a Prometheus client or do I/O.
+This module only builds strings: it must not import a Prometheus client or do I/O. It sits outside
+`telemetry/` so that `controller.config` can check query overrides by name without importing an edge;
+`telemetry/` renders and runs the queries.
 """
 
 from __future__ import annotations
