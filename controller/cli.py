@@ -27,6 +27,9 @@ examples:
 """
 
 
+JSON_HELP = "print exactly one JSON object on stdout (progress and logs go to stderr)"
+
+
 def _handler(target: str):
     module, func = target.split(":")
 
@@ -37,7 +40,8 @@ def _handler(target: str):
 
 
 def _api_client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--api", default=None, help="PolicyService address host:port (default: from --config, else 127.0.0.1:50051)")
+    p.add_argument("--api", default=None,
+                   help="PolicyService address host:port (default: from --config, else 127.0.0.1:50051)")
     p.add_argument("--config", default=None, help="daemon config file, to find the API address and token")
     p.add_argument("--token", default=None, help="bearer token (default: $GOVERNOR_API_TOKEN or the config's)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -66,21 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run the Governor daemon: read telemetry, decide every tick, actuate.")
     p.add_argument("--config", default=None, help="YAML config file (see deploy/governor.example.yaml)")
     p.add_argument("--demo", action="store_true", help="start a small simulated fleet on loopback and govern it")
-    p.add_argument("--for", dest="for_s", type=float, default=None, metavar="SECONDS", help="stop after SECONDS (wall time)")
+    p.add_argument("--for", dest="for_s", type=float, default=None, metavar="SECONDS",
+                   help="stop after SECONDS (wall time)")
     p.add_argument("--once", action="store_true", help="run one tick and exit")
     p.add_argument("--mode", choices=["active", "shadow", "paused"], default=None, help="override the configured mode")
     p.add_argument("--policy", default=None, metavar="NAME",
-                   help="override the configured policy (slo-feedback, mpc, static, hpa, kpa, sla-planner, scorer-kpa); "
-                        "e.g. `--demo --policy mpc` to watch the planner")
+                   help="override the configured policy (slo-feedback, mpc, static, hpa, kpa, sla-planner, "
+                        "scorer-kpa); e.g. `--demo --policy mpc` to watch the planner")
     p.add_argument("--headless", action="store_true", help="print JSON lines instead of the live view")
     p.set_defaults(func=_handler("controller.runtime.main:cmd_run"))
 
     # ---- sim
     p = sub.add_parser("sim", help="serve a simulated fleet on loopback (metrics + control gRPC)",
-                       description="Run a scenario in real time (or faster) and serve /metrics per replica, per node and "
-                       "for the router, plus RouterControl and AutoscalerControl over gRPC.")
+                       description="Run a scenario in real time (or faster) and serve /metrics per replica, "
+                       "per node and for the router, plus RouterControl and AutoscalerControl over gRPC.")
     p.add_argument("scenario", help="scenario YAML file (see scenarios/ and docs/SIMULATOR.md)")
-    p.add_argument("--for", dest="for_s", type=float, default=None, metavar="SECONDS", help="stop after SECONDS of wall time")
+    p.add_argument("--for", dest="for_s", type=float, default=None, metavar="SECONDS",
+                   help="stop after SECONDS of wall time")
     p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second (default 1)")
     p.add_argument("--host", default="127.0.0.1", help="loopback address to listen on")
     p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
@@ -94,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
     b.add_argument("--rate-scale", type=float, default=None,
                    help="replace the scenario's trace.rate_scale (e.g. 1 for the trace's own rate)")
-    b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.sim_speed:cmd_bench_sim_speed"))
     b = bsub.add_parser("policies", help="replay a scenario once per policy and compare")
     b.add_argument("--scenario", required=True, help="scenario YAML file (see scenarios/)")
@@ -112,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--profile", default="balanced", choices=("cost", "balanced", "latency", "throughput"),
                    help="objective profile every replay runs under, as the daemon's `profile` (only the MPC "
                         "reads it; default balanced)")
-    b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.policies:cmd_bench_policies"))
     b = bsub.add_parser("compare", help="are two bench runs' results the same, wall times aside? (exit 1 if not)")
     b.add_argument("old", help="--out folder (or JSON report) of the earlier run")
@@ -136,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated replicas (0-16) added to every window, the hedge against a ramp followed "
                         "late (default 0,1)")
     b.add_argument("--out", default=None, help="directory for the JSON (default bench-out/)")
-    b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.oracle_lag:cmd_bench_oracle_lag"))
     b = bsub.add_parser("tick", help="tick overhead (read + step + actuate) for a large fleet")
     b.add_argument("--pools", type=int, default=10, help="pools in the synthetic fleet (default 10)")
@@ -148,11 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --source prometheus: run the raw queries instead of reading Governor's recorded series")
     b.add_argument("--scrape-interval", type=float, default=10.0,
                    help="with --source prometheus: Prometheus' scrape and rule-evaluation interval, s (default 10)")
-    b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.tick:cmd_bench_tick"))
     b = bsub.add_parser("models", help="accuracy, fit time and bulk-predict time of the learned models")
     b.add_argument("--seed", type=int, default=0, help="seed of the recorded runs and the fits (default 0)")
-    b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.models:cmd_bench_models"))
     b = bsub.add_parser("planner", help="the MPC planner's time per tick for a 10-pool fleet on one core")
     b.add_argument("--pools", type=int, default=10, help="pools in the planned fleet (default 10)")
@@ -161,11 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search within this wall-time budget per tick, as the daemon does, and report how much worse "
                         "its plans score than the full search (default: a fixed count of candidates, as the bench "
                         "replays do)")
-    b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.planner:cmd_bench_planner"))
     b = bsub.add_parser("all", help="every shipped scenario: sim speed and policies")
     b.add_argument("--out", default=None, help="directory for each scenario's JSON and PNG (default bench-out/)")
-    b.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (progress and logs go to stderr)")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.all:cmd_bench_all"))
 
     # ---- config
@@ -188,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_handler("controller.learning.cli:cmd_record"))
     p = sub.add_parser("fit", help="fit the learned models offline from recorded observations")
     p.add_argument("files", nargs="*", help="recordings made by `governor record`")
-    p.add_argument("--defaults", action="store_true", help="fit the shipped prior models on the shared traces (make models)")
+    p.add_argument("--defaults", action="store_true",
+                   help="fit the shipped prior models on the shared traces (make models)")
     p.add_argument("--out", default="models", help="directory for the skops artifacts and manifests")
     p.add_argument("--seed", type=int, default=0, help="seed of the fits (and of the default recordings)")
     p.set_defaults(func=_handler("controller.learning.cli:cmd_fit"))
@@ -232,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("mode", help="switch the daemon between active, shadow and paused")
     _api_client_args(p)
     p.add_argument("mode", choices=["active", "shadow", "paused"],
-                   help="active: decide and actuate; shadow: decide and log, actuate nothing; paused: stop deciding (actuators keep the last settings until their deadline)")
+                   help="active: decide and actuate; shadow: decide and log, actuate nothing; paused: stop deciding "
+                        "(actuators keep the last settings until their deadline)")
     p.add_argument("--author", default=None, help="who switches it (default: $USER)")
     p.add_argument("--reason", default="", help="why, for the audit log")
     p.set_defaults(func=_handler("controller.api.client:cmd_mode"))

@@ -36,6 +36,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from controller import promql
@@ -55,7 +56,7 @@ class ConfigError(ValueError):
         super().__init__(head + "\n" + "\n".join(f"  {p}" for p in self.problems))
 
 
-class _Problems(ValueError):
+class _ProblemsError(ValueError):
     """Raised by the cross-field validator: (location, message) pairs, one per problem."""
 
     def __init__(self, problems: list[tuple[tuple[str | int, ...], str]]) -> None:
@@ -287,8 +288,10 @@ class Settings(BaseSettings):
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The environment overrides the file (the file's contents arrive as init arguments).
         return env_settings, init_settings
 
@@ -361,16 +364,16 @@ class Settings(BaseSettings):
             if (tls.cert is None) != (tls.key is None):
                 p.append((("actuators", which, "tls"), "cert and key must be set together"))
 
-        listens = [(("api", "listen"), api.listen)]
+        listens: list[tuple[tuple[str | int, ...], str]] = [(("api", "listen"), api.listen)]
         if self.metrics.listen is not None:
             listens.append((("metrics", "listen"), self.metrics.listen))
         if self.actuators.keda.enabled:
             listens.append((("actuators", "keda", "listen"), self.actuators.keda.listen))
         seen: dict[str, tuple[str | int, ...]] = {}
-        for loc, addr in listens:
+        for where, addr in listens:
             if addr in seen and not addr.endswith(":0"):
-                p.append((loc, f"{addr} is also {_path(seen[addr])}"))
-            seen.setdefault(addr, loc)
+                p.append((where, f"{addr} is also {_path(seen[addr])}"))
+            seen.setdefault(addr, where)
 
         budget = self.guards.budget_usd_per_hour
         if budget is not None:
@@ -379,7 +382,7 @@ class Settings(BaseSettings):
                 p.append((("guards", "budget_usd_per_hour"),
                           f"{budget:g} is below the cost of every pool at min_replicas ({floor:g} USD/h)"))
         if p:
-            raise _Problems(p)
+            raise _ProblemsError(p)
         return self
 
     # ------------------------------------------------------------------ views for the rest of the daemon
@@ -421,7 +424,8 @@ def _compose(text: str, source: str) -> tuple[Any, yaml.Node | None]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError([f"{source}{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}"], source) from None
+        problem = getattr(exc, "problem", None) or exc
+        raise ConfigError([f"{source}{where}: not valid YAML: {problem}"], source) from None
     return data, node
 
 
@@ -514,11 +518,11 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _format(err: dict, source: str, node: yaml.Node | None) -> list[tuple[tuple, str]]:
+def _format(err: ErrorDetails, source: str, node: yaml.Node | None) -> list[tuple[tuple, str]]:
     """One pydantic error → [(location, 'field: message')] (cross-field errors expand to several)."""
     loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x.startswith("function-")))
     ctx_error = (err.get("ctx") or {}).get("error")
-    if isinstance(ctx_error, _Problems):
+    if isinstance(ctx_error, _ProblemsError):
         return [(pl, f"{_path(pl)}: {msg}") for pl, msg in ctx_error.problems]
     kind = err["type"]
     if kind == "extra_forbidden":

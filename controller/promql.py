@@ -90,7 +90,8 @@ _SHED_SELECTOR = '{error_code=~"' + "|".join(SHED_ERROR_CODES) + '"}'
 
 _SPECS: tuple[QuerySpec, ...] = (
     # ---------------------------------------------------------------- freshness (sample times)
-    _q("pool_sample_time", "max by ($pool) (timestamp(vllm:num_requests_running) or timestamp(sglang:num_running_reqs))",
+    _q("pool_sample_time",
+       "max by ($pool) (timestamp(vllm:num_requests_running) or timestamp(sglang:num_running_reqs))",
        FRESHNESS, "STALE check of the engine fields of PoolObservation",
        doc="Newest engine sample time per pool; the engine readings of a pool are STALE when it is older than "
            "stale_after_s (timestamp() of a plain selector returns the sample's own time)."),
@@ -109,7 +110,8 @@ _SPECS: tuple[QuerySpec, ...] = (
     _q("kv_usage_frac", "avg by ($pool) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc or sglang:token_usage)",
        POOL, "PoolObservation.kv_usage_frac", "pool_sample_time", doc="Mean KV-cache usage over engines, 0..1."),
     _q("hit_rate",
-       "(sum by ($pool) (rate(vllm:prefix_cache_hits_total[$window]) or rate(vllm:gpu_prefix_cache_hits_total[$window]))"
+       "(sum by ($pool) (rate(vllm:prefix_cache_hits_total[$window])"
+       " or rate(vllm:gpu_prefix_cache_hits_total[$window]))"
        " / sum by ($pool) (rate(vllm:prefix_cache_queries_total[$window])"
        " or rate(vllm:gpu_prefix_cache_queries_total[$window])))"
        " or avg by ($pool) (sglang:cache_hit_rate)",
@@ -146,7 +148,8 @@ _SPECS: tuple[QuerySpec, ...] = (
     # ---------------------------------------------------------------- classes: llm-d router (EPP)
     _q("class_arrival_rps", _rate_sum(_EPP_REQUESTS, CLASS_LABEL), CLASS, "ClassObservation.arrival_rps",
        "class_sample_time", doc="Requests received by the router per second (legacy GIE name as fallback)."),
-    _q("class_shed_rps", f"{_rate_sum(_GOV_SHED, CLASS_LABEL)} or {_rate_sum(_EPP_ERRORS, CLASS_LABEL, _SHED_SELECTOR)}",
+    _q("class_shed_rps",
+       f"{_rate_sum(_GOV_SHED, CLASS_LABEL)} or {_rate_sum(_EPP_ERRORS, CLASS_LABEL, _SHED_SELECTOR)}",
        CLASS, "ClassObservation.shed_rps", "class_sample_time",
        doc="Requests rejected by the router per second: Governor's shed counter when the router exports it, else "
            "the EPP's errors with code 429 (shed) or 503 (no endpoint)."),

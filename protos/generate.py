@@ -58,7 +58,8 @@ def _generate(out: Path) -> None:
 
 
 def _snapshot(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    return {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
 
 
 def main() -> int:
@@ -73,7 +74,8 @@ def main() -> int:
             current = _snapshot(GEN_DIR) if GEN_DIR.exists() else {}
             fresh = _snapshot(out)
             if current != fresh:
-                changed = sorted(set(current) ^ set(fresh) | {k for k in current.keys() & fresh.keys() if current[k] != fresh[k]})
+                both = current.keys() & fresh.keys()
+                changed = sorted(set(current) ^ set(fresh) | {k for k in both if current[k] != fresh[k]})
                 print("controller/gen is out of date; run: python protos/generate.py", file=sys.stderr)
                 print("differs: " + ", ".join(changed), file=sys.stderr)
                 return 1

@@ -40,9 +40,7 @@ POOL_TARGET_LABEL = "pool"
 
 
 def _load_dashboards_module():
-    try:
-        import grafana_foundation_sdk  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("grafana_foundation_sdk") is None:
         pytest.fail(f"the Grafana Foundation SDK is not installed: pip install '{SDK_PIN}' "
                     "(it belongs in pyproject's dev extras)", pytrace=False)
     spec = importlib.util.spec_from_file_location("governor_grafana_dashboards", GRAFANA / "dashboards.py")
@@ -118,9 +116,8 @@ def bracket_problem(expr: str) -> str | None:
             continue
         if c in _PAIRS:
             stack.append(_PAIRS[c])
-        elif c in ")]}":
-            if not stack or stack.pop() != c:
-                return f"unexpected {c!r} at {i}"
+        elif c in ")]}" and (not stack or stack.pop() != c):
+            return f"unexpected {c!r} at {i}"
         i += 1
     return f"unclosed {stack[-1]!r}" if stack else None
 
@@ -352,7 +349,7 @@ def test_structure(committed, name, pool_metric):
     assert len(ids) == len(set(ids)) and all(isinstance(i, int) and i > 0 for i in ids)
     for p in d["panels"]:
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
         if p["type"] == "row":
             continue
         assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
@@ -380,7 +377,8 @@ def test_fleet_covers_the_brief(committed):
     for needle in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                    "vllm:prefix_cache_hits_total", "histogram_quantile(0.95, sum by (le, pool) "
                    "(rate(vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
-                   "vllm:request_time_per_output_token_seconds_bucket", "vllm:generation_tokens_total", "vllm:num_preemptions_total", "DCGM_FI_DEV_GPU_UTIL",
+                   "vllm:request_time_per_output_token_seconds_bucket", "vllm:generation_tokens_total",
+                   "vllm:num_preemptions_total", "DCGM_FI_DEV_GPU_UTIL",
                    "DCGM_FI_DEV_FB_USED", "sum by (priority) (rate(llm_d_epp_request_total",
                    "sum by (priority) (rate(llm_d_epp_governor_shed_total",
                    "sum by (priority) (rate(llm_d_epp_governor_retries_total",
@@ -478,7 +476,7 @@ class _CombinedDiscovery:
             return json.dumps(sim + [{"targets": [governor_target], "labels": {"kind": "governor"}}]).encode()
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's naming
+            def do_GET(self):
                 body = groups()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import grpc
 
@@ -198,8 +197,9 @@ class GrpcActuator:
         while True:
             if self._clock.now_s() >= decision.valid_until_s:
                 why = f"validity deadline {decision.valid_until_s:.3f} passed before delivery"
-                return TargetResult(target, FAILED, attempts, detail=why + (f"; last error {last_code}: {last_error}" if last_code else ""),
-                                    code=last_code or "DEADLINE_PASSED")
+                if last_code:
+                    why += f"; last error {last_code}: {last_error}"
+                return TargetResult(target, FAILED, attempts, detail=why, code=last_code or "DEADLINE_PASSED")
             attempts += 1
             try:
                 ack = method(request, timeout=self._call_timeout_s, metadata=self._metadata)
@@ -227,7 +227,8 @@ class GrpcActuator:
             # An earlier attempt reached the target but its answer was lost (deadline or dropped connection):
             # the command is in force, applied by that attempt.
             status = APPLIED
-            detail = "applied by an earlier attempt whose answer was lost (replay ack)" + (f": {ack.message}" if ack.message else "")
+            detail = "applied by an earlier attempt whose answer was lost (replay ack)"
+            detail += f": {ack.message}" if ack.message else ""
         return TargetResult(target, status, attempts, ack.applied_generation, detail=detail)
 
     def _remember(self, results: list[TargetResult]) -> None:

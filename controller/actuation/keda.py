@@ -29,7 +29,8 @@ from controller.gen.externalscaler import externalscaler_pb2, externalscaler_pb2
 from controller.transport import TlsConfig, add_health_and_reflection, bind
 
 POOL_KEY = "pool"
-SERVICE_NAME = externalscaler_pb2.DESCRIPTOR.services_by_name["ExternalScaler"].full_name  # "externalscaler.ExternalScaler"
+# "externalscaler.ExternalScaler"
+SERVICE_NAME = externalscaler_pb2.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
 
 
 def metric_name(pool: str, prefix: str = "governor-replicas-") -> str:
@@ -62,29 +63,32 @@ class _Scaler(externalscaler_pb2_grpc.ExternalScalerServicer):
 
     # ---- RPCs
 
-    def IsActive(self, request, context):
+    def IsActive(self, request, context):  # noqa: N802 - gRPC method name
         pool = self._pool(request, context)
         return externalscaler_pb2.IsActiveResponse(result=self._desired(pool, context) > 0)
 
-    def StreamIsActive(self, request, context) -> Iterator[externalscaler_pb2.IsActiveResponse]:
+    def StreamIsActive(self, request, context) -> Iterator[externalscaler_pb2.IsActiveResponse]:  # noqa: N802 - gRPC method name
         pool = self._pool(request, context)
         self._desired(pool, context)  # fail before holding a stream slot
         if not self._owner._acquire_stream():
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"too many StreamIsActive streams open (limit {self._owner.max_streams}); poll IsActive instead")
+                          f"too many StreamIsActive streams open (limit {self._owner.max_streams}); "
+                          "poll IsActive instead")
         try:
             context.add_callback(self._owner.notify)  # wake the loop at once when the client goes away
             yield from self._owner._activity_stream(pool, context, self._desired)
         finally:
             self._owner._release_stream()
 
-    def GetMetricSpec(self, request, context):
+    def GetMetricSpec(self, request, context):  # noqa: N802 - gRPC method name
         pool = self._pool(request, context)
-        self._desired(pool, context)  # an unknown pool is NOT_FOUND here too, so a typo shows up when KEDA builds the HPA
-        spec = externalscaler_pb2.MetricSpec(metricName=self._owner.metric_name(pool), targetSize=1, targetSizeFloat=1.0)
+        # an unknown pool is NOT_FOUND here too, so a typo shows up when KEDA builds the HPA
+        self._desired(pool, context)
+        spec = externalscaler_pb2.MetricSpec(metricName=self._owner.metric_name(pool), targetSize=1,
+                                             targetSizeFloat=1.0)
         return externalscaler_pb2.GetMetricSpecResponse(metricSpecs=[spec])
 
-    def GetMetrics(self, request, context):
+    def GetMetrics(self, request, context):  # noqa: N802 - gRPC method name
         pool = self._pool(request.scaledObjectRef, context)
         desired = self._desired(pool, context)
         # KEDA strips its "s<index>-" prefix before asking; answer under the name it asked for.
@@ -92,7 +96,7 @@ class _Scaler(externalscaler_pb2_grpc.ExternalScalerServicer):
         value = externalscaler_pb2.MetricValue(metricName=name, metricValue=desired, metricValueFloat=float(desired))
         return externalscaler_pb2.GetMetricsResponse(metricValues=[value])
 
-    def StreamMetricSpec(self, request, context):
+    def StreamMetricSpec(self, request, context):  # noqa: N802 - gRPC method name
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "StreamMetricSpec is not implemented; poll GetMetricSpec")
 
 
@@ -146,7 +150,8 @@ class KedaScalerServer:
             self._streams -= 1
 
     def _activity_stream(self, pool: str, context: grpc.ServicerContext,
-                         desired: Callable[[str, grpc.ServicerContext], int]) -> Iterator[externalscaler_pb2.IsActiveResponse]:
+                         desired: Callable[[str, grpc.ServicerContext], int],
+                         ) -> Iterator[externalscaler_pb2.IsActiveResponse]:
         last: bool | None = None
         for _ in range(self._max_polls):
             with self._cond:
@@ -160,7 +165,8 @@ class KedaScalerServer:
                 last = active
                 yield externalscaler_pb2.IsActiveResponse(result=active)
             with self._cond:
-                self._cond.wait_for(lambda: self._version != seen or self._stopping, timeout=self._poll_s)
+                self._cond.wait_for(lambda: self._version != seen or self._stopping,  # noqa: B023 - called in this iteration
+                                    timeout=self._poll_s)
 
     def start(self) -> int:
         if self._server is not None:

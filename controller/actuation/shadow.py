@@ -52,7 +52,10 @@ class ShadowActuator:
         )
 
     def sent(self) -> list[dict[str, Any]]:
-        """What would have been sent, oldest first: {decision_id, generation, at_s, router: {...}, autoscaler: {...}}."""
+        """What would have been sent, oldest first.
+
+        Each record: {decision_id, generation, at_s, router: {...}, autoscaler: {...}}.
+        """
         with self._lock:
             return list(self._records)
 
@@ -60,7 +63,8 @@ class ShadowActuator:
         return None
 
     def components(self) -> tuple[TargetHealth, ...]:
-        return (TargetHealth("actuator:shadow", True, f"shadow: {len(self._records)} decision(s) recorded, nothing sent"),)
+        detail = f"shadow: {len(self._records)} decision(s) recorded, nothing sent"
+        return (TargetHealth("actuator:shadow", True, detail),)
 
     def health(self) -> tuple[bool, str]:
         return True, "shadow: nothing is sent"

@@ -4,8 +4,9 @@ Address: --api, else the config file's `api.listen`, else 127.0.0.1:50051. Token
 --token, else $GOVERNOR_API_TOKEN, else the config's `api.token` (or the file named
 by `api.token_file`). TLS: when any --tls-* flag is given, or the config sets
 `api.tls.cert` (the daemon serves TLS); --tls-ca verifies the daemon (else the
-system's roots), --tls-cert/--tls-key answer a daemon that requires mTLS. The config's `api:` section is read directly with PyYAML so
-these commands do not depend on the daemon's config model. Output is a readable
+system's roots), --tls-cert/--tls-key answer a daemon that requires mTLS. The
+config's `api:` section is read directly with PyYAML so these commands do not
+depend on the daemon's config model. Output is a readable
 table (rich) or JSON with --json. Exit codes: 0 ok, 1 the call failed (cannot
 reach the daemon, refused credentials, rejected request...), 2 bad arguments.
 
@@ -40,7 +41,7 @@ DEFAULT_API = "127.0.0.1:50051"
 TOKEN_ENV = "GOVERNOR_API_TOKEN"
 CALL_TIMEOUT_S = 10.0
 
-CLI_KIND: dict[str, int] = {
+CLI_KIND: dict[str, policy_pb2.OverrideKind] = {
     "pin": policy_pb2.OVERRIDE_KIND_PIN_REPLICAS,
     "min": policy_pb2.OVERRIDE_KIND_MIN_REPLICAS,
     "max": policy_pb2.OVERRIDE_KIND_MAX_REPLICAS,
@@ -276,7 +277,8 @@ def _num(v: float, fmt: str = "{:.3g}") -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     def body(console: Console) -> int:
-        st = _call(args, lambda stub, md: stub.GetStatus(policy_pb2.GetStatusRequest(), timeout=CALL_TIMEOUT_S, metadata=md))
+        st = _call(args, lambda stub, md: stub.GetStatus(policy_pb2.GetStatusRequest(), timeout=CALL_TIMEOUT_S,
+                                                         metadata=md))
         if args.json:
             _print_json(st)
             return 0
@@ -299,8 +301,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             for col in ("pool", "desired", "ready", "TTFT p95 (s)", "SLO TTFT (s)", "hit rate", "telemetry"):
                 t.add_column(col, overflow="fold")
             for p in st.pools:
-                t.add_row(p.pool, _count(p.replicas_desired), _count(p.replicas_ready), _num(p.ttft_p95_s), _num(p.slo_ttft_s),
-                          f"{p.hit_rate:.0%}" if p.hit_rate else "-", p.telemetry or "-")
+                t.add_row(p.pool, _count(p.replicas_desired), _count(p.replicas_ready), _num(p.ttft_p95_s),
+                          _num(p.slo_ttft_s), f"{p.hit_rate:.0%}" if p.hit_rate else "-", p.telemetry or "-")
             console.print(t)
         if st.details:
             t = Table(title="details", title_justify="left")
@@ -316,7 +318,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_decisions(args: argparse.Namespace) -> int:
     def body(console: Console) -> int:
         now_s = WallClock().now_s()
-        req = policy_pb2.ListDecisionsRequest(limit=args.limit, since_unix_s=parse_since(getattr(args, "since", None), now_s),
+        req = policy_pb2.ListDecisionsRequest(limit=args.limit,
+                                              since_unix_s=parse_since(getattr(args, "since", None), now_s),
                                               pool=getattr(args, "pool", "") or "")
         resp = _call(args, lambda stub, md: stub.ListDecisions(req, timeout=CALL_TIMEOUT_S, metadata=md))
         if args.json:

@@ -20,13 +20,13 @@ from collections.abc import Collection, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from grpc_health.v1 import health
 
 from controller import __version__
-from controller.api.store import DecisionRow, InvalidRequest, StateStore
+from controller.api.store import DecisionRow, InvalidRequestError, StateStore
 from controller.clock import Clock
 from controller.gen.governor.v1 import policy_pb2, policy_pb2_grpc
 from controller.transport import BearerTokenInterceptor, TlsConfig, add_health_and_reflection, bind, check_listen_safe
@@ -40,14 +40,14 @@ DEFAULT_DECISIONS_LIMIT = 20
 DEFAULT_AUDIT_LIMIT = 50
 MAX_LIST_LIMIT = 1000
 
-MODE_TO_PROTO: Mapping[str, int] = {
+MODE_TO_PROTO: Mapping[str, policy_pb2.Mode] = {
     Mode.ACTIVE.value: policy_pb2.MODE_ACTIVE,
     Mode.SHADOW.value: policy_pb2.MODE_SHADOW,
     Mode.PAUSED.value: policy_pb2.MODE_PAUSED,
 }
-PROTO_TO_MODE: Mapping[int, Mode] = {v: Mode(k) for k, v in MODE_TO_PROTO.items()}
+PROTO_TO_MODE: Mapping[policy_pb2.Mode, Mode] = {v: Mode(k) for k, v in MODE_TO_PROTO.items()}
 
-KIND_TO_PROTO: Mapping[str, int] = {
+KIND_TO_PROTO: Mapping[str, policy_pb2.OverrideKind] = {
     "pin_replicas": policy_pb2.OVERRIDE_KIND_PIN_REPLICAS,
     "min_replicas": policy_pb2.OVERRIDE_KIND_MIN_REPLICAS,
     "max_replicas": policy_pb2.OVERRIDE_KIND_MAX_REPLICAS,
@@ -57,7 +57,7 @@ KIND_TO_PROTO: Mapping[str, int] = {
     "slo_tpot": policy_pb2.OVERRIDE_KIND_SLO_TPOT,
     "profile": policy_pb2.OVERRIDE_KIND_PROFILE,
 }
-PROTO_TO_KIND: Mapping[int, str] = {v: k for k, v in KIND_TO_PROTO.items()}
+PROTO_TO_KIND: Mapping[policy_pb2.OverrideKind, str] = {v: k for k, v in KIND_TO_PROTO.items()}
 
 
 # --------------------------------------------------------------------------- what the daemon exposes
@@ -195,7 +195,8 @@ def _render(value: Any, indent: int, out: list[str]) -> None:
             out.append(pad + "(none)")
         for k, v in value.items():
             if isinstance(v, (Mapping, list)) and v:
-                if isinstance(v, Mapping) and all(not isinstance(x, (Mapping, list)) for x in v.values()) and len(v) <= 12:
+                if (isinstance(v, Mapping) and len(v) <= 12
+                        and all(not isinstance(x, (Mapping, list)) for x in v.values())):
                     out.append(f"{pad}{k}: " + ", ".join(f"{kk}={_fmt_scalar(vv)}" for kk, vv in v.items()))
                 else:
                     out.append(f"{pad}{k}:")
@@ -261,7 +262,7 @@ def render_explanation(record: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- the service
 
 
-def _invalid(context: grpc.ServicerContext, field_name: str, message: str) -> None:
+def _invalid(context: grpc.ServicerContext, field_name: str, message: str) -> NoReturn:
     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field_name}: {message}")
 
 
@@ -279,17 +280,20 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
         self._store = store
         self._clock = clock
 
-    def GetStatus(self, request, context):
+    def GetStatus(self, request: policy_pb2.GetStatusRequest,  # noqa: N802 - gRPC method name
+                  context: grpc.ServicerContext) -> policy_pb2.Status:
         return status_to_proto(self._handle.status())
 
-    def ListDecisions(self, request, context):
+    def ListDecisions(self, request: policy_pb2.ListDecisionsRequest,  # noqa: N802 - gRPC method name
+                      context: grpc.ServicerContext) -> policy_pb2.ListDecisionsResponse:
         limit = _limit(context, request.limit, DEFAULT_DECISIONS_LIMIT)
         if not math.isfinite(request.since_unix_s) or request.since_unix_s < 0:
             _invalid(context, "since_unix_s", f"must be >= 0 (0 = no lower bound) (got {request.since_unix_s})")
         rows = self._store.list_decisions(limit=limit, since_s=request.since_unix_s, pool=request.pool)
         return policy_pb2.ListDecisionsResponse(decisions=[decision_summary(r) for r in rows])
 
-    def ExplainDecision(self, request, context):
+    def ExplainDecision(self, request: policy_pb2.ExplainDecisionRequest,  # noqa: N802 - gRPC method name
+                        context: grpc.ServicerContext) -> policy_pb2.Explanation:
         if not request.decision_id:
             _invalid(context, "decision_id", "is required")
         record = self._store.get_decision(request.decision_id)
@@ -300,20 +304,22 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
         return policy_pb2.Explanation(decision=decision_summary(row), text=render_explanation(record),
                                       json=json.dumps(record, indent=2))
 
-    def SetOverride(self, request, context):
+    def SetOverride(self, request: policy_pb2.SetOverrideRequest,  # noqa: N802 - gRPC method name
+                    context: grpc.ServicerContext) -> policy_pb2.Override:
         if not request.HasField("override"):
             _invalid(context, "override", "is required")
         o = request.override
         kind = PROTO_TO_KIND.get(o.kind)
         if kind is None:
-            _invalid(context, "override.kind", f"must be one of {', '.join(policy_pb2.OverrideKind.keys()[1:])} "
-                     f"(got {policy_pb2.OverrideKind.Name(o.kind) if o.kind in policy_pb2.OverrideKind.values() else o.kind})")
+            got = policy_pb2.OverrideKind.Name(o.kind) if o.kind in policy_pb2.OverrideKind.values() else o.kind
+            _invalid(context, "override.kind",
+                     f"must be one of {', '.join(policy_pb2.OverrideKind.keys()[1:])} (got {got})")
         now_s = self._clock.now_s()
         try:
             stored = self._store.add_override(kind, ttl_s=o.ttl_s, author=o.author, now_s=now_s, value=o.value,
                                               pool=o.pool, priority_class=o.priority_class, text=o.text,
                                               reason=o.reason, known_pools=set(self._handle.pool_names()))
-        except InvalidRequest as exc:
+        except InvalidRequestError as exc:
             _invalid(context, f"override.{exc.field}", exc.reason)
         self._notify_overrides()
         return override_to_proto(stored)
@@ -321,16 +327,18 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
     def _notify_overrides(self) -> None:
         try:
             self._handle.on_overrides_changed()
-        except Exception:  # noqa: BLE001 - the override is stored; the daemon reads it on its next tick anyway
+        except Exception:  # logged: the override is stored; the daemon reads it on its next tick anyway
             log.exception("on_overrides_changed failed")
 
-    def ListOverrides(self, request, context):
+    def ListOverrides(self, request: policy_pb2.ListOverridesRequest,  # noqa: N802 - gRPC method name
+                      context: grpc.ServicerContext) -> policy_pb2.ListOverridesResponse:
         now_s = self._clock.now_s()
         self._store.expire_overrides(now_s)
         overrides = self._store.list_overrides(now_s, include_expired=request.include_expired)
         return policy_pb2.ListOverridesResponse(overrides=[override_to_proto(o) for o in overrides])
 
-    def DeleteOverride(self, request, context):
+    def DeleteOverride(self, request: policy_pb2.DeleteOverrideRequest,  # noqa: N802 - gRPC method name
+                       context: grpc.ServicerContext) -> policy_pb2.DeleteOverrideResponse:
         if not request.id:
             _invalid(context, "id", "is required")
         if not request.author.strip():
@@ -340,7 +348,8 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
             self._notify_overrides()
         return policy_pb2.DeleteOverrideResponse(deleted=deleted)
 
-    def SetMode(self, request, context):
+    def SetMode(self, request: policy_pb2.SetModeRequest,  # noqa: N802 - gRPC method name
+                context: grpc.ServicerContext) -> policy_pb2.SetModeResponse:
         mode = PROTO_TO_MODE.get(request.mode)
         if mode is None:
             _invalid(context, "mode", f"must be MODE_ACTIVE, MODE_SHADOW or MODE_PAUSED (got {request.mode})")
@@ -356,7 +365,8 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
         return policy_pb2.SetModeResponse(previous=MODE_TO_PROTO.get(prev, policy_pb2.MODE_UNSPECIFIED),
                                           mode=MODE_TO_PROTO[mode.value])
 
-    def ListAudit(self, request, context):
+    def ListAudit(self, request: policy_pb2.ListAuditRequest,  # noqa: N802 - gRPC method name
+                  context: grpc.ServicerContext) -> policy_pb2.ListAuditResponse:
         limit = _limit(context, request.limit, DEFAULT_AUDIT_LIMIT)
         return policy_pb2.ListAuditResponse(entries=[
             policy_pb2.AuditEntry(at_unix_s=e.at_s, author=e.author, action=e.action, detail=e.detail)
@@ -385,7 +395,7 @@ class PolicyServer:
     def start(self) -> int:
         if self._server is not None:
             raise RuntimeError("PolicyServer already started")
-        interceptors = [BearerTokenInterceptor(self.token)] if self.token else []
+        interceptors: list[grpc.ServerInterceptor] = [BearerTokenInterceptor(self.token)] if self.token else []
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="policy-api"),
                              interceptors=interceptors)
         policy_pb2_grpc.add_PolicyServiceServicer_to_server(_PolicyService(self.handle, self.store, self.clock), server)

@@ -66,7 +66,7 @@ class StoreError(RuntimeError):
     """The state file cannot be opened or used."""
 
 
-class InvalidRequest(ValueError):
+class InvalidRequestError(ValueError):
     """A value failed validation; `field` names it (e.g. "ttl_s"), the message says what is allowed."""
 
     def __init__(self, field: str, message: str) -> None:
@@ -104,16 +104,16 @@ def _finite(value: Any, field: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise InvalidRequest(field, f"must be a number (got {value!r})") from None
+        raise InvalidRequestError(field, f"must be a number (got {value!r})") from None
     if not math.isfinite(v):
-        raise InvalidRequest(field, f"must be finite (got {value!r})")
+        raise InvalidRequestError(field, f"must be finite (got {value!r})")
     return v
 
 
 def validate_override(kind: str, *, ttl_s: float, author: str, value: float = 0.0, pool: str = "",
                       priority_class: str = "", text: str = "", reason: str = "",
                       known_pools: Collection[str] | None = None) -> None:
-    """Raise InvalidRequest naming the first bad field. `known_pools` None = do not check pool names.
+    """Raise InvalidRequestError naming the first bad field. `known_pools` None = do not check pool names.
 
     Rules: kind one of OVERRIDE_KINDS; 0 < ttl_s <= 7 days; author required; replica kinds and freeze need a
     pool (known to the fleet), replica values are whole numbers >= 0; admission and SLO kinds need a
@@ -121,49 +121,53 @@ def validate_override(kind: str, *, ttl_s: float, author: str, value: float = 0.
     PROFILES.
     """
     if kind not in OVERRIDE_KINDS:
-        raise InvalidRequest("kind", f"must be one of {', '.join(OVERRIDE_KINDS)} (got {kind!r})")
+        raise InvalidRequestError("kind", f"must be one of {', '.join(OVERRIDE_KINDS)} (got {kind!r})")
     ttl = _finite(ttl_s, "ttl_s")
     if not 0 < ttl <= MAX_TTL_S:
-        raise InvalidRequest("ttl_s", f"must be > 0 and <= {MAX_TTL_S:.0f} (7 days) (got {ttl_s!r})")
+        raise InvalidRequestError("ttl_s", f"must be > 0 and <= {MAX_TTL_S:.0f} (7 days) (got {ttl_s!r})")
     if not author or not author.strip():
-        raise InvalidRequest("author", "is required: who sets this override")
+        raise InvalidRequestError("author", "is required: who sets this override")
     for name, s in (("author", author), ("reason", reason), ("text", text)):
         if len(s) > MAX_TEXT:
-            raise InvalidRequest(name, f"is too long ({len(s)} characters, at most {MAX_TEXT})")
+            raise InvalidRequestError(name, f"is too long ({len(s)} characters, at most {MAX_TEXT})")
     v = _finite(value, "value")
 
     if kind in POOL_KINDS:
         if not pool:
-            raise InvalidRequest("pool", f"is required for a {kind} override")
+            raise InvalidRequestError("pool", f"is required for a {kind} override")
         if known_pools is not None and pool not in known_pools:
-            raise InvalidRequest("pool", f"unknown pool {pool!r} (known: {', '.join(sorted(known_pools)) or 'none'})")
+            known = ", ".join(sorted(known_pools)) or "none"
+            raise InvalidRequestError("pool", f"unknown pool {pool!r} (known: {known})")
     elif pool:
-        raise InvalidRequest("pool", f"is not used by a {kind} override (got {pool!r}); leave it empty")
+        raise InvalidRequestError("pool", f"is not used by a {kind} override (got {pool!r}); leave it empty")
 
     if kind in CLASS_KINDS:
         if priority_class not in PRIORITY_CLASSES:
-            raise InvalidRequest("priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)} for a {kind} override "
-                                                   f"(got {priority_class!r})")
+            raise InvalidRequestError("priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)} for a {kind} "
+                                                        f"override (got {priority_class!r})")
     elif priority_class:
-        raise InvalidRequest("priority_class", f"is not used by a {kind} override (got {priority_class!r}); leave it empty")
+        raise InvalidRequestError("priority_class",
+                                  f"is not used by a {kind} override (got {priority_class!r}); leave it empty")
 
     if kind in REPLICA_KINDS:
         if v < 0 or v != int(v) or v > MAX_REPLICAS_VALUE:
-            raise InvalidRequest("value", f"replicas must be a whole number in 0..{MAX_REPLICAS_VALUE} (got {value!r})")
+            raise InvalidRequestError("value",
+                                      f"replicas must be a whole number in 0..{MAX_REPLICAS_VALUE} (got {value!r})")
     elif kind == "admission":
         if not 0.0 <= v <= 1.0:
-            raise InvalidRequest("value", f"shed fraction must be in 0..1 (got {value!r})")
+            raise InvalidRequestError("value", f"shed fraction must be in 0..1 (got {value!r})")
     elif kind in ("slo_ttft", "slo_tpot"):
         if not 0.0 < v <= MAX_SLO_S:
-            raise InvalidRequest("value", f"SLO seconds must be > 0 and <= {MAX_SLO_S:.0f} (got {value!r})")
-    elif kind == "profile":
+            raise InvalidRequestError("value", f"SLO seconds must be > 0 and <= {MAX_SLO_S:.0f} (got {value!r})")
+    elif kind == "profile":  # noqa: SIM102 - one branch per kind, each with its own check
         if text not in PROFILES:
-            raise InvalidRequest("text", f"profile must be one of {', '.join(PROFILES)} (got {text!r})")
+            raise InvalidRequestError("text", f"profile must be one of {', '.join(PROFILES)} (got {text!r})")
 
 
 def describe_override(o: Override) -> str:
     """One line for the audit trail, e.g. 'ov-000003 min_replicas pool=a value=4 ttl=900s: launch'."""
-    target = " ".join(x for x in (f"pool={o.pool}" if o.pool else "", f"class={o.priority_class}" if o.priority_class else "") if x)
+    target = " ".join(x for x in (f"pool={o.pool}" if o.pool else "",
+                                  f"class={o.priority_class}" if o.priority_class else "") if x)
     what = f"text={o.text}" if o.kind == "profile" else ("" if o.kind == "freeze" else f"value={o.value:g}")
     ttl = o.expires_s - o.created_s
     parts = [o.override_id, o.kind, target, what, f"ttl={ttl:g}s"]
@@ -270,7 +274,8 @@ class StateStore:
                   (key, value))
 
     def _audit(self, c: sqlite3.Connection, at_s: float, author: str, action: str, detail: str) -> None:
-        c.execute("INSERT INTO audit (at_s, author, action, detail) VALUES (?, ?, ?, ?)", (at_s, author, action, detail))
+        c.execute("INSERT INTO audit (at_s, author, action, detail) VALUES (?, ?, ?, ?)",
+                  (at_s, author, action, detail))
         c.execute("DELETE FROM audit WHERE seq <= (SELECT seq FROM audit ORDER BY seq DESC LIMIT 1 OFFSET ?)",
                   (self.max_audit,))
 
@@ -316,13 +321,14 @@ class StateStore:
         """Persist the mode (audited). Returns the previous persisted mode (None if never set)."""
         mode = mode.value if isinstance(mode, Mode) else str(mode)
         if mode not in {m.value for m in Mode}:
-            raise InvalidRequest("mode", f"must be one of {', '.join(m.value for m in Mode)} (got {mode!r})")
+            raise InvalidRequestError("mode", f"must be one of {', '.join(m.value for m in Mode)} (got {mode!r})")
         if not author:
-            raise InvalidRequest("author", "is required")
+            raise InvalidRequestError("author", "is required")
         with self._tx() as c:
             previous = self._get_meta(c, "mode")
             self._set_meta(c, "mode", mode)
-            self._audit(c, now_s, author, "mode.set", f"{previous or 'unset'} → {mode}" + (f": {reason}" if reason else ""))
+            self._audit(c, now_s, author, "mode.set",
+                        f"{previous or 'unset'} → {mode}" + (f": {reason}" if reason else ""))
             return previous
 
     def get_profile(self) -> str | None:
@@ -332,13 +338,14 @@ class StateStore:
     def set_profile(self, profile: str, *, author: str, now_s: float, reason: str = "") -> str | None:
         """Persist the base objective profile (audited). Returns the previous one (None if never set)."""
         if profile not in PROFILES:
-            raise InvalidRequest("profile", f"must be one of {', '.join(PROFILES)} (got {profile!r})")
+            raise InvalidRequestError("profile", f"must be one of {', '.join(PROFILES)} (got {profile!r})")
         if not author:
-            raise InvalidRequest("author", "is required")
+            raise InvalidRequestError("author", "is required")
         with self._tx() as c:
             previous = self._get_meta(c, "profile")
             self._set_meta(c, "profile", profile)
-            self._audit(c, now_s, author, "profile.set", f"{previous or 'unset'} → {profile}" + (f": {reason}" if reason else ""))
+            self._audit(c, now_s, author, "profile.set",
+                        f"{previous or 'unset'} → {profile}" + (f": {reason}" if reason else ""))
             return previous
 
     # ---- overrides
@@ -392,9 +399,9 @@ class StateStore:
     def delete_override(self, override_id: str, *, author: str, now_s: float, reason: str = "") -> bool:
         """Remove an override (audited). False when there is no such id."""
         if not override_id:
-            raise InvalidRequest("id", "is required")
+            raise InvalidRequestError("id", "is required")
         if not author or not author.strip():
-            raise InvalidRequest("author", "is required: who deletes this override")
+            raise InvalidRequestError("author", "is required: who deletes this override")
         with self._tx() as c:
             row = c.execute(f"SELECT {self._OVERRIDE_COLS} FROM overrides WHERE id=?", (override_id,)).fetchone()
             if row is None:
@@ -426,7 +433,8 @@ class StateStore:
 
     def list_audit(self, limit: int = 100) -> list[AuditEntry]:
         """Newest first."""
-        rows = self._read("SELECT seq, at_s, author, action, detail FROM audit ORDER BY seq DESC LIMIT ?", (int(limit),))
+        rows = self._read("SELECT seq, at_s, author, action, detail FROM audit ORDER BY seq DESC LIMIT ?",
+                          (int(limit),))
         return [AuditEntry(*r) for r in rows]
 
     # ---- decisions
@@ -438,12 +446,12 @@ class StateStore:
         outcome). Only the newest max_decisions are kept."""
         decision_id = record.get("decision_id")
         if not decision_id or not isinstance(decision_id, str):
-            raise InvalidRequest("decision_id", f"is required (got {decision_id!r})")
+            raise InvalidRequestError("decision_id", f"is required (got {decision_id!r})")
         try:
             generation = int(record.get("generation") or 0)
             at_s = float(record.get("at_s") or 0.0)
         except (TypeError, ValueError) as exc:
-            raise InvalidRequest("generation", f"generation and at_s must be numbers: {exc}") from None
+            raise InvalidRequestError("generation", f"generation and at_s must be numbers: {exc}") from None
         pools = _pool_names(record.get("pools"))
         outcome = record.get("outcome") or ""
         if not isinstance(outcome, str):  # an ActuationOutcome or its dict: keep its status
@@ -453,19 +461,20 @@ class StateStore:
         with self._tx() as c:
             c.execute(
                 "INSERT INTO decisions (decision_id, generation, at_s, mode, summary, outcome, pools, record) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(decision_id) DO UPDATE SET generation=excluded.generation, "
-                "at_s=excluded.at_s, mode=excluded.mode, summary=excluded.summary, outcome=excluded.outcome, "
-                "pools=excluded.pools, record=excluded.record",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(decision_id) DO UPDATE SET "
+                "generation=excluded.generation, at_s=excluded.at_s, mode=excluded.mode, summary=excluded.summary, "
+                "outcome=excluded.outcome, pools=excluded.pools, record=excluded.record",
                 (decision_id, generation, at_s, str(record.get("mode") or ""), str(record.get("summary") or ""),
                  outcome, "," + ",".join(pools) + ",", body),
             )
-            c.execute("DELETE FROM decisions WHERE seq <= (SELECT seq FROM decisions ORDER BY seq DESC LIMIT 1 OFFSET ?)",
-                      (self.max_decisions,))
+            c.execute("DELETE FROM decisions WHERE seq <= "
+                      "(SELECT seq FROM decisions ORDER BY seq DESC LIMIT 1 OFFSET ?)", (self.max_decisions,))
 
     @staticmethod
     def _decision_row(r: tuple) -> DecisionRow:
         decision_id, generation, at_s, mode, summary, outcome, pools = r
-        return DecisionRow(decision_id, generation, at_s, mode, summary, outcome, tuple(p for p in pools.split(",") if p))
+        return DecisionRow(decision_id, generation, at_s, mode, summary, outcome,
+                           tuple(p for p in pools.split(",") if p))
 
     def list_decisions(self, limit: int = 20, since_s: float = 0.0, pool: str = "") -> list[DecisionRow]:
         """Newest first; at_s >= since_s; with `pool`, only decisions that include that pool."""

@@ -27,6 +27,7 @@ import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from controller.clock import WallClock
@@ -70,7 +71,8 @@ def run_one(path: str, out_dir: str, tick_s: float = TICK_S) -> dict[str, Any]:
     except ScenarioError as exc:
         return {**row, "error": str(exc)}
     row["scenario"] = scenario.name
-    try:
+    sim_speed: ModuleType | None
+    try:  # it reads peak memory with `resource`, which only POSIX systems have
         from controller.bench import sim_speed
     except ImportError:
         sim_speed = None
@@ -118,7 +120,7 @@ def summary_table(rows: list[dict[str, Any]], wall_s: float, workers: int):
         t.add_column(c, justify="left" if c in ("scenario", "best baseline", "best at SLO") else "right", no_wrap=True)
     for r in rows:
         if "error" in r:
-            t.add_row(r.get("scenario", r["file"]), f"[red]error: {r['error'][:60]}", "", "", "", "", "", "", "", "", "")
+            t.add_row(r.get("scenario", r["file"]), f"[red]error: {r['error'][:60]}", *([""] * 9))
             continue
         pols = r["policies"]
         best = r.get("best_baseline")
@@ -160,8 +162,8 @@ def cmd_bench_all(args: argparse.Namespace) -> int:
             except Exception as exc:  # noqa: BLE001 - one broken scenario must not hide the others
                 # The worker's traceback travels as the text of __cause__: keep its last lines.
                 where = str(exc.__cause__ or "").strip().splitlines()[-4:-1]
-                row = {"file": str(p), "scenario": p.stem,
-                       "error": f"{type(exc).__name__}: {exc}" + (f" [{' | '.join(x.strip() for x in where)}]" if where else "")}
+                context = f" [{' | '.join(x.strip() for x in where)}]" if where else ""
+                row = {"file": str(p), "scenario": p.stem, "error": f"{type(exc).__name__}: {exc}{context}"}
             rows[str(p)] = row
             status = "error" if "error" in row else f"{row.get('wall_s', 0):.0f} s"
             err.print(f"[{len(rows)}/{len(paths)}] {p.stem}: {status} ({clock.monotonic_s() - t0:.0f} s elapsed)")

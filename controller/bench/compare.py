@@ -62,8 +62,8 @@ def diff_values(old: Any, new: Any, path: str = "$", rel_tol: float = 0.0) -> It
                 yield from diff_values(old[k], new[k], f"{path}.{k}", rel_tol)
     elif isinstance(old, list) and isinstance(new, list):
         if len(old) != len(new):
-            yield f"{path}: {len(old)} items -> {len(new)}"
-        for i, (a, b) in enumerate(zip(old, new)):
+            yield f"{path}: {len(old)} items -> {len(new)}"  # then the common prefix
+        for i, (a, b) in enumerate(zip(old, new, strict=False)):
             yield from diff_values(a, b, f"{path}[{i}]", rel_tol)
     elif isinstance(old, bool) or isinstance(new, bool) or not (
             isinstance(old, (int, float)) and isinstance(new, (int, float))):

@@ -33,6 +33,7 @@ import math
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -120,8 +121,9 @@ def coupling_figures(train_recs, test_recs, seed: int) -> dict:
     traces = sorted({trace_of(r.label) for r in test_recs})
     global_data, global_phys = _data(train_recs)
     global_model = fit_coupling(global_data, global_phys, np.random.default_rng(seed), seed=seed)
-    pooled = {"prior": [], "per_trace": [], "global": []}
-    rho_only = {"prior": [], "global": []}  # the same models judged by the utilisation rule alone
+    pooled: dict[str, list[dict[str, np.ndarray]]] = {"prior": [], "per_trace": [], "global": []}
+    # the same models judged by the utilisation rule alone
+    rho_only: dict[str, list[dict[str, np.ndarray]]] = {"prior": [], "global": []}
     per_trace: dict[str, dict] = {}
     for tr in traces:
         tr_train = [r for r in train_recs if trace_of(r.label) == tr]
@@ -129,7 +131,7 @@ def coupling_figures(train_recs, test_recs, seed: int) -> dict:
         d_train, p_train = _data(tr_train)
         d_test, p_test = _data(tr_test)
         local = fit_coupling(d_train, p_train, np.random.default_rng(seed), seed=seed)
-        row = {}
+        row: dict[str, Any] = {}
         for name, model in (("prior", CouplingModels.prior_only(p_test)), ("per_trace", local),
                             ("global", global_model)):
             e = _errors(model, d_test, p_test)
@@ -141,7 +143,7 @@ def coupling_figures(train_recs, test_recs, seed: int) -> dict:
                 row[name + "_utilisation_rule_only"] = _summ(e2)
         row["training_windows"] = int(d_train.steady.sum())
         per_trace[tr] = row
-    out = {}
+    out: dict[str, Any] = {}
     for name, parts in pooled.items():
         merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         out[name] = _summ(merged)
@@ -244,7 +246,7 @@ def _single_thread() -> None:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(1)
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort: without threadpoolctl the env variables above still apply
         pass
 
 

@@ -145,7 +145,7 @@ def pool_shares(scenario: Scenario, workload: Workload) -> dict[str, np.ndarray]
             total = sum(weights)
             if total <= 0:
                 weights, total = [1.0] * len(pools), float(len(pools))
-            for p, w in zip(pools, weights):
+            for p, w in zip(pools, weights, strict=True):
                 out[p.name] = in_group * (w / total)
     return out
 
@@ -304,7 +304,8 @@ def plan_pool(spec: PoolSpecModel, rates_rps: np.ndarray, capacity_rps: float, *
 # --------------------------------------------------------------------------- schedule → targets over time
 
 
-def schedule_targets(spec: PoolSpecModel, replicas: Sequence[int], *, window_s: float, tick_s: float) -> tuple[tuple[float, int], ...]:
+def schedule_targets(spec: PoolSpecModel, replicas: Sequence[int], *, window_s: float,
+                     tick_s: float) -> tuple[tuple[float, int], ...]:
     """Turn replicas-per-window into (time, target) change points, ordering each new replica early enough.
 
     A replica added at boundary k (time k × window_s) is ordered startup + tick_s before it:
@@ -356,7 +357,8 @@ class SchedulePolicy:
 
     name = "oracle"
 
-    def __init__(self, targets: Mapping[str, Sequence[tuple[float, int]]], routing: Mapping[str, RoutingWeights]) -> None:
+    def __init__(self, targets: Mapping[str, Sequence[tuple[float, int]]],
+                 routing: Mapping[str, RoutingWeights]) -> None:
         self.targets = {p: tuple((float(t), int(n)) for t, n in pts) for p, pts in targets.items()}
         self.routing = dict(routing)
 
@@ -482,11 +484,11 @@ def repair_schedule(scenario: Scenario, replicas: Mapping[str, Sequence[int]], r
         spec = scenario.pool(name)
         m = np.asarray(reps, dtype=np.int64)
         add = np.zeros(n_windows, dtype=np.int64)
-        for k in np.flatnonzero(bad > 0):
-            inc = max(1, int(math.ceil(m[k] * frac[k])))
-            add[k] = max(add[k], inc)
-            if k > 0 and frac[k] >= 0.05:
-                add[k - 1] = max(add[k - 1], inc)
+        for w in np.flatnonzero(bad > 0):
+            inc = max(1, int(math.ceil(m[w] * frac[w])))
+            add[w] = max(add[w], inc)
+            if w > 0 and frac[w] >= 0.05:
+                add[w - 1] = max(add[w - 1], inc)
         out[name] = tuple(int(x) for x in np.minimum(m + add, spec.max_replicas))
     return out
 
@@ -561,8 +563,8 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
        else replay the dearest (static provisioning) and bisect between (attainment grows with
        capacity, nearly monotonically).
     2. Repair: from the dearest DP candidate seen to miss below the cheapest that meets (if
-       none meets, the dearest DP candidate below static's cost), add replicas where the replay's late requests were sent
-       (`repair_schedule`) and replay, up to `repair_rounds` times; a repaired schedule that
+       none meets, the dearest DP candidate below static's cost), add replicas where the replay's
+       late requests were sent (`repair_schedule`) and replay, up to `repair_rounds` times; a repaired schedule that
        meets and is planned cheaper than the best so far replaces it.
     3. Never dearer than static: a schedule planned at or above static's cost is not kept if the
        static schedule meets the targets (static is then the oracle).
@@ -613,7 +615,8 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
     def replay(i: int) -> bool:
         if i not in results:
             c = cands[i]
-            results[i] = play(c, "oracle static" if c.fallback_static else f"oracle ×{c.margin:g}/{c.burst_window_s:g}s")
+            label = "oracle static" if c.fallback_static else f"oracle ×{c.margin:g}/{c.burst_window_s:g}s"
+            results[i] = play(c, label)
         return results[i][0]
 
     budget = max_replays if max_replays is not None else len(cands)

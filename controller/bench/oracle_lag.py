@@ -34,7 +34,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.bench.oracle import (
     TASK_SLO_TARGETS,
@@ -64,6 +64,9 @@ from controller.clock import WallClock
 from controller.sim.scenario import PoolSpecModel, Scenario, ScenarioError, load_scenario
 from controller.types import PRIORITY_CLASSES
 
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+
 DEFAULT_LAGS_S = (0.0, 15.0, 30.0, 60.0)
 DEFAULT_HOLDS = (0, 2, 4)
 DEFAULT_EXTRAS = (0, 1)
@@ -75,7 +78,8 @@ BAR_CLASSES = ("critical", "standard")
 BAR_FRAC = 0.99
 
 
-def hedged_levels(replicas: Sequence[int], hold_windows: int, extra: int = 0, max_replicas: int | None = None) -> list[int]:
+def hedged_levels(replicas: Sequence[int], hold_windows: int, extra: int = 0,
+                  max_replicas: int | None = None) -> list[int]:
     """Each window's replicas raised to the highest of the `hold_windows` windows before it and itself,
     plus `extra`, at most `max_replicas`.
 
@@ -90,7 +94,8 @@ def hedged_levels(replicas: Sequence[int], hold_windows: int, extra: int = 0, ma
     return out if max_replicas is None else [min(x, int(max_replicas)) for x in out]
 
 
-def lagged_targets(spec: PoolSpecModel, points: Sequence[tuple[float, int]], lag_s: float) -> tuple[tuple[float, int], ...]:
+def lagged_targets(spec: PoolSpecModel, points: Sequence[tuple[float, int]],
+                   lag_s: float) -> tuple[tuple[float, int], ...]:
     """Change points of a schedule, each made `lag_s` later; until the first lands the pool keeps
     the replicas the scenario starts with. Example: ((0, 3), (120, 5)) lagged 30 s from 4 replicas
     → ((0, 4), (30, 3), (150, 5))."""
@@ -111,7 +116,7 @@ def _entry(run: RunResult) -> dict[str, Any]:
     ok, _ = task_slo_ok(run, TASK_SLO_TARGETS)
     return {"cost_per_successful_task_usd": s.get("cost_per_successful_task_usd"), "gpu_hours": s.get("gpu_hours"),
             "successful_tasks": s.get("successful_tasks"), "tasks": s.get("tasks"), "task_slo_attainment": att,
-            "meets_bar": all(att.get(c) is not None and att[c] >= BAR_FRAC for c in BAR_CLASSES),
+            "meets_bar": all((a := att.get(c)) is not None and a >= BAR_FRAC for c in BAR_CLASSES),
             "meets_oracle_targets": bool(ok)}
 
 
@@ -164,12 +169,14 @@ def render_lag_table(report: Mapping[str, Any]):
     from rich.table import Table
 
     o = report["oracle"]
-    t = Table(title=f"{report['scenario']} (seed {report['seed']}, tick {report['tick_s']:g} s): the oracle's schedule, "
-                    f"made late — oracle {_fmt(o['cost_per_successful_task_usd'], '.4f')} $/succ. task")
-    for name, just in (("lag s", "right"), ("hold win", "right"), ("extra", "right"), ("$/succ. task", "right"),
-                       ("× oracle", "right"),
-                       ("GPU-h", "right"), ("tasks crit/std/shed", "right"), ("≥ 99 % crit+std", "center"),
-                       ("oracle targets", "center")):
+    t = Table(title=f"{report['scenario']} (seed {report['seed']}, tick {report['tick_s']:g} s): "
+                    f"the oracle's schedule, made late — oracle "
+                    f"{_fmt(o['cost_per_successful_task_usd'], '.4f')} $/succ. task")
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("lag s", "right"), ("hold win", "right"), ("extra", "right"), ("$/succ. task", "right"),
+        ("× oracle", "right"), ("GPU-h", "right"), ("tasks crit/std/shed", "right"), ("≥ 99 % crit+std", "center"),
+        ("oracle targets", "center"))
+    for name, just in columns:
         t.add_column(name, justify=just, no_wrap=True)
     for r in report["rows"]:
         att = r["task_slo_attainment"]
@@ -178,8 +185,9 @@ def render_lag_table(report: Mapping[str, Any]):
                   _fmt(r["ratio_to_oracle"], ".2f"), _fmt(r["gpu_hours"], ".2f"),
                   "/".join(_fmt(att.get(c), pct=True) for c in PRIORITY_CLASSES),
                   "yes" if r["meets_bar"] else "no", "yes" if r["meets_oracle_targets"] else "no")
-    t.caption = ("lag: every change of the oracle's schedule made this much later; hold: each level kept this many more "
-                 "60 s windows; extra: replicas added to every window. The lagged schedules still know every burst's size.")
+    t.caption = ("lag: every change of the oracle's schedule made this much later; hold: each level kept this "
+                 "many more 60 s windows; extra: replicas added to every window. The lagged schedules still know "
+                 "every burst's size.")
     return t
 
 

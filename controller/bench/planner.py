@@ -110,7 +110,8 @@ def measure(n_pools: int = 10, ticks: int = 120, budget_ms: float | None = None)
     cpu_a, wall_a = np.array(cpu), np.array(wall)
     res = {"pools": n_pools, "ticks": ticks, "budget": "rows" if budget_ms is None else "wall",
            "budget_ms": budget_ms,
-           "cpu_p50_ms": round(float(np.percentile(cpu_a, 50)), 1), "cpu_p95_ms": round(float(np.percentile(cpu_a, 95)), 1),
+           "cpu_p50_ms": round(float(np.percentile(cpu_a, 50)), 1),
+           "cpu_p95_ms": round(float(np.percentile(cpu_a, 95)), 1),
            "cpu_p99_ms": round(float(np.percentile(cpu_a, 99)), 1), "cpu_max_ms": round(float(cpu_a.max()), 1),
            "wall_p99_ms": round(float(np.percentile(wall_a, 99)), 1), "wall_max_ms": round(float(wall_a.max()), 1),
            "candidates_per_tick_median": int(np.median(evals)), "candidates_per_tick_max": int(max(evals)),

@@ -141,7 +141,7 @@ def request_work_s(model: IterationModel, prompt_tokens: np.ndarray, output_toke
     budget = int(max_num_batched_tokens)
     out = np.empty(len(prompt_tokens), dtype=np.float64)
     memo: dict[tuple[int, int], float] = {}
-    for i, (p, o) in enumerate(zip(prompt_tokens.tolist(), output_tokens.tolist())):
+    for i, (p, o) in enumerate(zip(prompt_tokens.tolist(), output_tokens.tolist(), strict=True)):
         # bucket the key so memoisation works on long traces (weights are smooth in both)
         key = (p >> 4, o >> 2)
         w = memo.get(key)
@@ -215,7 +215,8 @@ def _point_workload(src: Workload, idx: np.ndarray, arrival_s: np.ndarray) -> Wo
                     n_tasks=n)
 
 
-def _measure_point(scenario: Scenario, pool: str, workload: Workload, rps_per_replica: float, seed: int) -> ProfilePoint:
+def _measure_point(scenario: Scenario, pool: str, workload: Workload, rps_per_replica: float,
+                   seed: int) -> ProfilePoint:
     total_rps = rps_per_replica * PROFILE_REPLICAS
     measure_s = min(MAX_MEASURE_S, max(MIN_MEASURE_S, TARGET_REQUESTS / total_rps))
     span_s = WARMUP_S + measure_s

@@ -46,7 +46,8 @@ def wait_until(predicate, deadline_s: float, interval_s: float = 0.1, what: str 
         except Exception as exc:  # noqa: BLE001 - keep polling until the deadline
             last_exc = exc
         time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {deadline_s}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+    last = f" (last error: {last_exc})" if last_exc else ""
+    raise TimeoutError(f"timed out after {deadline_s}s waiting for {what}{last}")
 
 
 class PrometheusServer:
@@ -61,7 +62,8 @@ class PrometheusServer:
         self.url = f"http://127.0.0.1:{self.port}"
         jobs: list[dict] = [{"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{self.port}"]}]}]
         for pool, targets in (static_targets or {}).items():
-            jobs.append({"job_name": f"static-{pool}", "static_configs": [{"targets": targets, "labels": {"pool": pool}}]})
+            jobs.append({"job_name": f"static-{pool}",
+                         "static_configs": [{"targets": targets, "labels": {"pool": pool}}]})
         jobs.extend(extra_jobs or [])
         if http_sd_url:
             jobs.append({"job_name": "sim", "http_sd_configs": [{"url": http_sd_url, "refresh_interval": "1s"}]})

@@ -22,10 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from controller.bench.runner import RunResult, _jsonable
 from controller.types import PRIORITY_CLASSES
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 # Base policies that count as baselines for "ratio to the best baseline" (not Governor's own policies).
 BASELINE_BASES = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa")
@@ -56,7 +59,7 @@ def policy_entry(run: RunResult) -> dict[str, Any]:
     return out
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
@@ -100,7 +103,8 @@ def add_ratios(entries: dict[str, dict[str, Any]]) -> str | None:
 
 
 def build_report(scenario_name: str, seed: int, tick_s: float, runs: Sequence[RunResult],
-                 profiles: Mapping[str, Any], static_replicas: Mapping[str, int], scenario_file: str = "") -> dict[str, Any]:
+                 profiles: Mapping[str, Any], static_replicas: Mapping[str, int],
+                 scenario_file: str = "") -> dict[str, Any]:
     entries = {r.policy: policy_entry(r) for r in runs}
     best = add_ratios(entries)
     return _jsonable({
@@ -151,7 +155,8 @@ def render_table(report: Mapping[str, Any]):
 
     t = Table(title=f"{report['scenario']} (seed {report['seed']}, tick {report['tick_s']:g} s{_profile_note(report)})",
               show_lines=False)
-    cols = [("policy", "left"), ("$/succ. task", "right"), ("× best base", "right"), ("× best at SLO", "right"),
+    cols: list[tuple[str, JustifyMethod]] = [
+            ("policy", "left"), ("$/succ. task", "right"), ("× best base", "right"), ("× best at SLO", "right"),
             ("× oracle", "right"),
             ("succ. tasks", "right"), ("SLO crit/std/shed", "right"), ("TTFT p50/p95 s", "right"),
             ("TPOT p50/p95 ms", "right"), ("GPU-h", "right"), ("hit", "right"), ("shed/fail/retry", "right"),
@@ -167,7 +172,8 @@ def render_table(report: Mapping[str, Any]):
     for n in order:
         e = pols[n]
         att = e["slo_attainment"]
-        label = n + (" *" if n == report.get("best_baseline") else "") + (" †" if n == report.get("best_baseline_at_slo") else "")
+        label = n + (" *" if n == report.get("best_baseline") else "")
+        label += " †" if n == report.get("best_baseline_at_slo") else ""
         if n == "oracle" and e.get("margin") is not None:
             label += _oracle_suffix(e)
         tpot = lambda v: None if v is None else 1000.0 * v  # noqa: E731
@@ -186,7 +192,8 @@ def render_table(report: Mapping[str, Any]):
             f"{_fmt(e['shed'])}/{_fmt(e['failed'])}/{_fmt(e['retried'])}",
             _fmt(e["scaling_actions"]),
         )
-    t.caption = ("* cheapest baseline; † cheapest baseline with ≥ 99 % of critical and standard tasks. SLO = share of tasks meeting their class's TTFT and TPOT SLOs. "
+    t.caption = ("* cheapest baseline; † cheapest baseline with ≥ 99 % of critical and standard tasks. "
+                 "SLO = share of tasks meeting their class's TTFT and TPOT SLOs. "
                  "Oracle: hindsight replica schedule (×margin on profiled capacity).")
     return t
 
@@ -199,8 +206,9 @@ def table_markdown(report: Mapping[str, Any]) -> str:
                                   pols[n].get("cost_per_successful_task_usd") or 0.0, n))
     if "oracle" in pols:
         order.append("oracle")
-    head = ("| policy | $/succ. task | × best baseline | × best at SLO | × oracle | succ. tasks | SLO crit / std / shed | "
-            "TTFT p50 / p95 s | TPOT p50 / p95 ms | GPU-h | hit rate | shed / failed / retried | scaling actions |")
+    head = ("| policy | $/succ. task | × best baseline | × best at SLO | × oracle | succ. tasks | "
+            "SLO crit / std / shed | TTFT p50 / p95 s | TPOT p50 / p95 ms | GPU-h | hit rate | "
+            "shed / failed / retried | scaling actions |")
     lines = [head, "|" + "---|" * 13]
     for n in order:
         e = pols[n]
@@ -213,11 +221,13 @@ def table_markdown(report: Mapping[str, Any]) -> str:
         tp50 = None if e["tpot_p50_s"] is None else 1000 * e["tpot_p50_s"]
         tp95 = None if e["tpot_p95_s"] is None else 1000 * e["tpot_p95_s"]
         lines.append(
-            f"| {label} | {_fmt(e['cost_per_successful_task_usd'], '.4f')} | {_fmt(e.get('ratio_to_best_baseline'), '.2f')} | "
+            f"| {label} | {_fmt(e['cost_per_successful_task_usd'], '.4f')} | "
+            f"{_fmt(e.get('ratio_to_best_baseline'), '.2f')} | "
             f"{_fmt(e.get('ratio_to_best_baseline_at_slo'), '.2f')} | {_fmt(e.get('ratio_to_oracle'), '.2f')} | "
             f"{_fmt(e['successful_tasks'])} / {_fmt(e['tasks'])} | "
             + " / ".join(_fmt(att.get(c), pct=True) for c in PRIORITY_CLASSES)
-            + f" | {_fmt(e['ttft_p50_s'], '.2f')} / {_fmt(e['ttft_p95_s'], '.2f')} | {_fmt(tp50, '.0f')} / {_fmt(tp95, '.0f')} | "
+            + f" | {_fmt(e['ttft_p50_s'], '.2f')} / {_fmt(e['ttft_p95_s'], '.2f')} | "
+            f"{_fmt(tp50, '.0f')} / {_fmt(tp95, '.0f')} | "
             f"{_fmt(e['gpu_hours'], '.1f')} | {_fmt(e['hit_rate'], pct=True)} | "
             f"{_fmt(e['shed'])} / {_fmt(e['failed'])} / {_fmt(e['retried'])} | {_fmt(e['scaling_actions'])} |")
     return "\n".join(lines)
@@ -344,7 +354,8 @@ def _series(run: RunResult, what: str) -> tuple[list[float], list[float]]:
             vals = [pp["ttft_p95_s"] for pp in pools if pp["ttft_p95_s"] is not None]
             y = max(vals) if vals else math.nan
         else:  # hit rate, arrival-weighted over pools
-            num = sum((pp["hit_rate"] or 0.0) * (pp["arrival_rps"] or 0.0) for pp in pools if pp["hit_rate"] is not None)
+            num = sum((pp["hit_rate"] or 0.0) * (pp["arrival_rps"] or 0.0)
+                      for pp in pools if pp["hit_rate"] is not None)
             den = sum((pp["arrival_rps"] or 0.0) for pp in pools if pp["hit_rate"] is not None)
             y = num / den if den > 0 else math.nan
         xs.append(p["t_s"] / 60.0)
@@ -352,7 +363,8 @@ def _series(run: RunResult, what: str) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
-def write_png(path: Path | str, report: Mapping[str, Any], runs: Sequence[RunResult], slo_ttft_s: Mapping[str, float]) -> Path:
+def write_png(path: Path | str, report: Mapping[str, Any], runs: Sequence[RunResult],
+              slo_ttft_s: Mapping[str, float]) -> Path:
     """Replicas, load, p95 TTFT vs SLO and hit rate over time, one line per policy."""
     import matplotlib
 
@@ -367,10 +379,10 @@ def write_png(path: Path | str, report: Mapping[str, Any], runs: Sequence[RunRes
     for i, run in enumerate(runs):
         style = {"color": "black", "linewidth": 2.0, "linestyle": "--"} if run.policy == "oracle" else \
                 {"color": cmap(i % 10), "linewidth": 1.2}
-        for ax, (what, _) in zip(axes, panels):
+        for ax, (what, _) in zip(axes, panels, strict=True):
             xs, ys = _series(run, what)
             ax.plot(xs, ys, label=run.policy, **style)
-    for ax, (what, label) in zip(axes, panels):
+    for ax, (_, label) in zip(axes, panels, strict=True):
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
     for j, (cls, v) in enumerate(sorted(slo_ttft_s.items(), key=lambda kv: kv[1])):

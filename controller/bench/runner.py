@@ -66,7 +66,8 @@ class RunResult:
         return {"scenario": self.scenario, "policy": self.policy, "seed": self.seed, "tick_s": self.tick_s,
                 "summary": dict(self.summary), "decisions": self.decisions,
                 "changed_decisions": self.changed_decisions, "scaling_actions": self.scaling_actions,
-                "request_slo_attainment": _jsonable(self.request_slo_attainment), "params": _jsonable(self.params), "extra": _jsonable(self.extra)}
+                "request_slo_attainment": _jsonable(self.request_slo_attainment), "params": _jsonable(self.params),
+                "extra": _jsonable(self.extra)}
 
 
 def _jsonable(v: Any) -> Any:

@@ -42,7 +42,7 @@ def sixteen_replica_variant(scenario: Scenario, total: int = FLEET_REPLICAS) -> 
     while sum(counts) < total:
         counts[counts.index(min(counts))] += 1
     new = [p.model_copy(update={"replicas": n, "min_replicas": min(p.min_replicas, n),
-                                "max_replicas": max(p.max_replicas, n)}) for p, n in zip(pools, counts)]
+                                "max_replicas": max(p.max_replicas, n)}) for p, n in zip(pools, counts, strict=True)]
     return scenario.model_copy(update={"pools": new})
 
 
@@ -88,7 +88,8 @@ def cmd_bench_sim_speed(args: argparse.Namespace) -> int:
         if not args.rate_scale > 0:
             print(f"governor bench sim-speed: --rate-scale {args.rate_scale} must be > 0", file=sys.stderr)
             return 2
-        scenario = scenario.model_copy(update={"trace": scenario.trace.model_copy(update={"rate_scale": args.rate_scale})})
+        trace = scenario.trace.model_copy(update={"rate_scale": args.rate_scale})
+        scenario = scenario.model_copy(update={"trace": trace})
     variant = sixteen_replica_variant(scenario)
     print(f"sim-speed: {scenario.name}: static fleet {describe_fleet(variant)}", file=sys.stderr)
     try:
@@ -101,7 +102,7 @@ def cmd_bench_sim_speed(args: argparse.Namespace) -> int:
         return 0
     cols = ("scenario", "requests", "sim_seconds", "wall_seconds", "speedup", "peak_rss_mb")
     widths = [max(len(c), len(str(out[c]))) for c in cols]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    print("  ".join(str(out[c]).ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    print("  ".join(str(out[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
     print(f"fleet: {out['fleet']}")
     return 0

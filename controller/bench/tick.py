@@ -122,7 +122,7 @@ def _serve(n_replicas: int, n_pools: int, ready: Any, port_out: Any, stop: Any) 
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             parts = self.path.strip("/").split("/")
             if parts[0] == "router":
                 body = router_body
@@ -240,6 +240,7 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
     grpc_server = None
     source = actuator = prom = None
     tmp = None
+    queries_per_read = 0
     try:
         if not ready.wait(30.0):
             raise RuntimeError("the /metrics server did not start within 30 s")
@@ -250,6 +251,7 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
             source = ScrapeSource(names, targets=targets, timeout_s=5.0, window_s=60.0, stale_after_s=3600.0)
         else:
             prom, tmp, source = _prometheus_source(names, base, replicas, pools, recording_rules, scrape_interval_s)
+            queries_per_read = 1 if recording_rules else len(source.queries)
         per_pool = replicas // pools
         fleet = FleetSpec(
             pools=tuple(PoolSpec(name=n, model="llama-3-8b", sku="a100-80gb", usd_per_replica_hour=2.0,
@@ -260,8 +262,6 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
         vclock = VirtualClock(1_000_000.0)
         actuator = GrpcActuator(address, address, clock=vclock, call_timeout_s=5.0)
         wall = WallClock()
-        if prom is not None:
-            vclock = wall  # Prometheus stamps samples with wall time; staleness is judged against it
         state = controller.initial_state()
         phases: dict[str, list[float]] = {"read": [], "step": [], "actuate": []}
         totals: list[float] = []
@@ -272,6 +272,7 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
                 # Through Prometheus, pace the ticks so that they span its scrapes and rule evaluations
                 # (back to back, 200 ticks would fit between two of them and never meet that load).
                 time.sleep(PROMETHEUS_PACE_S)
+            # Prometheus stamps samples with wall time; staleness is judged against it
             now = vclock.advance(TICK_S) if prom is None else wall.now_s()
             t0 = wall.monotonic_s()
             obs = source.read(now)
@@ -301,7 +302,7 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
             "replicas_observed": int(sum(p.replicas_ready.value for p in obs.pools.values() if p.replicas_ready.ok)),
             "policy": "slo-feedback", "source": source_kind,
             **({"recording_rules": recording_rules, "scrape_interval_s": scrape_interval_s,
-                "queries_per_read": 1 if recording_rules else len(source.queries), "pace_s": PROMETHEUS_PACE_S,
+                "queries_per_read": queries_per_read, "pace_s": PROMETHEUS_PACE_S,
                 "read_errors": list(obs.errors[:3])}
                if prom is not None else {"page_lines_kept_frac": _kept_fraction(source)}),
         }
@@ -343,7 +344,8 @@ def _prometheus_source(names: list[str], base: str, replicas: int, pools: int, r
     # One job per replica path is what Prometheus needs (metrics_path is per job); group by pool.
     prom = PrometheusServer(Path(tmp.name), static_targets={}, scrape_interval=interval, rule_files=[rules_path],
                             extra_jobs=[{"job_name": f"r{i}", "metrics_path": f"/r/{i}/metrics",
-                                         "static_configs": [{"targets": [host], "labels": {"pool": names[i % pools], "instance": f"replica-{i}"}}]}
+                                         "static_configs": [{"targets": [host], "labels": {
+                                             "pool": names[i % pools], "instance": f"replica-{i}"}}]}
                                         for i in range(replicas)]
                             + [{"job_name": "router", "metrics_path": "/router/metrics",
                                 "static_configs": [{"targets": [host]}]}])

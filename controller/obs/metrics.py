@@ -24,34 +24,42 @@ TICK_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2
 class DaemonMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.ticks = Counter("governor_ticks", "Ticks run, by result (decided, paused, skipped, error)", ["result"], registry=r)
+        self.ticks = Counter("governor_ticks", "Ticks run, by result (decided, paused, skipped, error)", ["result"],
+                             registry=r)
         self.tick_duration = Histogram("governor_tick_duration_seconds", "Time per tick phase", ["phase"],
                                        buckets=TICK_BUCKETS_S, registry=r)
         self.decisions = Counter("governor_decisions", "Decisions by actuation outcome", ["outcome"], registry=r)
-        self.actuation = Counter("governor_actuation_calls", "Actuation results per target", ["target", "status"], registry=r)
+        self.actuation = Counter("governor_actuation_calls", "Actuation results per target", ["target", "status"],
+                                 registry=r)
         self.generation = Gauge("governor_generation", "Generation of the last decision", registry=r)
         self.mode = Gauge("governor_mode", "1 for the current mode", ["mode"], registry=r)
-        self.frozen = Gauge("governor_telemetry_frozen", "1 when all telemetry is stale and the last safe decision is held", registry=r)
-        self.telemetry = Gauge("governor_telemetry_status", "1 for the pool's current telemetry status", ["pool", "status"], registry=r)
+        self.frozen = Gauge("governor_telemetry_frozen",
+                            "1 when all telemetry is stale and the last safe decision is held", registry=r)
+        self.telemetry = Gauge("governor_telemetry_status", "1 for the pool's current telemetry status",
+                               ["pool", "status"], registry=r)
         self.source_errors = Counter("governor_telemetry_errors", "Telemetry read problems", registry=r)
         self.replicas_desired = Gauge("governor_replicas_desired", "Replica target decided", ["pool"], registry=r)
         self.replicas_ready = Gauge("governor_replicas_ready", "Replicas observed ready", ["pool"], registry=r)
         self.replicas_starting = Gauge("governor_replicas_starting", "Replicas observed starting", ["pool"], registry=r)
         self.arrival_rps = Gauge("governor_pool_arrival_rps", "Observed request rate per pool", ["pool"], registry=r)
-        self.ttft_p95 = Gauge("governor_pool_ttft_p95_seconds", "Observed p95 time to first token", ["pool"], registry=r)
+        self.ttft_p95 = Gauge("governor_pool_ttft_p95_seconds", "Observed p95 time to first token", ["pool"],
+                              registry=r)
         self.slo_ttft = Gauge("governor_slo_ttft_seconds", "TTFT SLO of the tightest class", registry=r)
         self.hit_rate = Gauge("governor_pool_hit_rate", "Observed prefix-cache hit rate", ["pool"], registry=r)
         self.kv_usage = Gauge("governor_pool_kv_usage", "Observed mean KV-cache usage", ["pool"], registry=r)
-        self.shed = Gauge("governor_admission_shed_fraction", "Shed fraction decided per class", ["priority"], registry=r)
-        self.guard_adjustments = Counter("governor_guard_adjustments", "Guardrail adjustments by code", ["code"], registry=r)
+        self.shed = Gauge("governor_admission_shed_fraction", "Shed fraction decided per class", ["priority"],
+                          registry=r)
+        self.guard_adjustments = Counter("governor_guard_adjustments", "Guardrail adjustments by code", ["code"],
+                                         registry=r)
         self.reasons = Counter("governor_decision_reasons", "Policy reasons by code", ["code"], registry=r)
         self.model_error = Gauge("governor_model_error", "Recent prediction error of the learned models "
                                  "(APE for latency, absolute error for hit rate)", ["metric"], registry=r)
         self.breaker_stage = Gauge("governor_breaker_stage", "Cascading-failure breaker stage (0 = closed)", registry=r)
-        self.breaker_trips = Gauge("governor_breaker_trips", "Times the cascading-failure breaker has tripped", registry=r)
+        self.breaker_trips = Gauge("governor_breaker_trips", "Times the cascading-failure breaker has tripped",
+                                   registry=r)
         self.overrides_active = Gauge("governor_overrides_active", "Operator overrides in force", registry=r)
-        self.planner_candidates = Gauge("governor_planner_candidates", "Candidate plans the MPC scored in the last tick",
-                                        registry=r)
+        self.planner_candidates = Gauge("governor_planner_candidates",
+                                        "Candidate plans the MPC scored in the last tick", registry=r)
         self.planner_budget_cut = Counter("governor_planner_budget_cut", "Ticks whose MPC search its time budget cut "
                                           "short (raise mpc time_budget_s if this grows with most ticks)", registry=r)
         self._server: WSGIServer | None = None
@@ -69,7 +77,8 @@ class DaemonMetrics:
             for s in ("ok", "partial", "missing", "stale"):
                 self.telemetry.labels(pool, s).set(1 if s == status else 0)
         for pool, p in observation.pools.items():
-            for gauge, reading in ((self.replicas_ready, p.replicas_ready), (self.replicas_starting, p.replicas_starting),
+            for gauge, reading in ((self.replicas_ready, p.replicas_ready),
+                                   (self.replicas_starting, p.replicas_starting),
                                    (self.arrival_rps, p.arrival_rps), (self.ttft_p95, p.ttft_p95_s),
                                    (self.hit_rate, p.hit_rate), (self.kv_usage, p.kv_usage_frac)):
                 gauge.labels(pool).set(reading.value if reading.ok else math.nan)

@@ -34,8 +34,8 @@ class Learning:
         self.history = HistoryBuffer(capacity=history_capacity, state_dir=str(state_dir))
         self.tracker = ModelTracker(self.physics, window=240)
         self.job = RefitJob(self.history, self.slot, self.physics, clock=clock, logger=logger,
-                            store=ModelStore(Path(state_dir) / "models"), config=RefitConfig(interval_s=refit_interval_s),
-                            seed=seed)
+                            store=ModelStore(Path(state_dir) / "models"),
+                            config=RefitConfig(interval_s=refit_interval_s), seed=seed)
 
     def _load(self, models_dir: Path):
         physics = list(self.physics.values())

@@ -12,6 +12,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -20,7 +21,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 class TickLoop:
     def __init__(self, tick: Callable[[], object], interval_s: float, logger: logging.Logger,
-                 on_skipped: Callable[[], None] | None = None, on_error: Callable[[BaseException], None] | None = None) -> None:
+                 on_skipped: Callable[[], None] | None = None,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"tick interval must be > 0 s (got {interval_s})")
         self._tick = tick
@@ -30,7 +32,8 @@ class TickLoop:
         self._on_error = on_error
         self._stop = threading.Event()
         self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(1)},
-                                              job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
+                                              job_defaults={"max_instances": 1, "coalesce": True,
+                                                            "misfire_grace_time": None})
         self._scheduler.add_listener(self._on_event, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED | EVENT_JOB_ERROR)
 
     def _on_event(self, event: JobExecutionEvent) -> None:
@@ -49,7 +52,7 @@ class TickLoop:
     def run(self, *, stop_after_s: float | None = None, reload: Callable[[], None] | None = None,
             install_signals: bool = True) -> None:
         """Block until stopped (signal, stop(), or stop_after_s). The first tick runs at once."""
-        previous = {}
+        previous: dict[signal.Signals, Any] = {}  # signal → the handler it had (a callable, SIG_DFL/SIG_IGN or None)
         if install_signals and threading.current_thread() is threading.main_thread():
             def _term(signum, _frame):
                 self.log.info(f"signal {signal.Signals(signum).name}: finishing the current tick and stopping",
@@ -61,7 +64,8 @@ class TickLoop:
                     try:
                         reload()
                     except Exception as exc:  # noqa: BLE001 - a bad reload keeps the running config
-                        self.log.error(f"config reload failed, keeping the running config: {exc}", extra={"event": "reload"})
+                        self.log.error(f"config reload failed, keeping the running config: {exc}",
+                                       extra={"event": "reload"})
 
             for sig, handler in ((signal.SIGTERM, _term), (signal.SIGINT, _term), (signal.SIGHUP, _hup)):
                 previous[sig] = signal.signal(sig, handler)
@@ -76,6 +80,6 @@ class TickLoop:
 
 
 def _now():
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

@@ -58,7 +58,7 @@ class Services:
         for c in reversed(self.closers):
             try:
                 c()
-            except Exception:  # noqa: BLE001 - shutting down: keep closing the rest
+            except Exception:  # logged: shutting down, keep closing the rest
                 logging.getLogger("governor").exception("error while shutting down")
 
 
@@ -113,9 +113,10 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
         daemon = Daemon(controller=controller, source=source, actuator=actuator, shadow=ShadowActuator(clock=clock),
                         store=store, metrics=metrics, clock=clock, logger=logger, mode=settings.mode,
                         profile=settings.profile, on_tick=on_tick, learning=learning)
-        tls = settings.api.tls
-        api = PolicyServer(daemon, store, settings.api.listen, token=settings.api.resolved_token(),
-                           tls=TlsConfig(tls.cert, tls.key, tls.client_ca) if tls.cert and tls.key else None, clock=clock)
+        api_tls = settings.api.tls
+        server_tls = TlsConfig(api_tls.cert, api_tls.key, api_tls.client_ca) if api_tls.cert and api_tls.key else None
+        api = PolicyServer(daemon, store, settings.api.listen, token=settings.api.resolved_token(), tls=server_tls,
+                           clock=clock)
         api_port = api.start()
         closers.append(api.stop)
         metrics_url = None
@@ -190,7 +191,8 @@ def cmd_run(args) -> int:
     tmp = None
     policy = getattr(args, "policy", None)
     if policy is not None and policy not in POLICY_NAMES:
-        print(f"governor: --policy {policy!r} is not a policy; choose one of {', '.join(POLICY_NAMES)}", file=sys.stderr)
+        print(f"governor: --policy {policy!r} is not a policy; choose one of {', '.join(POLICY_NAMES)}",
+              file=sys.stderr)
         return 2
     if args.demo and args.config:
         print("governor: --demo runs its own simulated fleet with its own config, so --config is not used with it "
@@ -223,7 +225,7 @@ def cmd_run(args) -> int:
     log_file = None
     if not headless:
         Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
-        log_file = open(Path(settings.state_dir) / "governor.log", "a")  # noqa: SIM115 - closed at exit
+        log_file = open(Path(settings.state_dir) / "governor.log", "a")  # noqa: SIM115 - closed on every exit below
     logger = setup_logging(settings.log.level, settings.log.format, stream=log_file or sys.stderr)
     slo_ttft = min(s.ttft_s for s in settings.fleet_spec().slos.values())
     from controller.runtime.view import JsonLines, LiveView
@@ -239,13 +241,15 @@ def cmd_run(args) -> int:
     except (ValueError, OSError) as exc:
         if live:
             live.stop()
+        if log_file is not None:
+            log_file.close()
         print(f"governor: cannot start: {exc}", file=sys.stderr)
         return 2
     if args.mode:
         services.daemon.set_mode(Mode(args.mode), author="cli", reason="--mode")
         services.store.set_mode(args.mode, author="cli", now_s=clock.now_s(), reason="--mode on the command line")
     api_addr = f"{_host_port(settings.api.listen)[0]}:{services.api_port}"
-    listening_event = {"event": "listening", "policy_api": api_addr,
+    listening_event: dict[str, Any] = {"event": "listening", "policy_api": api_addr,
                        "keda_scaler": f"127.0.0.1:{services.keda_port}" if services.keda_port else None,
                        "metrics": services.metrics_url}
     if live is not None:
@@ -272,8 +276,9 @@ def cmd_run(args) -> int:
             logger.info("config reloaded", extra={"event": "reload", "summary": new.summary()})
 
         if view is not None:
-            view.set_header(f"policy API {api_addr} · metrics {services.metrics_url} · mode {services.daemon.mode.value} · "
-                            f"log {log_file.name if log_file else 'stderr'} · Ctrl-C stops everything")
+            view.set_header(f"policy API {api_addr} · metrics {services.metrics_url} · "
+                            f"mode {services.daemon.mode.value} · log {log_file.name if log_file else 'stderr'} · "
+                            "Ctrl-C stops everything")
             with view:
                 loop.run(stop_after_s=args.for_s, reload=reload)
         else:

@@ -84,7 +84,8 @@ class LiveView:
         self.title = title
         self.console = console or Console(markup=False)  # reasons may contain brackets
         self.decisions: deque[str] = deque(maxlen=history)
-        self._live = Live(Text("waiting for the first tick…"), console=self.console, refresh_per_second=4, transient=False)
+        self._live = Live(Text("waiting for the first tick…"), console=self.console, refresh_per_second=4,
+                          transient=False)
         self._header = ""
 
     def __enter__(self) -> LiveView:

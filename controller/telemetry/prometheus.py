@@ -215,7 +215,8 @@ class PrometheusSource:
                 results[name] = fut.result(timeout=max(0.0, remaining))
                 answered += 1
             except futures.TimeoutError:
-                errors.append(f"prometheus {self.url}: read budget of {self.timeout_s:g} s spent; query {name} unanswered")
+                errors.append(f"prometheus {self.url}: read budget of {self.timeout_s:g} s spent; "
+                              f"query {name} unanswered")
             except TransportError as exc:
                 transport_error = transport_error or f"prometheus {self.url}: {exc}"
             except (PrometheusApiClientException, KeyError, TypeError, ValueError) as exc:

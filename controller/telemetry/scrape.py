@@ -5,8 +5,9 @@ thread pool, urllib, a bounded timeout per request and for the whole round),
 keeps only the metric families the window reads (`filter_exposition`: a vLLM page
 has ~330 lines, of which ~80 are read), parses those lines (`parse_samples`: string
 splits per line, each label block parsed once, falling back to `prometheus_client`'s
-parser for anything unusual) and hands the samples, or the exception each fetch raised, to a `FamiliesWindow`. Targets come from the static
-list and/or a Prometheus HTTP service-discovery URL (a JSON list of
+parser for anything unusual) and hands the samples, or the exception each fetch
+raised, to a `FamiliesWindow`. Targets come from the static list and/or a
+Prometheus HTTP service-discovery URL (a JSON list of
 `{"targets": ["host:port"], "labels": {...}}` groups, as the simulator's /sd
 serves): the `pool` label names the pool and `kind` says what the target is
 (vllm, sglang, dcgm or router; default vllm). If discovery fails, the last list
@@ -28,12 +29,11 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from controller.telemetry.source import TARGET_KINDS, ScrapeTarget, describe_error
-from controller.telemetry.window import FamiliesWindow, read_sample_names
+from controller.telemetry.window import FamiliesWindow, TargetSamples, read_sample_names
 from controller.types import FleetObservation, PoolObservation
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a vLLM /metrics page is ~100 KB; refuse anything absurd
@@ -49,7 +49,7 @@ def fetch_text(url: str, timeout_s: float) -> str:
     if not url.startswith(("http://", "https://")):
         raise ScrapeError(f"only http(s) URLs can be scraped, got {url!r}")
     req = urllib.request.Request(url, headers={"Accept": ACCEPT, "User-Agent": "governor-scrape"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - URLs come from config/discovery
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # http(s) only, checked above
         body = resp.read(MAX_BODY_BYTES + 1)
     if len(body) > MAX_BODY_BYTES:
         raise ScrapeError(f"response larger than {MAX_BODY_BYTES} bytes")
@@ -123,7 +123,7 @@ _UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 _LABEL_CACHE_MAX = 50_000
 
 
-class _NotPlain(Exception):
+class _NotPlainTextError(Exception):
     """A line the fast parser does not handle (quoted names, exotic syntax): use prometheus_client's."""
 
 
@@ -133,7 +133,7 @@ def _labels(block: str) -> dict[str, str]:
     while pos < end:
         m = _PAIR.match(block, pos)
         if m is None or m.end() == pos:
-            raise _NotPlain(block)
+            raise _NotPlainTextError(block)
         value = m.group(2)
         if "\\" in value:
             value = _ESCAPE.sub(lambda e: _UNESCAPE[e.group(0)], value)
@@ -177,15 +177,16 @@ def parse_samples(text: str, label_cache: dict[str, dict[str, str]] | None = Non
                 name = line[:brace].rstrip()
                 close = line.rfind("}")  # the value and timestamp cannot hold a brace
                 if close < brace:
-                    raise _NotPlain(line)
+                    raise _NotPlainTextError(line)
                 block = line[brace + 1:close]
-                labels = cache.get(block)
-                if labels is None:
-                    labels = cache[block] = _labels(block)
+                cached = cache.get(block)
+                if cached is None:
+                    cached = cache[block] = _labels(block)
+                labels = cached
                 tail = line[close + 1:]
             fields = tail.split()
             if not 1 <= len(fields) <= 2 or not _METRIC_NAME.fullmatch(name):
-                raise _NotPlain(line)
+                raise _NotPlainTextError(line)
             if counter and name == counter and not name.endswith("_total"):
                 name += "_total"
             smp = Sample(name, labels, float(fields[0]))
@@ -194,7 +195,7 @@ def parse_samples(text: str, label_cache: dict[str, dict[str, str]] | None = Non
                 out[name] = [smp]
             else:
                 got.append(smp)
-    except (_NotPlain, ValueError):
+    except (_NotPlainTextError, ValueError):
         out = {}
         for fam in text_string_to_metric_families(text):
             for smp in fam.samples:
@@ -310,7 +311,8 @@ class ScrapeSource:
 
     # ------------------------------------------------------------------ read
 
-    def _scrape_all(self, targets: Sequence[ScrapeTarget]) -> list[tuple[ScrapeTarget, Sequence[Metric] | BaseException]]:
+    def _scrape_all(self, targets: Sequence[ScrapeTarget],
+                    ) -> list[tuple[ScrapeTarget, TargetSamples | BaseException]]:
         fams = self._families
         futures = {t.url: self._pool.submit(_scrape, t.url, self.timeout_s, None if fams is None else fams[t.kind],
                                             self._label_cache.setdefault(t.url, {}))
@@ -318,7 +320,7 @@ class ScrapeSource:
         for url in [u for u in self._label_cache if u not in futures]:  # targets gone: forget their labels
             del self._label_cache[url]
         wait(futures.values(), timeout=self.round_timeout_s)
-        out: list[tuple[ScrapeTarget, Sequence[Metric] | BaseException]] = []
+        out: list[tuple[ScrapeTarget, TargetSamples | BaseException]] = []
         for t in targets:
             f = futures[t.url]
             if not f.done():

@@ -41,6 +41,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 from prometheus_client.metrics_core import Metric
 
@@ -128,6 +129,8 @@ _Key = tuple[str, str, tuple[tuple[str, str], ...], float | None]
 
 
 SampleMap = Mapping[str, Sequence]
+TargetSamples = Sequence[Metric] | SampleMap
+"""What one target answered: prometheus_client families, or samples by name (the scrape fast path)."""
 """Sample name → samples (anything with `.labels` and `.value`, e.g. prometheus_client's Sample): what an
 in-process reader may hand the window instead of metric families (the simulator's observer does)."""
 
@@ -202,10 +205,12 @@ def _snapshot(samples: Mapping[str, Sequence], signals: Sequence[_Signal], group
             if key is _SKIP:
                 continue
             if is_gauge:
-                total, n = gauges.get(key, (0.0, 0))
-                gauges[key] = (total + float(s.value), n + 1)
+                gauge_key = cast("tuple[str, str]", key)
+                total, count = gauges.get(gauge_key, (0.0, 0))
+                gauges[gauge_key] = (total + float(s.value), count + 1)
             else:
-                cumulative[key] = cumulative.get(key, 0.0) + float(s.value)
+                series_key = cast(_Key, key)
+                cumulative[series_key] = cumulative.get(series_key, 0.0) + float(s.value)
     return cumulative, gauges
 
 
@@ -236,16 +241,16 @@ class _TargetHistory:
         self.gauges: dict[tuple[str, str], tuple[float, int]] = {}  # the newest scrape's gauge sums
         self.memo: dict = {}
 
-    def add(self, now_s: float, families: Sequence[Metric] | SampleMap, window_s: float) -> None:
+    def add(self, now_s: float, families: TargetSamples, window_s: float) -> None:
         if self.times and self.times[-1] >= now_s:  # same instant again, or the clock went back: replace
             while self.times and self.times[-1] >= now_s:
                 self.times.pop()
-            for ser in self.series.values():
-                while ser.times and ser.times[-1] >= now_s:
-                    ser.times.pop()
-                    ser.values.pop()
-                    if ser.incs:
-                        ser.incs.pop()
+            for old in self.series.values():
+                while old.times and old.times[-1] >= now_s:
+                    old.times.pop()
+                    old.values.pop()
+                    if old.incs:
+                        old.incs.pop()
         cumulative, self.gauges = _snapshot(_flatten(families), self.signals, self.group_label, self.memo)
         series = self.series
         for key, v in cumulative.items():
@@ -412,11 +417,11 @@ class FamiliesWindow:
         return h
 
     def update(self, now_s: float,
-               scraped: Sequence[tuple[ScrapeTarget, Sequence[Metric] | BaseException]]) -> FleetObservation:
+               scraped: Sequence[tuple[ScrapeTarget, TargetSamples | BaseException]]) -> FleetObservation:
         errors: list[str] = []
         answered: dict[str, list[_TargetHistory]] = {}  # pool -> engine targets that answered
         listed_engines: dict[str, int] = {}
-        dcgm_ok: dict[str, list[Sequence[Metric]]] = {}
+        dcgm_ok: dict[str, list[TargetSamples]] = {}
         dcgm_listed: dict[str, int] = {}
         routers_ok: list[_TargetHistory] = []
         routers_listed = 0
@@ -425,8 +430,7 @@ class FamiliesWindow:
             if target.kind != "router" and target.pool not in self.pools:
                 errors.append(f"target {target.describe()}: pool {target.pool!r} is not configured; ignored")
                 continue
-            failed = isinstance(result, BaseException)
-            if failed:
+            if isinstance(result, BaseException):
                 errors.append(f"scrape {target.describe()}: {describe_error(result)}")
             if target.is_engine:
                 listed_engines[target.pool] = listed_engines.get(target.pool, 0) + 1
@@ -434,7 +438,7 @@ class FamiliesWindow:
                 dcgm_listed[target.pool] = dcgm_listed.get(target.pool, 0) + 1
             else:
                 routers_listed += 1
-            if failed:
+            if isinstance(result, BaseException):
                 continue
             self._last_seen_s[target.url] = now_s
             if target.kind == "dcgm":
@@ -511,7 +515,7 @@ class FamiliesWindow:
         self._engine_views[pool] = (now_s, obs)
         return obs
 
-    def _gpu_view(self, now_s: float, pool: str, results: list[Sequence[Metric]], listed: int) -> Reading:
+    def _gpu_view(self, now_s: float, pool: str, results: list[TargetSamples], listed: int) -> Reading:
         if listed == 0:
             self._gpu_views.pop(pool, None)
             return MISSING
@@ -529,8 +533,8 @@ class FamiliesWindow:
         if not routers:
             if self._class_view is None:
                 return {c: ClassObservation(priority_class=c) for c in self.classes}
-            at_s, view = self._class_view
-            return {c: _age_all(o, now_s - at_s, self.stale_after_s) for c, o in view.items()}
+            at_s, last = self._class_view
+            return {c: _age_all(o, now_s - at_s, self.stale_after_s) for c, o in last.items()}
         t = _Totals()
         for h in routers:
             t.add(h)
@@ -560,7 +564,7 @@ class FamiliesWindow:
         return view
 
 
-def _gpu_busy_frac(results: list[Sequence[Metric]]) -> float | None:
+def _gpu_busy_frac(results: list[TargetSamples]) -> float | None:
     """Mean busy fraction over the GPUs of the answering DCGM exporters.
 
     Per GPU: DCGM_FI_PROF_GR_ENGINE_ACTIVE (0..1) when exported, else

@@ -35,7 +35,8 @@ def fleet():
         yield f
 
 
-def make(fleet_address: str | None, clock: VirtualClock | None = None, *, autoscaler: str | None = "same", **kw) -> GrpcActuator:
+def make(fleet_address: str | None, clock: VirtualClock | None = None, *, autoscaler: str | None = "same",
+         **kw) -> GrpcActuator:
     return GrpcActuator(fleet_address, fleet_address if autoscaler == "same" else autoscaler,
                         clock=clock or VirtualClock(T0), issuer="governor/test", **kw)
 
@@ -53,7 +54,8 @@ def test_decision_is_mapped_field_by_field(fleet):
     for meta in (rp.meta, sp.meta):
         assert meta.decision_id == "d-00000001"
         assert meta.generation == 1
-        assert meta.valid_until_unix_s == d.valid_until_s == T0 + 120.0  # the validity deadline travels with the command
+        # the validity deadline travels with the command
+        assert meta.valid_until_unix_s == d.valid_until_s == T0 + 120.0
         assert meta.issuer == "governor/test"
     assert [(p.pool, p.traffic_weight, p.inflight_cap, p.weights.prefix, p.weights.queue, p.weights.kv_usage)
             for p in rp.pools] == [("a", 0.5, 8, 4.0, 1.5, 0.5), ("b", 0.5, 9, 4.0, 1.5, 0.5)]

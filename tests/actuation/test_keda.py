@@ -65,7 +65,8 @@ def error(call):
 out = {"module": pb.__name__}
 spec = stub.GetMetricSpec(ref(pool="pool-a"), timeout=5).metricSpecs
 out["spec"] = [[s.metricName, s.targetSize, s.targetSizeFloat] for s in spec]
-values = stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(pool="pool-a"), metricName=spec[0].metricName), timeout=5)
+values = stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(pool="pool-a"), metricName=spec[0].metricName),
+                         timeout=5)
 out["metrics"] = [[v.metricName, v.metricValue, v.metricValueFloat] for v in values.metricValues]
 out["active"] = {p: stub.IsActive(ref(pool=p), timeout=5).result for p in ("pool-a", "pool-idle")}
 stream = stub.StreamIsActive(ref(pool="pool-a"), timeout=5)
@@ -203,6 +204,7 @@ def test_health_and_reflection(scaler):
         resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
     refl = reflection_pb2_grpc.ServerReflectionStub(channel)
-    [resp] = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+    requests = iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+    [resp] = list(refl.ServerReflectionInfo(requests, timeout=5))
     names = {s.name for s in resp.list_services_response.service}
     assert "externalscaler.ExternalScaler" in names and "grpc.health.v1.Health" in names

@@ -20,7 +20,8 @@ from tests.fixtures.prometheus import free_port
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
     args = build_parser().parse_args(argv)
     func = {
-        "status": client.cmd_status, "decisions": client.cmd_decisions, "explain": client.cmd_explain, "mode": client.cmd_mode,
+        "status": client.cmd_status, "decisions": client.cmd_decisions, "explain": client.cmd_explain,
+        "mode": client.cmd_mode,
     }.get(args.command) or {"set": client.cmd_override_set, "list": client.cmd_override_list,
                             "delete": client.cmd_override_delete}[args.override_command]
     rc = func(args)
@@ -92,7 +93,8 @@ def test_bad_cli_values_exit_2_without_calling(api, capsys, argv, needle):
 
 
 def test_mode_calls_the_daemon(api, capsys):
-    rc, out, _ = run(["mode", "--api", api.address, "--token", TOKEN, "shadow", "--author", "ana", "--reason", "try"], capsys)
+    rc, out, _ = run(["mode", "--api", api.address, "--token", TOKEN, "shadow", "--author", "ana", "--reason", "try"],
+                     capsys)
     assert rc == 0 and "active → shadow" in out
     assert api.daemon.mode_calls == [(Mode.SHADOW, "ana", "try")]
 
@@ -193,7 +195,8 @@ def mtls_api(tmp_path, certs):
 
     store = StateStore(tmp_path / "tls.db")
     tls = TlsConfig(str(certs / "server.crt"), str(certs / "server.key"), client_ca_file=str(certs / "ca.crt"))
-    server = PolicyServer(FakeDaemon(), store, "127.0.0.1:0", token=None, tls=tls, clock=VirtualClock(WallClock().now_s()))
+    server = PolicyServer(FakeDaemon(), store, "127.0.0.1:0", token=None, tls=tls,
+                          clock=VirtualClock(WallClock().now_s()))
     port = server.start()
     yield f"127.0.0.1:{port}"
     server.stop(0)

@@ -34,7 +34,8 @@ def _code(call) -> tuple[grpc.StatusCode, str]:
                          ids=["no token", "wrong token", "no scheme", "wrong scheme"])
 def test_calls_without_the_right_token_are_unauthenticated(api, metadata):
     for call in (lambda: api.stub.GetStatus(pb.GetStatusRequest(), metadata=metadata, timeout=5),
-                 lambda: api.stub.SetMode(pb.SetModeRequest(mode=pb.MODE_PAUSED, author="x"), metadata=metadata, timeout=5)):
+                 lambda: api.stub.SetMode(pb.SetModeRequest(mode=pb.MODE_PAUSED, author="x"), metadata=metadata,
+                                          timeout=5)):
         code, _ = _code(call)
         assert code == grpc.StatusCode.UNAUTHENTICATED
     assert api.daemon.mode_calls == []
@@ -47,7 +48,8 @@ def test_health_and_reflection_answer_without_a_token(api):
         assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status == \
             health_pb2.HealthCheckResponse.SERVING
     refl = reflection_pb2_grpc.ServerReflectionStub(api.channel)
-    [resp] = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+    requests = iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+    [resp] = list(refl.ServerReflectionInfo(requests, timeout=5))
     assert "governor.v1.PolicyService" in {s.name for s in resp.list_services_response.service}
 
 
@@ -62,7 +64,8 @@ def test_status_with_the_token(api):
     assert st.version
 
 
-@pytest.mark.parametrize("listen", ["0.0.0.0:50051", "[::]:50051", ":50051", "governor.example.com:50051", "10.0.0.5:1"])
+@pytest.mark.parametrize("listen", ["0.0.0.0:50051", "[::]:50051", ":50051", "governor.example.com:50051",
+                                    "10.0.0.5:1"])
 def test_refuses_non_loopback_without_a_token(tmp_path, listen):
     store = StateStore(tmp_path / "s.db")
     for token in (None, ""):
@@ -71,7 +74,8 @@ def test_refuses_non_loopback_without_a_token(tmp_path, listen):
         assert listen in str(err.value)
     # with a token, or with mTLS, it may listen there (not started: tests stay on loopback)
     PolicyServer(FakeDaemon(), store, listen, token="t", clock=VirtualClock(T0))
-    PolicyServer(FakeDaemon(), store, listen, token=None, tls=TlsConfig("c", "k", client_ca_file="ca"), clock=VirtualClock(T0))
+    mtls = TlsConfig("c", "k", client_ca_file="ca")
+    PolicyServer(FakeDaemon(), store, listen, token=None, tls=mtls, clock=VirtualClock(T0))
     with pytest.raises(InsecureListenError):  # TLS without client certificates does not authenticate callers
         PolicyServer(FakeDaemon(), store, listen, token=None, tls=TlsConfig("c", "k"), clock=VirtualClock(T0))
     store.close()
@@ -98,23 +102,31 @@ def _ov(**kw) -> pb.Override:
     return pb.Override(**base)
 
 
+def _set_override(**kw):
+    """The SetOverride call of a validation row: `_ov(**kw)`, sent with the row's metadata."""
+    return lambda s, md: s.SetOverride(pb.SetOverrideRequest(override=_ov(**kw)), metadata=md)
+
+
+ADMISSION = pb.OVERRIDE_KIND_ADMISSION
 BAD_REQUESTS = [
-    ("kind unspecified", lambda s, md: s.SetOverride(pb.SetOverrideRequest(override=_ov(kind=pb.OVERRIDE_KIND_UNSPECIFIED)), metadata=md), "override.kind"),
+    ("kind unspecified", _set_override(kind=pb.OVERRIDE_KIND_UNSPECIFIED), "override.kind"),
     ("no override", lambda s, md: s.SetOverride(pb.SetOverrideRequest(), metadata=md), "override"),
-    ("ttl zero", lambda s, md: s.SetOverride(pb.SetOverrideRequest(override=_ov(ttl_s=0)), metadata=md), "override.ttl_s"),
-    ("ttl over 7 days", lambda s, md: s.SetOverride(pb.SetOverrideRequest(override=_ov(ttl_s=8 * 86400)), metadata=md), "override.ttl_s"),
-    ("missing author", lambda s, md: s.SetOverride(pb.SetOverrideRequest(override=_ov(author="")), metadata=md), "override.author"),
-    ("unknown pool", lambda s, md: s.SetOverride(pb.SetOverrideRequest(override=_ov(pool="pool-z")), metadata=md), "override.pool"),
-    ("bad class", lambda s, md: s.SetOverride(pb.SetOverrideRequest(override=_ov(kind=pb.OVERRIDE_KIND_ADMISSION, pool="", priority_class="vip", value=0.5)), metadata=md), "override.priority_class"),
-    ("shed above 1", lambda s, md: s.SetOverride(pb.SetOverrideRequest(override=_ov(kind=pb.OVERRIDE_KIND_ADMISSION, pool="", priority_class="sheddable", value=1.2)), metadata=md), "override.value"),
-    ("unknown profile", lambda s, md: s.SetOverride(pb.SetOverrideRequest(override=_ov(kind=pb.OVERRIDE_KIND_PROFILE, pool="", text="warp")), metadata=md), "override.text"),
-    ("negative replicas", lambda s, md: s.SetOverride(pb.SetOverrideRequest(override=_ov(kind=pb.OVERRIDE_KIND_PIN_REPLICAS, value=-2)), metadata=md), "override.value"),
+    ("ttl zero", _set_override(ttl_s=0), "override.ttl_s"),
+    ("ttl over 7 days", _set_override(ttl_s=8 * 86400), "override.ttl_s"),
+    ("missing author", _set_override(author=""), "override.author"),
+    ("unknown pool", _set_override(pool="pool-z"), "override.pool"),
+    ("bad class", _set_override(kind=ADMISSION, pool="", priority_class="vip", value=0.5), "override.priority_class"),
+    ("shed above 1", _set_override(kind=ADMISSION, pool="", priority_class="sheddable", value=1.2), "override.value"),
+    ("unknown profile", _set_override(kind=pb.OVERRIDE_KIND_PROFILE, pool="", text="warp"), "override.text"),
+    ("negative replicas", _set_override(kind=pb.OVERRIDE_KIND_PIN_REPLICAS, value=-2), "override.value"),
     ("mode unspecified", lambda s, md: s.SetMode(pb.SetModeRequest(author="ana"), metadata=md), "mode"),
     ("mode without author", lambda s, md: s.SetMode(pb.SetModeRequest(mode=pb.MODE_SHADOW), metadata=md), "author"),
     ("delete without id", lambda s, md: s.DeleteOverride(pb.DeleteOverrideRequest(author="ana"), metadata=md), "id"),
-    ("delete without author", lambda s, md: s.DeleteOverride(pb.DeleteOverrideRequest(id="ov-000001"), metadata=md), "author"),
+    ("delete without author", lambda s, md: s.DeleteOverride(pb.DeleteOverrideRequest(id="ov-000001"), metadata=md),
+     "author"),
     ("decisions limit", lambda s, md: s.ListDecisions(pb.ListDecisionsRequest(limit=5000), metadata=md), "limit"),
-    ("decisions negative since", lambda s, md: s.ListDecisions(pb.ListDecisionsRequest(since_unix_s=-1), metadata=md), "since_unix_s"),
+    ("decisions negative since", lambda s, md: s.ListDecisions(pb.ListDecisionsRequest(since_unix_s=-1), metadata=md),
+     "since_unix_s"),
     ("audit limit", lambda s, md: s.ListAudit(pb.ListAuditRequest(limit=-1), metadata=md), "limit"),
     ("explain without id", lambda s, md: s.ExplainDecision(pb.ExplainDecisionRequest(), metadata=md), "decision_id"),
 ]
@@ -138,7 +150,8 @@ def test_bad_requests_are_invalid_argument_naming_the_field_and_change_nothing(a
 
 def test_set_list_expire_and_delete_overrides(api):
     stub, md = api.stub, api.auth
-    o = stub.SetOverride(pb.SetOverrideRequest(override=_ov(reason="launch", id="ignored", created_unix_s=1)), metadata=md)
+    o = stub.SetOverride(pb.SetOverrideRequest(override=_ov(reason="launch", id="ignored", created_unix_s=1)),
+                         metadata=md)
     assert (o.id, o.kind, o.pool, o.value, o.ttl_s) == ("ov-000001", pb.OVERRIDE_KIND_MIN_REPLICAS, "pool-a", 2, 600)
     assert (o.created_unix_s, o.expires_unix_s, o.author, o.reason) == (T0, T0 + 600, "ana", "launch")
     p = stub.SetOverride(pb.SetOverrideRequest(override=pb.Override(
@@ -173,7 +186,8 @@ def test_set_mode_calls_the_daemon_and_persists(api):
 
 def test_set_mode_refused_by_the_daemon_is_not_persisted(api):
     api.daemon.refuse_modes = (Mode.PAUSED,)
-    code, details = _code(lambda: api.stub.SetMode(pb.SetModeRequest(mode=pb.MODE_PAUSED, author="ana"), metadata=api.auth))
+    request = pb.SetModeRequest(mode=pb.MODE_PAUSED, author="ana")
+    code, details = _code(lambda: api.stub.SetMode(request, metadata=api.auth))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "not allowed" in details
     assert api.store.get_mode() is None and api.store.list_audit() == []
 
@@ -200,19 +214,21 @@ def test_list_and_explain_decisions(api):
     api.store.record_decision({**RECORD, "decision_id": "d-00000043", "generation": 43, "at_s": T0,
                                "pools": {"pool-b": {"replicas": 2}}, "summary": "no change"})
     stub, md = api.stub, api.auth
-    assert [d.decision_id for d in stub.ListDecisions(pb.ListDecisionsRequest(), metadata=md).decisions] == [
-        "d-00000043", "d-00000042"]
-    assert [d.decision_id for d in stub.ListDecisions(pb.ListDecisionsRequest(pool="pool-a"), metadata=md).decisions] == [
-        "d-00000042"]
-    assert [d.decision_id for d in stub.ListDecisions(pb.ListDecisionsRequest(since_unix_s=T0 - 1), metadata=md).decisions] == [
-        "d-00000043"]
+
+    def ids(**kw):
+        return [d.decision_id for d in stub.ListDecisions(pb.ListDecisionsRequest(**kw), metadata=md).decisions]
+
+    assert ids() == ["d-00000043", "d-00000042"]
+    assert ids(pool="pool-a") == ["d-00000042"]
+    assert ids(since_unix_s=T0 - 1) == ["d-00000043"]
 
     ex = stub.ExplainDecision(pb.ExplainDecisionRequest(decision_id="d-00000042"), metadata=md)
     assert (ex.decision.generation, ex.decision.summary, ex.decision.outcome) == (42, "scale pool-a 3→5", "applied")
     assert json.loads(ex.json) == RECORD
     for expected in ("Decision d-00000042 (generation 42)", "outcome applied", "arrival_rps=41.5",
                      "[pool-a] slo_breach: TTFT p95 1.9 s > SLO 1.0 s", "Guardrail adjustments",
-                     "[pool-a] max_step_up: capped +4 to +2", "Overrides applied", "ov-000003 min_replicas(pool-a) = 5 by ana",
+                     "[pool-a] max_step_up: capped +4 to +2", "Overrides applied",
+                     "ov-000003 min_replicas(pool-a) = 5 by ana",
                      "binding_constraint: slo_ttft:critical", "Policy\n  first", "pool-a: replicas=5, warm_standby=1"):
         assert expected in ex.text, (expected, ex.text)
 
@@ -236,7 +252,8 @@ def test_mtls_requires_a_client_certificate(tmp_path, certs):
     port = server.start()
     ca = (certs / "ca.crt").read_bytes()
     try:
-        good = grpc.ssl_channel_credentials(ca, (certs / "client.key").read_bytes(), (certs / "client.crt").read_bytes())
+        good = grpc.ssl_channel_credentials(ca, (certs / "client.key").read_bytes(),
+                                            (certs / "client.crt").read_bytes())
         with grpc.secure_channel(f"127.0.0.1:{port}", good) as ch:
             assert policy_pb2_grpc.PolicyServiceStub(ch).GetStatus(pb.GetStatusRequest(), timeout=10).generation == 7
         with grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(ca)) as ch:

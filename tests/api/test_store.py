@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from controller.api.store import InvalidRequest, StateStore
+from controller.api.store import InvalidRequestError, StateStore
 from controller.clock import VirtualClock
 
 T0 = 1_700_000_000.0
@@ -123,7 +123,7 @@ def test_invalid_override_names_the_field_and_changes_nothing(path, label, chang
     args.update(changes)
     kind = args.pop("kind")
     with StateStore(path) as s:
-        with pytest.raises(InvalidRequest) as err:
+        with pytest.raises(InvalidRequestError) as err:
             s.add_override(kind, **args)
         assert err.value.field == field
         assert field in str(err.value)
@@ -146,7 +146,7 @@ def test_valid_override_kinds(path):
 def test_delete_override(path):
     with StateStore(path) as s:
         s.add_override("freeze", ttl_s=60, author="ana", now_s=T0, pool="pool-a")
-        with pytest.raises(InvalidRequest) as err:
+        with pytest.raises(InvalidRequestError) as err:
             s.delete_override("ov-000001", author="", now_s=T0)
         assert err.value.field == "author"
         assert s.delete_override("ov-000001", author="bo", now_s=T0 + 1) is True
@@ -173,8 +173,8 @@ def test_decisions_are_bounded_filtered_and_replaceable(path):
         assert [r.generation for r in s.list_decisions(limit=100, since_s=T0 + 15 * 6)] == [8, 7, 6]
         assert [r.generation for r in s.list_decisions(limit=2)] == [8, 7]
 
-        s.record_decision(_record(8, pools=("pool-b", "pool-100%_x"), outcome={"status": "failed", "detail": "router down"},
-                                   nan=math.nan))
+        s.record_decision(_record(8, pools=("pool-b", "pool-100%_x"),
+                                  outcome={"status": "failed", "detail": "router down"}, nan=math.nan))
         [row] = s.list_decisions(limit=1)
         assert (row.decision_id, row.outcome, row.pools) == ("d-00000008", "failed", ("pool-b", "pool-100%_x"))
         full = s.get_decision("d-00000008")
@@ -182,7 +182,7 @@ def test_decisions_are_bounded_filtered_and_replaceable(path):
         assert full["nan"] is None  # stored as strict JSON
         assert full["pools"]["pool-b"] == {"replicas": 8}
 
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(InvalidRequestError):
             s.record_decision({"generation": 1})
     with StateStore(path, max_decisions=5) as s:
         assert len(s.list_decisions(limit=100)) == 5
@@ -191,10 +191,10 @@ def test_decisions_are_bounded_filtered_and_replaceable(path):
 def test_mode_and_profile_validation(path):
     with StateStore(path) as s:
         assert s.get_mode() is None
-        with pytest.raises(InvalidRequest) as err:
+        with pytest.raises(InvalidRequestError) as err:
             s.set_mode("turbo", author="a", now_s=T0)
         assert err.value.field == "mode"
-        with pytest.raises(InvalidRequest) as err:
+        with pytest.raises(InvalidRequestError) as err:
             s.set_profile("fastest", author="a", now_s=T0)
         assert err.value.field == "profile"
         assert s.set_mode("paused", author="a", now_s=T0) is None

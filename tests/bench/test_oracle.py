@@ -62,7 +62,7 @@ def test_dp_never_dearer_than_static_on_random_demand() -> None:
         rates = rng.gamma(2.0, 6.0, size=int(rng.integers(5, 40)))
         cap = float(rng.uniform(2.0, 6.0))
         plan = plan_pool(spec, rates, cap, window_s=60.0, drain_s=5.0)
-        assert all(m >= n for m, n in zip(plan.replicas, plan.need))
+        assert all(m >= n for m, n in zip(plan.replicas, plan.need, strict=True))
         static_n = int(min(max(np.ceil(rates.max() / cap - 1e-9), 1), spec.max_replicas))
         usd_s = 3.6 / 3600.0
         static_cost = plan_cost([static_n] * len(rates), spec.replicas, window_s=60.0, usd_per_s=usd_s,
@@ -206,7 +206,7 @@ def test_repair_turns_a_schedule_that_misses_into_one_that_meets(tiny_scenario) 
     assert not task_slo_ok(run)[0]
     for _ in range(5):
         new = repair_schedule(scenario, reps, run, window_s=60.0)
-        assert all(a >= b for a, b in zip(new["small"], reps["small"])) and new != reps
+        assert all(a >= b for a, b in zip(new["small"], reps["small"], strict=True)) and new != reps
         reps, run = new, replay(new)
         if task_slo_ok(run)[0]:
             break

@@ -86,10 +86,10 @@ class FakeRouter(control_pb2_grpc.RouterControlServicer):
                 return f"admission.shed_fraction: must be in 0..1 (got {a.shed_fraction})"
         return None
 
-    def ApplyRoutingPolicy(self, request, context):
+    def ApplyRoutingPolicy(self, request, context):  # noqa: N802 - gRPC method name
         return self.gate.serve(request, context, self._problem(request), lambda: self.policy.CopyFrom(request))
 
-    def GetRoutingPolicy(self, request, context):
+    def GetRoutingPolicy(self, request, context):  # noqa: N802 - gRPC method name
         return self.policy
 
 
@@ -110,13 +110,14 @@ class FakeAutoscaler(control_pb2_grpc.AutoscalerControlServicer):
                 return f"pools.replicas: must be >= 0 (got {p.replicas})"
         return None
 
-    def ApplyScalingPlan(self, request, context):
+    def ApplyScalingPlan(self, request, context):  # noqa: N802 - gRPC method name
         return self.gate.serve(request, context, self._problem(request), lambda: self.plan.CopyFrom(request))
 
-    def GetFleetState(self, request, context):
+    def GetFleetState(self, request, context):  # noqa: N802 - gRPC method name
         with self.gate.lock:
-            pools = [control_pb2.PoolState(pool=p.pool, target_replicas=p.replicas, ready=p.replicas, standby=p.warm_standby,
-                                           max_num_seqs=p.max_num_seqs) for p in self.plan.pools]
+            pools = [control_pb2.PoolState(pool=p.pool, target_replicas=p.replicas, ready=p.replicas,
+                                           standby=p.warm_standby, max_num_seqs=p.max_num_seqs)
+                     for p in self.plan.pools]
             return control_pb2.FleetState(applied_generation=self.gate.applied_generation,
                                           applied_decision_id=self.gate.applied_decision_id, pools=pools)
 

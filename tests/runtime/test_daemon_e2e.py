@@ -26,13 +26,15 @@ def settings_for(scenario, listening, prom_url, state_dir, *, source="prometheus
               "usd_per_gpu_hour": p.usd_per_replica_hour / p.gpus_per_replica, "min_replicas": p.min_replicas,
               "max_replicas": p.max_replicas, "startup_warm_s": p.startup_warm_s, "startup_cold_s": p.startup_cold_s}
              for p in spec.pools]
-    telemetry = ({"source": "prometheus", "prometheus": {"url": prom_url, "timeout_s": 5}, "window_s": 10, "stale_after_s": 30}
+    windows = {"window_s": 10, "stale_after_s": 30}
+    telemetry = ({"source": "prometheus", "prometheus": {"url": prom_url, "timeout_s": 5}, **windows}
                  if source == "prometheus" else
-                 {"source": "scrape", "scrape": {"discovery_url": listening["discovery"]}, "window_s": 10, "stale_after_s": 30})
+                 {"source": "scrape", "scrape": {"discovery_url": listening["discovery"]}, **windows})
     return Settings(
-        mode=mode, policy=policy, policy_params=policy_params or {}, tick_interval_s=1.0, state_dir=str(state_dir), telemetry=telemetry, pools=pools,
-        actuators={"router": {"address": listening["router_control"]}, "autoscaler": {"address": listening["autoscaler_control"]},
-                   "decision_validity_s": 60},
+        mode=mode, policy=policy, policy_params=policy_params or {}, tick_interval_s=1.0, state_dir=str(state_dir),
+        telemetry=telemetry, pools=pools,
+        actuators={"router": {"address": listening["router_control"]},
+                   "autoscaler": {"address": listening["autoscaler_control"]}, "decision_validity_s": 60},
         api={"listen": "127.0.0.1:0"}, metrics={"listen": None}, log={"format": "text"},
         guards={"max_step_up": 4, "max_step_down": 1, "scale_down_stabilization_s": 30})
 

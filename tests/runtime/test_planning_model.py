@@ -35,7 +35,8 @@ def test_learned_planning_reads_the_daemons_model_slot(tmp_path):
                                                                         ttft=0.4, waiting=0.0, running=40, kv=0.3)},
                                                 fl=fleet, current={"chat": 2}))
     assert out.diagnostics["model"]["kind"] == "LearnedPlanModel"
-    assert out.diagnostics["model"]["planning_model"] == "learned" and "learned_unusable" not in out.diagnostics["model"]
+    model = out.diagnostics["model"]
+    assert model["planning_model"] == "learned" and "learned_unusable" not in model
     # a refit swapped in is what the next tick reads
     refit = CouplingModels.prior_only([physics_for_pool_spec(p) for p in fleet.pools])
     learning.slot.swap(coupling=refit)

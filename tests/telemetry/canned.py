@@ -50,7 +50,7 @@ class Hist:
 
     def render(self, name: str, labels: str) -> list[str]:
         out, running = [], 0.0
-        for b, c in zip(self.bounds, self.counts):
+        for b, c in zip(self.bounds, self.counts[:-1], strict=True):  # the last count is +Inf, below
             running += c
             out.append(f'{name}_bucket{{{labels},le="{_go(b)}"}} {running}')
         running += self.counts[-1]
@@ -93,7 +93,8 @@ def vllm_text(s: VllmState, engine: str = "0") -> str:
         lines.extend([f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name}{{{lab}}} {value}{ts}"])
 
     def counter(name: str, value: float, doc: str) -> None:
-        lines.extend([f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter", f"{name}_total{{{lab}}} {value}{ts}",
+        lines.extend([f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter",
+                      f"{name}_total{{{lab}}} {value}{ts}",
                       f"# HELP {name}_created {doc}", f"# TYPE {name}_created gauge",
                       f"{name}_created{{{lab}}} 1.7e+09{ts}"])
 
@@ -105,7 +106,8 @@ def vllm_text(s: VllmState, engine: str = "0") -> str:
     gauge("vllm:num_requests_waiting", s.waiting, "Number of requests waiting to be processed.")
     if cur:
         gauge("vllm:kv_cache_usage_perc", s.kv_usage, "KV-cache usage. 1 means 100 percent usage.")
-        counter("vllm:prefix_cache_queries", s.prefix_queries, "Prefix cache queries, in terms of number of queried tokens.")
+        counter("vllm:prefix_cache_queries", s.prefix_queries,
+                "Prefix cache queries, in terms of number of queried tokens.")
         counter("vllm:prefix_cache_hits", s.prefix_hits, "Prefix cache hits, in terms of number of cached tokens.")
     if old:
         gauge("vllm:gpu_cache_usage_perc", s.kv_usage, "GPU KV-cache usage. 1 means 100 percent usage.")
@@ -212,7 +214,7 @@ class CannedServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
+            def do_GET(self) -> None:
                 server.hits[self.path] = server.hits.get(self.path, 0) + 1
                 if self.path in server.hold:
                     server._released.wait(30)

@@ -55,8 +55,10 @@ def _advance(st: dict) -> None:
 def test_scrape_reads_canned_endpoints_and_refused_target_is_missing(server):
     st = _fleet(server)
     refused = f"http://127.0.0.1:{free_port()}/metrics"
-    targets = [ScrapeTarget(server.url("/a1/metrics"), "a", "vllm"), ScrapeTarget(server.url("/a2/metrics"), "a", "vllm"),
-               ScrapeTarget(server.url("/gpu/metrics"), "a", "dcgm"), ScrapeTarget(server.url("/router/metrics"), "", "router"),
+    targets = [ScrapeTarget(server.url("/a1/metrics"), "a", "vllm"),
+               ScrapeTarget(server.url("/a2/metrics"), "a", "vllm"),
+               ScrapeTarget(server.url("/gpu/metrics"), "a", "dcgm"),
+               ScrapeTarget(server.url("/router/metrics"), "", "router"),
                ScrapeTarget(refused, "b", "vllm")]
     src = ScrapeSource(["a", "b"], targets=targets, timeout_s=2.0, window_s=60, stale_after_s=60)
     try:

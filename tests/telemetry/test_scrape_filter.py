@@ -86,9 +86,10 @@ def test_filtered_and_whole_pages_give_the_same_observation() -> None:
     filtered = FamiliesWindow(["a"], 60, 60)
     for k in range(1, 4):
         pages = [_vllm("current", k), _vllm("old", 2 * k), dcgm_text("n", [Gpu(50 + k, 0.5)]), _router(k)]
-        a = whole.update(15.0 * k, [(t, list(text_string_to_metric_families(p))) for t, p in zip(targets, pages)])
+        a = whole.update(15.0 * k, [(t, list(text_string_to_metric_families(p)))
+                                    for t, p in zip(targets, pages, strict=True)])
         b = filtered.update(15.0 * k, [(t, list(text_string_to_metric_families(filter_exposition(p, _keep(t.kind)))))
-                                       for t, p in zip(targets, pages)])
+                                       for t, p in zip(targets, pages, strict=True)])
     assert a == b
     assert a.pools["a"].ttft_p95_s.ok and a.classes["critical"].shed_rps.ok and a.pools["a"].gpu_util_frac.ok
 

@@ -4,6 +4,7 @@ scrape sequences with counter resets, series that come and go, repeated instants
 
 from __future__ import annotations
 
+import itertools
 from collections import namedtuple
 
 import numpy as np
@@ -25,7 +26,7 @@ def _reference_rates(kept: list[tuple[float, dict]]) -> dict:
         pts = [(t, c[key]) for t, c in kept if key in c]
         if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
             inc = 0.0
-            for (_, a), (_, b) in zip(pts, pts[1:]):
+            for (_, a), (_, b) in itertools.pairwise(pts):
                 inc += b - a if b >= a else b
             out[key] = inc / (pts[-1][0] - pts[0][0])
     return out
