@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench models protos check-protos clean dashboards perf-tables
+.PHONY: run test lint bench models protos check-protos clean dashboards perf-tables
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -18,8 +18,18 @@ $(STAMP): pyproject.toml | $(VPY)
 run: $(STAMP)
 	$(VENV)/bin/governor run --demo
 
-# Installs what the tests need (including Debian's prometheus) and runs the whole suite.
-test: $(STAMP)
+# ruff (style and bugs), mypy (types; strict on controller/core and controller/types.py) and
+# import-linter (the layers of docs/DESIGN.md §4), all configured in pyproject.toml. All three run;
+# it fails if any failed.
+lint: $(STAMP)
+	@status=0; \
+	$(VENV)/bin/ruff check . || status=1; \
+	$(VENV)/bin/mypy || status=1; \
+	$(VENV)/bin/lint-imports || status=1; \
+	exit $$status
+
+# Installs what the tests need (including Debian's prometheus), lints, and runs the whole suite.
+test: lint
 	@command -v prometheus >/dev/null 2>&1 || { \
 	  echo "installing Debian's prometheus package for the end-to-end tests"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
