@@ -2,7 +2,7 @@
 
 Three `prometheus_client` custom collectors render the live stats objects of
 `controller.sim.stats` with the names, types, labels and bucket bounds of the
-real exporters (docs/TELEMETRY.md §1, §4, §5.2 of the brief), so a Prometheus
+real exporters (docs/TELEMETRY.md §1, §4, §5.2), so a Prometheus
 server or a direct scraper cannot tell them from a vLLM fleet:
 
 - `ReplicaCollector`: one vLLM V1 engine (engine "0"); current names only (no deprecated ones).

@@ -4,7 +4,7 @@ The engine, router and autoscaler write these; `exposition.py` serves them as
 /metrics (vLLM, DCGM and llm-d router names), and in-process observers read them
 directly. All counters are cumulative since the replica (or router) started,
 exactly like the real exporters, so consumers compute rates from deltas.
-Bucket boundaries are those of vLLM V1 (docs/TELEMETRY.md §1.2 of the brief).
+Bucket boundaries are those of vLLM V1 (docs/TELEMETRY.md §1.2).
 """
 
 from __future__ import annotations

@@ -1,0 +1,125 @@
+"""Every doc the code and the docs cite is in the repository, and so is every numbered section cited.
+
+A citation is a Markdown file name in capitals, bare or with its folder (`DESIGN.md`, `docs/TELEMETRY.md`,
+`deploy/README.md`), optionally followed by section numbers (`§6`, `§1, §4, §5.2`). A bare name is looked up
+in docs/ and then at the root. When the cited doc numbers its headings (`## 7. Planning`, `### 1.2 ...`),
+each cited section must be one of them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCANNED = ("controller", "tests", "deploy", "grafana", "protos", "docs", "scenarios")
+ROOT_FILES = ("README.md", "CONTRIBUTING.md", "Makefile", "pyproject.toml", ".pre-commit-config.yaml")
+SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".proto", ".json", ".service", ".sysusers", ""}
+SKIPPED_DIRS = {"gen", "__pycache__", "golden"}
+
+# Names that look like doc citations but are not: a placeholder output file in a usage line.
+NOT_CITATIONS = {"OUT.md"}
+# The shared data folder lives beside the repository (`../shared/data`), not in it.
+OUTSIDE_PREFIXES = ("shared/", "../")
+
+CITATION = re.compile(r"(?<![\w./-])((?:\.\./)*(?:[\w.-]+/)*[A-Z][A-Z0-9_]*\.md)`?"  # the file
+                      r"((?:[ ,]*(?:and )?§ ?\d+(?:\.\d+)*)*)")  # then its sections
+SECTION = re.compile(r"§ ?(\d+(?:\.\d+)*)")
+HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.M)
+
+
+def _files() -> list[Path]:
+    out = [ROOT / f for f in ROOT_FILES if (ROOT / f).is_file()]
+    for top in SCANNED:
+        for path in sorted((ROOT / top).rglob("*")):
+            if not path.is_file() or SKIPPED_DIRS & set(path.relative_to(ROOT).parts):
+                continue
+            if path.suffix in SUFFIXES and path != Path(__file__).resolve():
+                out.append(path)
+    return out
+
+
+def citations(text: str) -> list[tuple[str, tuple[str, ...]]]:
+    """[(cited file, cited sections)] in `text`.
+
+    "see docs/TELEMETRY.md §1, §4" → [("docs/TELEMETRY.md", ("1", "4"))].
+    """
+    return [(m.group(1), tuple(s.rstrip(".") for s in SECTION.findall(m.group(2)))) for m in CITATION.finditer(text)]
+
+
+def resolve(cited: str) -> Path | None:
+    """The repository file a citation names, or None when it is outside the repository on purpose."""
+    if cited.startswith(OUTSIDE_PREFIXES):
+        return None
+    if "/" in cited:
+        return ROOT / cited
+    in_docs = ROOT / "docs" / cited
+    return in_docs if in_docs.is_file() else ROOT / cited
+
+
+def numbered_sections(doc: Path) -> set[str]:
+    return set(HEADING.findall(doc.read_text()))
+
+
+def _all_citations() -> list[tuple[str, int, str, tuple[str, ...]]]:
+    found = []
+    for path in _files():
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for lineno, line in enumerate(text.splitlines(), 1):
+            for cited, sections in citations(line):
+                if cited not in NOT_CITATIONS:
+                    found.append((str(path.relative_to(ROOT)), lineno, cited, sections))
+    return found
+
+
+CITED = _all_citations()
+
+
+def test_the_scan_finds_the_citations_the_code_relies_on():
+    names = {cited for _, _, cited, _ in CITED}
+    assert {"docs/TELEMETRY.md", "DESIGN.md", "docs/OPERATING.md"} <= names
+    assert any(cited == "DESIGN.md" and "7" in sections for _, _, cited, sections in CITED)
+
+
+def test_every_cited_doc_is_in_the_repository():
+    missing = [f"{where}:{line}: {cited}" for where, line, cited, _ in CITED
+               if (doc := resolve(cited)) is not None and not doc.is_file()]
+    assert not missing, "cited docs that are not in the repository:\n" + "\n".join(missing)
+
+
+def test_every_cited_section_exists():
+    bad = []
+    for where, line, cited, sections in CITED:
+        doc = resolve(cited)
+        if not sections or doc is None or not doc.is_file():
+            continue
+        have = numbered_sections(doc)
+        bad += [f"{where}:{line}: {cited} §{s} (sections: {', '.join(sorted(have))})"
+                for s in sections if have and s not in have]
+    assert not bad, "cited sections that do not exist:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("see docs/TELEMETRY.md §1, §4, §5.2 for the names", [("docs/TELEMETRY.md", ("1", "4", "5.2"))]),
+    ("The pattern (DESIGN.md §7): replicas are lost", [("DESIGN.md", ("7",))]),
+    ("summarised in docs/TELEMETRY.md §7. What is reproduced", [("docs/TELEMETRY.md", ("7",))]),
+    ("One ScaledObject per pool (`docs/OPERATING.md` §5)", [("docs/OPERATING.md", ("5",))]),
+    ("Figures from shared/data/README.md.", [("shared/data/README.md", ())]),
+    ("https://github.com/org/repo/blob/main/README.md and docs/gen-ai/metrics.md", []),
+])
+def test_citation_parsing(text, expected):
+    assert citations(text) == expected
+
+
+def test_resolution_and_sections(tmp_path):
+    assert resolve("DESIGN.md") == ROOT / "docs" / "DESIGN.md"
+    assert resolve("README.md") == ROOT / "README.md"
+    assert resolve("shared/data/README.md") is None
+    doc = tmp_path / "X.md"
+    doc.write_text("# X\n\n## 1. One\n\n### 1.2 Two\n\n## Unnumbered\n")
+    assert numbered_sections(doc) == {"1", "1.2"}
