@@ -28,7 +28,8 @@ UNIT = DEPLOY / "governor.service"
 CONFIG_KEY = "governor.yaml"
 
 
-def _port(listen: str) -> int:
+def _port(listen: str | None) -> int:
+    assert listen is not None
     return int(listen.rpartition(":")[2])
 
 
@@ -126,6 +127,7 @@ def test_deployment_agrees_with_its_config():
     # the token file is a key of the Secret, where the Secret is mounted
     secret = _one("Secret", "governor-api-token")
     tok_mount = _mount_of(dep, c, "secret", "governor-api-token")
+    assert s.api.token_file is not None
     token_path = Path(s.api.token_file)
     assert str(token_path.parent) == tok_mount["mountPath"] and token_path.name in secret["stringData"]
     # the state directory is on the persistent volume
@@ -183,6 +185,7 @@ def test_sidecar_scrapes_the_router_next_door():
     assert {p["containerPort"] for p in gov["ports"]} == {_port(s.api.listen), _port(s.metrics.listen)}
     cfg_mount = _mount_of(dep, gov, "configMap", "governor-sidecar-config")
     assert gov["args"] == ["run", "--config", f"{cfg_mount['mountPath']}/{CONFIG_KEY}"]
+    assert s.api.token_file is not None
     assert Path(s.api.token_file).parent == Path(_mount_of(dep, gov, "secret")["mountPath"])
 
 

@@ -44,6 +44,7 @@ def _load_dashboards_module():
         pytest.fail(f"the Grafana Foundation SDK is not installed: pip install '{SDK_PIN}' "
                     "(it belongs in pyproject's dev extras)", pytrace=False)
     spec = importlib.util.spec_from_file_location("governor_grafana_dashboards", GRAFANA / "dashboards.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -529,6 +530,7 @@ def test_dashboards_show_data_from_a_live_fleet(committed, prometheus_factory, t
                        "autoscaler": {"address": info["autoscaler_control"]}},
             api={"listen": "127.0.0.1:0"}, metrics={"listen": "127.0.0.1:0"}, log={"format": "text"})
         services = build_services(settings, clock=WallClock(), logger=logging.getLogger("test-grafana"))
+        assert services.metrics_url is not None
         discovery = _CombinedDiscovery(info["discovery"], services.metrics_url.split("/")[2])
         prom = prometheus_factory(http_sd_url=discovery.url)
 

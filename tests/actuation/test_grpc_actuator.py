@@ -122,6 +122,7 @@ def test_call_deadline_hit_is_retried_and_the_replay_counts_as_applied(fleet):
     out = make(fleet.address, retries=2, call_timeout_s=0.5).apply(decision(1))
     fleet.router.gate.release.set()
     router = out.target("router")
+    assert router is not None
     assert router.attempts == 2
     assert router.status == "applied"
     assert "earlier attempt" in router.detail
@@ -182,8 +183,10 @@ def test_fleet_state_is_none_when_the_autoscaler_is_down():
 
 def test_replica_count_outside_int32_is_invalid_without_a_call(fleet):
     out = make(fleet.address).apply(decision(1, replicas=2**31))
-    assert out.target("autoscaler").status == "invalid"
-    assert out.target("autoscaler").attempts == 0
+    autoscaler = out.target("autoscaler")
+    assert autoscaler is not None
+    assert autoscaler.status == "invalid"
+    assert autoscaler.attempts == 0
     assert len(fleet.autoscaler.calls) == 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 
 import pytest
 
@@ -119,7 +120,8 @@ BAD_OVERRIDES = [
 
 @pytest.mark.parametrize("label,changes,field", BAD_OVERRIDES, ids=[r[0] for r in BAD_OVERRIDES])
 def test_invalid_override_names_the_field_and_changes_nothing(path, label, changes, field):
-    args = dict(kind="min_replicas", ttl_s=600, author="ana", now_s=T0, value=2, pool="pool-a", known_pools=POOLS)
+    args: dict[str, Any] = dict(kind="min_replicas", ttl_s=600, author="ana", now_s=T0, value=2, pool="pool-a",
+                                known_pools=POOLS)
     args.update(changes)
     kind = args.pop("kind")
     with StateStore(path) as s:
@@ -178,6 +180,7 @@ def test_decisions_are_bounded_filtered_and_replaceable(path):
         [row] = s.list_decisions(limit=1)
         assert (row.decision_id, row.outcome, row.pools) == ("d-00000008", "failed", ("pool-b", "pool-100%_x"))
         full = s.get_decision("d-00000008")
+        assert full is not None
         assert full["outcome"] == {"status": "failed", "detail": "router down"}
         assert full["nan"] is None  # stored as strict JSON
         assert full["pools"]["pool-b"] == {"replicas": 8}

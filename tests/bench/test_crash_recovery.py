@@ -35,12 +35,14 @@ def fake_fleet(crash_at: float | None, late_share_per_window: list[float], per_w
 ])
 def test_recovery_time(shares, recovery_s):
     got = crash_recovery(fake_fleet(1640.0, shares))
+    assert got is not None
     assert got["at_s"] == 1640.0 and got["recovery_s"] == recovery_s
 
 
 def test_late_share_in_the_ten_minutes_after_the_crash_counts_critical_only():
     shares = [0.1] * 10 + [0.0] * 10 + [1.0] * 5  # 20 windows = 10 minutes, then outside the span
     got = crash_recovery(fake_fleet(100.0, shares))
+    assert got is not None
     assert got["critical_late_frac_10min"] == pytest.approx(0.05)
 
 

@@ -195,7 +195,8 @@ def test_repair_turns_a_schedule_that_misses_into_one_that_meets(tiny_scenario) 
     ctx = prepare(scenario, seed=scenario.seed, cache_dir=tiny_scenario.parent / ".cache")
     routing = {"small": RoutingWeights(3.0, 2.0, 2.0)}
     spec = scenario.pool("small")
-    reps = {"small": (1,) * 9}  # one replica all along: the 9 req/s middle (120-240 s) overloads it
+    # one replica all along: the 9 req/s middle (120-240 s) overloads it
+    reps: dict[str, tuple[int, ...]] = {"small": (1,) * 9}
 
     def replay(r):
         targets = {"small": schedule_targets(spec, r["small"], window_s=60.0, tick_s=15.0)}

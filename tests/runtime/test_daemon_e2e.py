@@ -70,6 +70,7 @@ def test_daemon_reads_prometheus_and_commands_the_fleet(live, prometheus_factory
         services.store.add_override("pin_replicas", ttl_s=600, author="e2e", now_s=WallClock().now_s(), value=3,
                                     pool="small", known_pools=["small"])
         rep = daemon.tick()
+        assert rep.result.decision is not None
         assert rep.result.decision.pools["small"].replicas == 3
         assert rep.outcome.status == "applied"
         with fleet.lock:
@@ -98,6 +99,7 @@ def test_shadow_mode_sends_nothing(live, tmp_path):
                                     pool="small", known_pools=["small"])
         for _ in range(3):
             rep = services.daemon.tick()
+        assert rep.result.decision is not None
         assert rep.result.decision.pools["small"].replicas == 4
         assert rep.outcome.status == "shadow"
         with fleet.lock:
@@ -138,6 +140,7 @@ def test_mpc_plans_on_live_telemetry_within_its_wall_time_budget(live, tmp_path,
         services.store.add_override("pin_replicas", ttl_s=600, author="e2e", now_s=WallClock().now_s(), value=2,
                                     pool="small", known_pools=["small"])
         rep = daemon.tick()
+        assert rep.result.decision is not None
         assert rep.result.decision.pools["small"].replicas == 2
         assert any(r.code == "binding_pin" for r in rep.result.policy_reasons)
         with fleet.lock:

@@ -45,7 +45,7 @@ def test_overrunning_tick_is_skipped_not_stacked_and_stop_waits_for_it():
 
 def test_errors_are_reported_and_the_loop_keeps_ticking():
     calls = []
-    errors = []
+    errors: list[BaseException] = []
 
     def tick():
         calls.append(1)

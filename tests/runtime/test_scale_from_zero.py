@@ -89,6 +89,7 @@ def test_a_fleet_at_zero_is_not_read_as_stale(tmp_path, label, in_force, autosca
         assert rep.result.frozen is frozen, label
         ready = rep.observation.pools["chat"].replicas_ready
         assert (ready.value if ready.ok else None) == ready_reads, label
+        assert rep.result.decision is not None, label
         assert rep.result.decision.pools["chat"].replicas == decided, label
     finally:
         store.close()

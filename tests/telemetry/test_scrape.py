@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,8 @@ def server():
 
 def _fleet(server: CannedServer) -> dict:
     """Two vLLM replicas and a DCGM exporter in pool a, a router; states the test mutates between reads."""
-    st = {"a1": VllmState(running=4, waiting=1, kv_usage=0.5, prompt_tokens=5000, prefix_queries=1000, prefix_hits=200),
+    st: dict[str, Any] = {
+          "a1": VllmState(running=4, waiting=1, kv_usage=0.5, prompt_tokens=5000, prefix_queries=1000, prefix_hits=200),
           "a2": VllmState(running=2, kv_usage=0.3, names="old"),
           "router": {"critical": ClassState(arrivals=10)},
           "gpus": [Gpu(80, 0.5, "a1"), Gpu(40, None, "a2"), Gpu(0), Gpu(0)]}
@@ -131,7 +133,7 @@ def test_targets_from_http_service_discovery(server):
     groups = [([server.address], {"kind": "vllm", "pool": "a", "replica": "a1", "__metrics_path__": "/a1/metrics"}),
               ([server.address], {"kind": "dcgm", "pool": "a", "node": "node-a", "__metrics_path__": "/gpu/metrics"}),
               ([server.address], {"kind": "router", "__metrics_path__": "/router/metrics"})]
-    sd = {"body": sd_json(groups)}
+    sd: dict[str, str | None] = {"body": sd_json(groups)}
     server.routes["/sd"] = lambda: sd["body"]
     src = ScrapeSource(["a", "b"], discovery_url=server.url("/sd"), timeout_s=2.0)
     try:
@@ -197,8 +199,8 @@ def test_build_source_picks_the_configured_source():
     assert isinstance(prom, PrometheusSource) and prom.pools == ("a",)
     scrape = build_source(parse_settings(POOL_YAML + "telemetry:\n  source: scrape\n  scrape:\n    targets:\n"
                                          "      - {url: 'http://127.0.0.1:1/metrics', pool: a}\n"), VirtualClock())
+    assert isinstance(scrape, ScrapeSource)
     try:
-        assert isinstance(scrape, ScrapeSource)
         assert [t.url for t in scrape.targets()] == ["http://127.0.0.1:1/metrics"]
     finally:
         scrape.close()

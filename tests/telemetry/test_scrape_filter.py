@@ -43,10 +43,10 @@ def _router(n: float) -> str:
 def _sim_page(kind: str) -> str:
     reg = CollectorRegistry(auto_describe=False)
     if kind == "router":
-        rs = RouterStats(model_name="m")
-        rs.cell("critical", 0).arrivals = 7.0
-        rs.cell("critical", 1).errors["429"] = 2.0
-        reg.register(RouterCollector(rs, created_unix_s=1.7e9))
+        router_stats = RouterStats(model_name="m")
+        router_stats.cell("critical", 0).arrivals = 7.0
+        router_stats.cell("critical", 1).errors["429"] = 2.0
+        reg.register(RouterCollector(router_stats, created_unix_s=1.7e9))
     else:
         rs = ReplicaStats(replica_id="r0", pool="a", model_name="m", node_id="n", gpu_indices=(0,),
                           num_gpu_blocks=100, block_size=16, gpu_memory_utilization=0.9, num_requests_running=4)

@@ -8,10 +8,11 @@ last one, hand-computed in the case's comment.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
+from prometheus_client.registry import Collector
 
 from controller.telemetry.source import ScrapeTarget
 from controller.telemetry.window import FamiliesWindow
@@ -46,7 +47,7 @@ def vllm(**kw) -> str:
     return vllm_text(s)
 
 
-def router(**per_class: dict) -> str:
+def router(**per_class: Any) -> str:
     ext = per_class.pop("extensions", True)
     classes = {}
     for c, kw in per_class.items():
@@ -275,7 +276,7 @@ def test_simulator_collectors_feed_the_window_in_process() -> None:
     rs = RouterStats(model_name="llama-3-8b")
     cell = rs.cell("critical", 0)  # a series needs two samples for a rate, as in Prometheus
     sim_now = [0.0]
-    collectors: list[tuple[ScrapeTarget, Callable]] = [
+    collectors: list[tuple[ScrapeTarget, Collector]] = [
         (ScrapeTarget("sim://a-0", "a", "vllm"), ReplicaCollector(r)),
         (ScrapeTarget("sim://a-node-0", "a", "dcgm"), NodeCollector(node, [r], now_s=lambda: sim_now[0])),
         (ScrapeTarget("sim://router", "", "router"), RouterCollector(rs)),

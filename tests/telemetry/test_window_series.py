@@ -38,7 +38,8 @@ def test_incremental_rates_equal_the_reference(seed: int) -> None:
     window_s = 60.0
     h = _TargetHistory(TARGET, _ENGINE_SIGNALS, None)
     snaps: list[tuple[float, dict]] = []  # what the reference keeps: (time, {key: value})
-    values = {("prompt", i): 0.0 for i in range(3)} | {("ttft", le): 0.0 for le in ("0.5", "1.0", "+Inf")}
+    values: dict[tuple[str, int | str], float] = {("prompt", i): 0.0 for i in range(3)}
+    values |= {("ttft", le): 0.0 for le in ("0.5", "1.0", "+Inf")}
     t = 0.0
     checked = 0
     for _ in range(80):
