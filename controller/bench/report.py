@@ -59,6 +59,10 @@ def policy_entry(run: RunResult) -> dict[str, Any]:
     return out
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000.0 * seconds
+
+
 def _finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
@@ -176,7 +180,6 @@ def render_table(report: Mapping[str, Any]):
         label += " †" if n == report.get("best_baseline_at_slo") else ""
         if n == "oracle" and e.get("margin") is not None:
             label += _oracle_suffix(e)
-        tpot = lambda v: None if v is None else 1000.0 * v  # noqa: E731
         t.add_row(
             label,
             _fmt(e["cost_per_successful_task_usd"], ".4f"),
@@ -186,7 +189,7 @@ def render_table(report: Mapping[str, Any]):
             f"{_fmt(e['successful_tasks'])}/{_fmt(e['tasks'])}",
             "/".join(_fmt(att.get(c), pct=True) for c in PRIORITY_CLASSES),
             f"{_fmt(e['ttft_p50_s'], '.2f')}/{_fmt(e['ttft_p95_s'], '.2f')}",
-            f"{_fmt(tpot(e['tpot_p50_s']), '.0f')}/{_fmt(tpot(e['tpot_p95_s']), '.0f')}",
+            f"{_fmt(_ms(e['tpot_p50_s']), '.0f')}/{_fmt(_ms(e['tpot_p95_s']), '.0f')}",
             _fmt(e["gpu_hours"], ".1f"),
             _fmt(e["hit_rate"], pct=True),
             f"{_fmt(e['shed'])}/{_fmt(e['failed'])}/{_fmt(e['retried'])}",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -253,3 +254,54 @@ class CannedServer:
 
 def sd_json(groups: Sequence[tuple[Sequence[str], Mapping[str, str]]]) -> str:
     return json.dumps([{"targets": list(t), "labels": dict(labels)} for t, labels in groups])
+
+
+class LinearFleet:
+    """Canned endpoints (one loopback server each, at /metrics) whose counters grow linearly with wall time.
+
+    Pool a: a1 (current vLLM names) and a2 (pre-0.9 names) and a DCGM node. Per second, a1 processes 100
+    prompt tokens and 100 prefix-cache query tokens of which 30 hit; TTFT: 1 in (0.1, 0.25], 6 in
+    (0.25, 0.5], 3 in (0.5, 0.75]; ITL: 10 in (0.025, 0.05]. a2: 50 query tokens per second, no hits.
+    Pool b: one replica whose samples carry a timestamp 120 s in the past (Prometheus keeps them: stale).
+    Router: critical 2 requests/s; standard 5/s with 1/s shed.
+    """
+
+    def __init__(self) -> None:
+        self.t0 = time.time()
+        self.old_ms = int((self.t0 - 120) * 1000)
+        self.servers = {name: CannedServer({"/metrics": fn}) for name, fn in
+                        (("a1", self.a1), ("a2", self.a2), ("b1", self.b1), ("gpu", self.gpu), ("router", self.router))}
+
+    def e(self) -> float:
+        return time.time() - self.t0
+
+    def a1(self) -> str:
+        e = self.e()
+        s = VllmState(running=4, waiting=1, kv_usage=0.7, prompt_tokens=100 * e, prefix_queries=100 * e,
+                      prefix_hits=30 * e)
+        s.ttft.counts[s.ttft.bounds.index(0.25)] = 1 * e
+        s.ttft.counts[s.ttft.bounds.index(0.5)] = 6 * e
+        s.ttft.counts[s.ttft.bounds.index(0.75)] = 3 * e
+        s.itl.counts[s.itl.bounds.index(0.05)] = 10 * e
+        return vllm_text(s)
+
+    def a2(self) -> str:
+        return vllm_text(VllmState(running=2, kv_usage=0.3, prefix_queries=50 * self.e(), names="old"))
+
+    def b1(self) -> str:
+        return vllm_text(VllmState(running=9, waiting=3, timestamp_ms=self.old_ms))
+
+    def gpu(self) -> str:
+        return dcgm_text("node-a", [Gpu(90, 0.8, "a1"), Gpu(50, 0.4, "a2"), Gpu(0), Gpu(0)])
+
+    def router(self) -> str:
+        e = self.e()
+        return router_text({"critical": ClassState(arrivals=2 * e), "standard": ClassState(arrivals=5 * e, shed=e)})
+
+    def static_targets(self) -> dict[str, list[str]]:
+        a = {k: s.address for k, s in self.servers.items()}
+        return {"a": [a["a1"], a["a2"], a["gpu"]], "b": [a["b1"]], "router": [a["router"]]}
+
+    def stop(self) -> None:
+        for s in self.servers.values():
+            s.stop()

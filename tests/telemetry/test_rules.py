@@ -17,7 +17,6 @@ from controller.telemetry import rules
 from controller.telemetry.prometheus import PrometheusSource
 from controller.types import FleetObservation, Reading, SignalStatus
 from tests.fixtures.prometheus import wait_until
-from tests.telemetry.test_prometheus import linear_fleet  # noqa: F401 - the fixture, reused
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES_FILE = DEPLOY / "prometheus" / "governor-rules.yml"
@@ -104,7 +103,7 @@ def _recorded_everything(prom, source: PrometheusSource, expected: int) -> bool:
 
 
 @pytest.mark.e2e
-def test_recorded_series_give_the_same_observation_as_raw_queries(tmp_path, prometheus_factory, linear_fleet):  # noqa: F811
+def test_recorded_series_give_the_same_observation_as_raw_queries(tmp_path, prometheus_factory, linear_fleet):
     window_s = 5.0
     rules_path = tmp_path / "governor-rules.yml"
     rules_path.write_text(rules.render_rules_yaml("pool", window_s))
@@ -161,7 +160,7 @@ def test_recorded_series_give_the_same_observation_as_raw_queries(tmp_path, prom
 
 
 @pytest.mark.e2e
-def test_without_the_rules_loaded_the_read_says_so_and_falls_back(prometheus_factory, linear_fleet):  # noqa: F811
+def test_without_the_rules_loaded_the_read_says_so_and_falls_back(prometheus_factory, linear_fleet):
     prom = prometheus_factory(static_targets=linear_fleet.static_targets())
     prom.wait_for("count(up == 1) >= 6", deadline_s=30)
     src = PrometheusSource(["a", "b"], url=prom.url, timeout_s=10, window_s=5, recording_rules=True)
