@@ -42,16 +42,19 @@ from controller.core.coupling import (
     CouplingModels,
     LatencyInputs,
     PhysicsTable,
-    TrainingData,
-    _valid_cache_rows,
-    _valid_latency_rows,
-    engine_not_saturated,
-    fit_coupling,
     latency_prior,
     with_physics,
 )
-from controller.core.features import build_training_data, concat_training_data
 from controller.core.forecast import ForecastConfig, fit_forecaster, rolling_backtest
+from controller.learning.fit import fit_coupling
+from controller.learning.training_data import (
+    TrainingData,
+    build_training_data,
+    concat_training_data,
+    engine_not_saturated,
+    valid_cache_rows,
+    valid_latency_rows,
+)
 
 MAX_RHO = 0.9
 CACHE_ENV = "GOVERNOR_RECORDING_CACHE"
@@ -93,12 +96,12 @@ def _errors(models: CouplingModels, data: TrainingData, physics, *, queue_rule: 
         below &= engine_not_saturated(data)
     out: dict[str, np.ndarray] = {}
     for t in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s"):
-        ok = _valid_latency_rows(data, t) & below
+        ok = valid_latency_rows(data, t) & below
         y = data.targets[t][ok]
         out[t] = np.abs(pred[t][ok] - y) / y
-    ok = _valid_latency_rows(data, "gpu_busy_frac") & below
+    ok = valid_latency_rows(data, "gpu_busy_frac") & below
     out["gpu_busy_frac"] = np.abs(pred["gpu_busy_frac"][ok] - data.targets["gpu_busy_frac"][ok])
-    ok = _valid_cache_rows(data)
+    ok = valid_cache_rows(data)
     hit, _ = m.predict_hit_rate(data.subset(ok).cache)
     out["hit_rate"] = np.abs(hit - data.targets["hit_rate"][ok])
     return out

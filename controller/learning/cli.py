@@ -22,11 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.core.coupling import CouplingModels, evaluate, fit_coupling, with_physics
-from controller.core.features import build_training_data, concat_training_data, forecast_series
+from controller.core.coupling import CouplingModels, with_physics
+from controller.core.features import forecast_series
 from controller.core.forecast import ForecastConfig, ForecasterModel, fit_forecaster, fit_series
+from controller.learning.evaluate import evaluate
+from controller.learning.fit import fit_coupling
 from controller.learning.records import RecordError, dumps, header_dict, read_recording, record_to_dict
 from controller.learning.store import ModelStore, clean_json
+from controller.learning.training_data import build_training_data, concat_training_data
 
 HOLDOUT_FRAC = 0.2
 

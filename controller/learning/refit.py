@@ -29,11 +29,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from controller.core.coupling import CorrectionConfig, CouplingModels, evaluate, fit_coupling, with_physics
-from controller.core.features import build_training_data, forecast_series
+from controller.core.coupling import CouplingModels, with_physics
+from controller.core.features import forecast_series
 from controller.core.forecast import ForecastConfig, ForecasterModel, fit_forecaster, holdout_mae
+from controller.learning.evaluate import evaluate
+from controller.learning.fit import CorrectionConfig, fit_coupling
 from controller.learning.history import HistoryBuffer
 from controller.learning.store import ModelStore
+from controller.learning.training_data import build_training_data
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from controller.core.coupling import CouplingModels, with_physics
-from controller.core.features import DISPERSION_TICKS, ObservationRecord, build_training_data
+from controller.core.features import DISPERSION_TICKS, ObservationRecord
 from controller.core.forecast import Forecast
+from controller.learning.training_data import build_training_data
 
 
 @dataclass(frozen=True)

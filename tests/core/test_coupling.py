@@ -1,4 +1,5 @@
-"""The coupling models' pure core: priors, fitting, confidence, bulk predict, state round trip.
+"""The coupling models: priors, confidence, bulk predict, state round trip (controller/core/coupling/),
+and their fitting at the learning edge (controller/learning/fit.py).
 
 Physics come from a small hand-written table (no simulator): decode steps that grow with the
 batch, prefill steps that grow with the tokens, Llama-3-8B-like magnitudes.
@@ -12,23 +13,25 @@ import numpy as np
 import pytest
 
 import controller.core.coupling as C
+import controller.core.coupling.models as coupling_models
+import controller.learning.fit as F
 from controller.core.coupling import (
     REUSE_TAU_S,
     TOKEN_GRID,
     CacheInputs,
     Calibration,
-    CorrectionConfig,
     CouplingModels,
     LatencyInputs,
     PoolPhysics,
-    TrainingData,
     cache_prior,
     coupling_from_state,
     coupling_to_state,
-    evaluate,
-    fit_coupling,
     latency_prior,
 )
+from controller.core.coupling.buckets import bucket_quantile
+from controller.learning.evaluate import evaluate
+from controller.learning.fit import CorrectionConfig, fit_coupling
+from controller.learning.training_data import TrainingData, engine_not_saturated
 
 
 def physics(key: str = "toy/gpu/tp1", speed: float = 1.0) -> PoolPhysics:
@@ -188,7 +191,7 @@ def test_bulk_predict_blocks_give_the_same_answer(monkeypatch):
     cache = cache_rows(n, replicas=rng.integers(1, 12, n), arrival_rps=rng.uniform(1, 30, n))
     latency = lat(n, arrival_rps_per_replica=cache.arrival_rps / cache.replicas, inflight_cap=rng.choice([0, 16], n))
     whole = models.predict(cache, latency)
-    monkeypatch.setattr(C, "PREDICT_BLOCK", 128)
+    monkeypatch.setattr(coupling_models, "PREDICT_BLOCK", 128)
     blocked = models.predict(cache, latency)
     for name in whole.__dataclass_fields__:
         assert np.allclose(getattr(whole, name), getattr(blocked, name), equal_nan=True), name
@@ -272,7 +275,7 @@ def test_bucket_quantile_equals_histogram_quantile_of_the_same_distribution(medi
     true_q = median_s * math.exp(log_sd * {0.5: 0.0, 0.95: 1.645}[q])
     # a poor first guess (the bucket two above the truth) is corrected
     for guess in (true_q, true_q * 6.0):
-        got = C._bucket_quantile(q, bounds, np.array([guess]), cdf)[0]
+        got = bucket_quantile(q, bounds, np.array([guess]), cdf)[0]
         assert got == pytest.approx(want, rel=1e-6)
 
 
@@ -290,8 +293,6 @@ def test_bucketed_itl_prior_reads_a_decode_only_pool_as_the_telemetry_does():
 
 
 def test_engine_queue_marks_saturated_rows():
-    from controller.core.coupling import engine_not_saturated
-
     n = 4
     x = LatencyInputs.build(n, physics_index=0, arrival_rps_per_replica=1.0, prompt_tokens=500.0, output_tokens=100.0)
     cache = CacheInputs.build(n, physics_index=0, replicas=2.0, arrival_rps=2.0, prompt_tokens=500.0,
@@ -329,10 +330,10 @@ def test_correction_gate_keeps_signal_and_drops_noise(cv_loss):
     t = np.arange(n, dtype=float)
     cfg = CorrectionConfig(cv_loss=cv_loss)
     signal = 0.6 * X[:, 0] + 0.02 * rng.normal(size=n)
-    kept = C._fit_correction("ttft_p95_s", X, signal, 0.5, cfg, np.random.default_rng(0), t)
+    kept = F._fit_correction("ttft_p95_s", X, signal, 0.5, cfg, np.random.default_rng(0), t)
     assert kept.estimator is not None
     noise = 0.3 * rng.standard_t(2, size=n)
-    dropped = C._fit_correction("ttft_p95_s", X, noise, 0.5, cfg, np.random.default_rng(0), t)
+    dropped = F._fit_correction("ttft_p95_s", X, noise, 0.5, cfg, np.random.default_rng(0), t)
     assert dropped.estimator is None
 
 
@@ -345,8 +346,8 @@ def test_ape_gate_refuses_a_correction_that_pays_in_log_space_but_overshoots():
     X = np.column_stack([np.ones(n), np.arange(n) % 2]).astype(float)
     r = np.where(np.arange(n) % 3 == 2, 0.0, math.log(2.0))
     t = np.arange(n, dtype=float)
-    pin = C._fit_correction("x", X, r, 0.5, CorrectionConfig(cv_loss="pinball"), np.random.default_rng(0), t)
-    ape = C._fit_correction("x", X, r, 0.5, CorrectionConfig(cv_loss="ape"), np.random.default_rng(0), t)
+    pin = F._fit_correction("x", X, r, 0.5, CorrectionConfig(cv_loss="pinball"), np.random.default_rng(0), t)
+    ape = F._fit_correction("x", X, r, 0.5, CorrectionConfig(cv_loss="ape"), np.random.default_rng(0), t)
     assert pin.estimator is not None
     assert ape.estimator is None
 
@@ -354,9 +355,9 @@ def test_ape_gate_refuses_a_correction_that_pays_in_log_space_but_overshoots():
 def test_cv_folds_leave_whole_runs_out_else_time_blocks():
     t = np.arange(12, dtype=float)
     runs = np.repeat([0.0, 1.0, 2.0, 3.0], 3)
-    folds = C._cv_folds(t, runs, 3)
+    folds = F._cv_folds(t, runs, 3)
     assert sorted(np.concatenate(folds).tolist()) == list(range(12))
     for f in folds:  # no run is split between a fold and its training part
         assert set(np.unique(runs[f])).isdisjoint(set(runs) - set(np.unique(runs[f])))
-    assert [f.tolist() for f in C._cv_folds(t, None, 3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-    assert [f.tolist() for f in C._cv_folds(t, np.zeros(12), 3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert [f.tolist() for f in F._cv_folds(t, None, 3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert [f.tolist() for f in F._cv_folds(t, np.zeros(12), 3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]

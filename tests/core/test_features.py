@@ -11,12 +11,12 @@ from controller.core.features import (
     PoolSettings,
     ReuseProfile,
     arrival_dispersion,
-    build_training_data,
     forecast_series,
     request_reuse,
     traffic_profiles,
     window_profile,
 )
+from controller.learning.training_data import build_training_data, concat_training_data
 from controller.types import ClassObservation, FleetObservation, PoolObservation, Reading
 
 PHYS = PoolPhysics(key="toy/gpu/tp1", decode_step_s=tuple(0.01 + 0.0003 * TOKEN_GRID),
@@ -97,8 +97,6 @@ def test_forecast_series_and_traffic_profiles():
 
 
 def test_concat_numbers_the_runs_and_keeps_numbering_when_joined_again():
-    from controller.core.features import concat_training_data
-
     recs = [rec(float(t)) for t in np.arange(15.0, 121.0, 15.0)]
     one = build_training_data(recs, {"p": PHYS})
     ab, phys = concat_training_data([one, one])

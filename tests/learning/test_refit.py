@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from controller.clock import VirtualClock
-from controller.core.coupling import CorrectionConfig, CouplingModels, LatencyInputs, fit_coupling
-from controller.core.features import build_training_data
+from controller.core.coupling import CouplingModels, LatencyInputs
+from controller.learning.fit import CorrectionConfig, fit_coupling
 from controller.learning.history import HistoryBuffer
 from controller.learning.refit import ModelSet, ModelSlot, RefitConfig, RefitJob
 from controller.learning.store import ModelStore
+from controller.learning.training_data import build_training_data
 from tests.fixtures.prometheus import wait_until
 from tests.learning.helpers import physics_by_pool, synthetic_records, toy_physics
 

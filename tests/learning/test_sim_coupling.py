@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.core.coupling import fit_coupling
-from controller.core.features import build_training_data
 from controller.learning.dataset import Excitation, RunSpec, SimRecorder, record_run
+from controller.learning.fit import fit_coupling
 from controller.learning.physics import physics_for_scenario_pool
+from controller.learning.training_data import build_training_data
 from controller.paths import shared_data_dir
 
 SCENARIO = """

@@ -9,10 +9,12 @@ import pickle
 import numpy as np
 import pytest
 
-from controller.core.coupling import LatencyInputs, fit_coupling
-from controller.core.features import build_training_data, forecast_series
+from controller.core.coupling import LatencyInputs
+from controller.core.features import forecast_series
 from controller.core.forecast import fit_forecaster
+from controller.learning.fit import fit_coupling
 from controller.learning.store import ModelLoadError, ModelStore
+from controller.learning.training_data import build_training_data
 from tests.learning.helpers import physics_by_pool, synthetic_records
 
 
