@@ -39,6 +39,17 @@ def _handler(target: str):
     return run
 
 
+def _by_flag(flag: str, when_set: str, otherwise: str):
+    """A handler that picks its target by one argument: the simulated side of a learning command
+    (`record --scenario`, `fit --defaults`) is a bench driver's, the rest the learning edge's."""
+    on, off = _handler(when_set), _handler(otherwise)
+
+    def run(args: argparse.Namespace) -> int:
+        return (on if getattr(args, flag) else off)(args)
+
+    return run
+
+
 def _api_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api", default=None,
                    help="PolicyService address host:port (default: from --config, else 127.0.0.1:50051)")
@@ -191,14 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tick", type=float, default=15.0, help="seconds between observations")
     p.add_argument("--seed", type=int, default=None, help="with --scenario: override the scenario's seed")
     p.add_argument("--out", required=True, help="output file (JSON lines)")
-    p.set_defaults(func=_handler("controller.learning.cli:cmd_record"))
+    p.set_defaults(func=_by_flag("scenario", "controller.bench.learning_cli:cmd_record",
+                                  "controller.learning.cli:cmd_record"))
     p = sub.add_parser("fit", help="fit the learned models offline from recorded observations")
     p.add_argument("files", nargs="*", help="recordings made by `governor record`")
     p.add_argument("--defaults", action="store_true",
                    help="fit the shipped prior models on the shared traces (make models)")
     p.add_argument("--out", default="models", help="directory for the skops artifacts and manifests")
     p.add_argument("--seed", type=int, default=0, help="seed of the fits (and of the default recordings)")
-    p.set_defaults(func=_handler("controller.learning.cli:cmd_fit"))
+    p.set_defaults(func=_by_flag("defaults", "controller.bench.learning_cli:cmd_fit_defaults",
+                                  "controller.learning.cli:cmd_fit"))
 
     # ---- operator commands against a running daemon
     p = sub.add_parser("status", help="mode, last tick, health of sources and actuators, pools")

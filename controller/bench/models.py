@@ -2,7 +2,7 @@
 
 What it does (seeded, virtual clock, ~3 minutes on 2 cores):
 
-1. Records the default suite (controller/learning/dataset.py): per shared trace two training runs
+1. Records the default suite (controller/bench/recordings.py): per shared trace two training runs
    (the first part of the trace, fleet sizes A, 60 s telemetry windows) and one test run (a later
    part of the trace — ServeGen: another day — other fleet sizes and seed, 450 s fixed-setting
    segments). Telemetry windows are 60 s everywhere (the daemon's default).
@@ -68,8 +68,7 @@ def _progress(msg: str) -> None:
 
 
 def _recordings(seed: int):
-    from controller.learning.dataset import default_suite
-    from controller.learning.parallel import record_cached
+    from controller.bench.recordings import default_suite, record_cached
 
     train_specs, test_specs = default_suite(seed)
     recs = record_cached(list(train_specs) + list(test_specs), os.environ.get(CACHE_ENV), progress=_progress)
@@ -119,7 +118,7 @@ def _summ(errs: dict[str, np.ndarray]) -> dict[str, float | int]:
 
 
 def coupling_figures(train_recs, test_recs, seed: int) -> dict:
-    from controller.learning.dataset import trace_of
+    from controller.bench.recordings import trace_of
 
     traces = sorted({trace_of(r.label) for r in test_recs})
     global_data, global_phys = _data(train_recs)

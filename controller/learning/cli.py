@@ -1,14 +1,17 @@
-"""`governor record` and `governor fit`: training data to a file, models from files (or from the shared traces).
+"""`governor record --config` and `governor fit`: training data from a live fleet to a file, models from files.
 
-    governor record --scenario scenarios/mooncake-conv.yaml --for 1800 --out runs/mooncake.jsonl
     governor record --config governor.yaml --for 3600 --out runs/live.jsonl     (a live fleet, wall clock)
     governor fit runs/*.jsonl --out models/
-    governor fit --defaults            (what `make models` runs: the shipped priors, from the shared traces)
+
+The simulated side is a bench driver's (controller/bench/learning_cli.py): `governor record
+--scenario` runs the simulator, and `governor fit --defaults` (what `make models` runs) records
+simulated runs on the shared traces and hands them to `fit_shipped_coupling` and
+`fit_shipped_forecaster` here.
 
 Progress goes to stderr; the last line on stdout is a one-line summary. Exit codes: 0 ok, 2 bad
 input (the message names the file, line and field).
 
-Must not: be imported by the daemon's hot path (it pulls in the simulator).
+Must not: import the simulator, or be imported by the daemon's hot path.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,72 +31,57 @@ from controller.core.features import forecast_series
 from controller.core.forecast import ForecastConfig, ForecasterModel, fit_forecaster, fit_series
 from controller.learning.evaluate import evaluate
 from controller.learning.fit import fit_coupling
-from controller.learning.records import RecordError, dumps, header_dict, read_recording, record_to_dict
+from controller.learning.records import (
+    RecordError,
+    Recording,
+    dumps,
+    header_dict,
+    merge_physics,
+    read_recording,
+    record_to_dict,
+)
 from controller.learning.store import ModelStore, clean_json
 from controller.learning.training_data import build_training_data, concat_training_data
 
 HOLDOUT_FRAC = 0.2
 
 
-def _err(msg: str) -> int:
+def error(msg: str) -> int:
+    """Print a bad-input message and return exit code 2."""
     print(f"governor: {msg}", file=sys.stderr)
     return 2
 
 
-def _progress(msg: str) -> None:
+def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- record
 
 
-def cmd_record(args) -> int:
+def check_record_args(args) -> str | None:
+    """The message for bad `governor record` arguments (None if fine); shared by both sides."""
     if bool(args.scenario) == bool(args.config):
-        return _err("record: give exactly one of --scenario (simulate in-process) or --config (a live fleet)")
+        return "record: give exactly one of --scenario (simulate in-process) or --config (a live fleet)"
     if args.tick <= 0:
-        return _err(f"record: --tick must be > 0 (got {args.tick})")
+        return f"record: --tick must be > 0 (got {args.tick})"
     if args.for_s is not None and args.for_s <= 0:
-        return _err(f"record: --for must be > 0 (got {args.for_s})")
+        return f"record: --for must be > 0 (got {args.for_s})"
     out = Path(args.out)
     if out.parent and not out.parent.exists():
-        return _err(f"record: --out: directory {out.parent} does not exist")
+        return f"record: --out: directory {out.parent} does not exist"
+    return None
+
+
+def cmd_record(args) -> int:
+    """`governor record --config`: a live fleet on the wall clock (`--scenario` is the bench's)."""
+    msg = check_record_args(args)
+    if msg is not None:
+        return error(msg)
     if args.scenario:
-        return _record_sim(args, out)
-    return _record_live(args, out)
-
-
-def _record_sim(args, out: Path) -> int:
-    from controller.learning.dataset import SimRecorder
-    from controller.learning.physics import physics_for_scenario_pool
-    from controller.sim.fleet import Fleet
-    from controller.sim.scenario import ScenarioError, load_scenario
-
-    try:
-        sc = load_scenario(args.scenario)
-        fleet = Fleet(sc, seed=args.seed, record_requests=True)  # send times: the reuse profile
-        physics = {p.name: physics_for_scenario_pool(p) for p in sc.pools}
-    except (ScenarioError, ValueError) as exc:
-        return _err(f"record: {exc}")
-    window_s = 60.0
-    rec = SimRecorder(fleet, window_s=window_s)
-    stop = args.for_s if args.for_s is not None else math.inf
-    header = header_dict(physics, window_s=window_s, tick_s=args.tick, source=f"sim:{args.scenario}",
-                         meta={"scenario": sc.name, "seed": fleet.seed})
-    n = 0
-    t = 0.0
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(dumps(header) + "\n")
-        while not fleet.done and t + args.tick <= stop + 1e-9:
-            t += args.tick
-            fleet.run_until(t)
-            f.write(dumps(record_to_dict(rec.read(t))) + "\n")
-            n += 1
-            if n % 40 == 0:
-                _progress(f"record: {t:.0f} simulated s, {n} ticks")
-    tmp.replace(out)
-    print(json.dumps({"out": str(out), "ticks": n, "simulated_s": t, "scenario": sc.name}))
-    return 0
+        return error("record: --scenario simulates the fleet: run it through `governor record` "
+                     "(controller/bench/learning_cli.py)")
+    return _record_live(args, Path(args.out))
 
 
 def _record_live(args, out: Path) -> int:
@@ -105,7 +94,7 @@ def _record_live(args, out: Path) -> int:
     try:
         settings = load_settings(args.config)
     except (ConfigError, ValueError) as exc:
-        return _err(f"record: {exc}")
+        return error(f"record: {exc}")
     clock = WallClock()
     source = build_source(settings, clock)
     physics = {}
@@ -113,7 +102,7 @@ def _record_live(args, out: Path) -> int:
         try:
             physics[p.name] = physics_for_pool_spec(p)
         except ValueError as exc:
-            _progress(f"record: pool {p.name}: no physics ({exc}); its rows will not train the coupling models")
+            progress(f"record: pool {p.name}: no physics ({exc}); its rows will not train the coupling models")
     window_s = float(settings.telemetry.window_s)
     header = header_dict(physics, window_s=window_s, tick_s=args.tick, source=f"live:{args.config}")
     stop = clock.monotonic_s() + (args.for_s if args.for_s is not None else math.inf)
@@ -173,20 +162,19 @@ def _holdout_errors(models: CouplingModels, data, physics) -> dict[str, float]:
 def cmd_fit(args) -> int:
     store = ModelStore(args.out)
     if args.defaults:
-        if args.files:
-            return _err("fit: give recordings or --defaults, not both")
-        return _fit_defaults(store, args.seed)
+        return error("fit: --defaults simulates its training runs: run it through `governor fit` "
+                     "(controller/bench/learning_cli.py)")
     if not args.files:
-        return _err("fit: give one or more recordings (made by `governor record`), or --defaults")
+        return error("fit: give one or more recordings (made by `governor record`), or --defaults")
     t0 = time.perf_counter()
     train_parts, hold_parts, all_parts, series = [], [], [], {}
     for path in args.files:
         try:
             header, physics, records = read_recording(Path(path))
         except RecordError as exc:
-            return _err(f"fit: {exc}")
+            return error(f"fit: {exc}")
         if not physics:
-            _progress(f"fit: {path}: no pool physics in the header; only the forecaster learns from it")
+            progress(f"fit: {path}: no pool physics in the header; only the forecaster learns from it")
         elif records:
             tr, ho, al = _split_data(records, physics, float(header.get("window_s", 60.0)))
             train_parts.append(tr)
@@ -195,7 +183,7 @@ def cmd_fit(args) -> int:
         for name, (t, y) in forecast_series(records).items():
             if name not in series or len(t) > len(series[name][0]):
                 series[name] = (t, y)
-        _progress(f"fit: {path}: {len(records)} ticks")
+        progress(f"fit: {path}: {len(records)} ticks")
     rng = np.random.default_rng(args.seed)
     result: dict = {"out": str(store.dir)}
     if all_parts:
@@ -233,52 +221,36 @@ def _shipped_default_series(store: ModelStore):
 # --------------------------------------------------------------------------- the shipped priors
 
 
-def default_forecaster(seed: int = 0) -> tuple[ForecasterModel, dict[str, float]]:
-    """A scale-free default series model fitted on the shared traces (no seasonality: a daily
-    shape learnt on one provider's clock would be wrong for another fleet until its own history
-    has two days). The level model is chosen on ServeGen m-small arrivals (1 day, 60 s bins)."""
-    from controller.paths import shared_data_dir
-    from controller.sim.scenario import ServeGenSpec
-    from controller.sim.traces import read_servegen_rates, servegen_arrivals
-
-    rates = read_servegen_rates(shared_data_dir() / "traces" / "servegen_14day_rates.csv")
-    tr = servegen_arrivals(rates, ServeGenSpec(tier="m-small", mean_rps=2.0, days=1.5, start_day=0.0),
-                           np.random.default_rng(seed))
-    edges = np.arange(0.0, tr.arrival_s[-1] + 60.0, 60.0)
-    counts = np.histogram(tr.arrival_s, bins=edges)[0] / 60.0
-    # damping = 1 only: a damped level pulls towards the training series' mean, which is not scale-free
-    cfg = ForecastConfig(dampings=(1.0,))
-    default = fit_series("default", edges[:-1] + 30.0, counts, cfg)
-    return ForecasterModel(config=ForecastConfig(), series={}, default=default), {
-        "default_backtest_mae_rel": float(default.backtest_mae / max(np.mean(counts), 1e-9))}
-
-
-def _fit_defaults(store: ModelStore, seed: int) -> int:
-    import os
-
-    from controller.learning.dataset import default_suite, merge_physics
-    from controller.learning.parallel import record_cached
-
-    t0 = time.perf_counter()
-    train_specs, test_specs = default_suite(seed)
-    _progress(f"fit --defaults: {len(train_specs)} training and {len(test_specs)} test runs of the simulator")
-    recs = record_cached(list(train_specs) + list(test_specs), os.environ.get("GOVERNOR_RECORDING_CACHE"),
-                         progress=_progress)
-    train_recs, test_recs = recs[: len(train_specs)], recs[len(train_specs):]
+def fit_shipped_coupling(store: ModelStore, train_recs: Sequence[Recording], test_recs: Sequence[Recording],
+                         seed: int) -> dict[str, float]:
+    """Fit the shipped coupling models on the training recordings, score them on the test
+    recordings (their holdout errors, returned) and save them with how they were trained."""
     train = concat_training_data([build_training_data(r.records, r.physics, window_s=r.window_s) for r in train_recs])
     test = concat_training_data([build_training_data(r.records, r.physics, window_s=r.window_s) for r in test_recs])
     models = fit_coupling(train[0], train[1], np.random.default_rng(seed), seed=seed)
     errors = _holdout_errors(models, test[0], test[1])
     models = replace(models, seed=seed, holdout_errors=errors)
     store.save_coupling(models, training={
-        "sources": [s.label for s in train_specs], "holdout_sources": [s.label for s in test_specs],
+        "sources": [r.label for r in train_recs], "holdout_sources": [r.label for r in test_recs],
         "rows": len(train[0]), "steady_rows": int(train[0].steady.sum()),
         "runs": {r.label: dict(r.meta) for r in train_recs},
         "physics": sorted(merge_physics(train_recs))})
-    fc, fc_err = default_forecaster(seed)
-    store.save_forecaster(fc, training={"sources": ["servegen_14day_rates.csv m-small day 0-1.5 (arrivals, 60 s)"]},
-                          holdout_errors=fc_err, seed=seed)
-    out = {"out": str(store.dir), "fit_seconds": round(time.perf_counter() - t0, 1),
-           "holdout": {k: v for k, v in errors.items() if k.endswith(("_mape", "_mae"))}}
-    print(json.dumps(clean_json(out)))
-    return 0
+    return errors
+
+
+def default_forecaster(t_s: np.ndarray, arrivals_rps: np.ndarray) -> tuple[ForecasterModel, dict[str, float]]:
+    """A scale-free default series model fitted on an arrival-rate series (no seasonality: a daily
+    shape learnt on one provider's clock would be wrong for another fleet until its own history
+    has two days). The shipped one is fitted on ServeGen m-small arrivals (1.5 days, 60 s bins)."""
+    # damping = 1 only: a damped level pulls towards the training series' mean, which is not scale-free
+    cfg = ForecastConfig(dampings=(1.0,))
+    default = fit_series("default", t_s, arrivals_rps, cfg)
+    return ForecasterModel(config=ForecastConfig(), series={}, default=default), {
+        "default_backtest_mae_rel": float(default.backtest_mae / max(np.mean(arrivals_rps), 1e-9))}
+
+
+def fit_shipped_forecaster(store: ModelStore, t_s: np.ndarray, arrivals_rps: np.ndarray, *, source: str,
+                           seed: int) -> None:
+    """Fit the shipped default forecaster on an arrival-rate series and save it."""
+    fc, fc_err = default_forecaster(t_s, arrivals_rps)
+    store.save_forecaster(fc, training={"sources": [source]}, holdout_errors=fc_err, seed=seed)

@@ -1,4 +1,5 @@
-"""JSON form of observation records (one line per tick), shared by the history file and recordings.
+"""JSON form of observation records (one line per tick), shared by the history file and recordings;
+`Recording` is a recording in memory.
 
 A recording file is JSON lines: first a header `{"kind": "header", "version": 1, "physics":
 {pool: PoolPhysics fields}, "window_s": 60, "tick_s": 15, "source": ...}`, then one
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import fields
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,27 @@ _SETTINGS_FIELDS = tuple(f.name for f in fields(PoolSettings))
 
 class RecordError(ValueError):
     """A recording or history line is malformed; the message names file, line and field."""
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A recording in memory: its records, the pools' physics and how it was read."""
+
+    label: str
+    records: tuple[ObservationRecord, ...]
+    physics: Mapping[str, PoolPhysics]  # per pool
+    window_s: float
+    tick_s: float
+    meta: Mapping[str, object] = field(default_factory=dict)
+
+
+def merge_physics(recordings: Sequence[Recording]) -> dict[str, PoolPhysics]:
+    """Physics per pool over several recordings (the first recording naming a pool wins)."""
+    out: dict[str, PoolPhysics] = {}
+    for r in recordings:
+        for pool, ph in r.physics.items():
+            out.setdefault(pool, ph)
+    return out
 
 
 def _reading_out(r: Reading) -> Any:

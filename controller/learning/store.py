@@ -41,7 +41,7 @@ from controller.core.coupling import (
     coupling_to_state,
 )
 from controller.core.forecast import ForecasterModel, forecaster_from_state, forecaster_to_state
-from controller.sim.paths import PROJECT_ROOT
+from controller.paths import PROJECT_ROOT
 
 # the prior artifacts shipped with Governor (`make models` refits them)
 SHIPPED_MODELS_DIR = PROJECT_ROOT / "models"

@@ -31,7 +31,7 @@ from controller.policies.registry import POLICY_NAMES, build_policy
 from controller.runtime.daemon import Daemon, TickReport
 from controller.runtime.learning import Learning
 from controller.runtime.loop import TickLoop
-from controller.sim.paths import PROJECT_ROOT
+from controller.paths import PROJECT_ROOT
 from controller.telemetry import build_source
 from controller.transport import ClientTls, TlsConfig
 from controller.types import Mode

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.learning.dataset import Excitation, RunSpec, SimRecorder, record_run
+from controller.bench.recordings import Excitation, RunSpec, SimRecorder, record_run
 from controller.learning.fit import fit_coupling
 from controller.learning.physics import physics_for_scenario_pool
 from controller.learning.training_data import build_training_data

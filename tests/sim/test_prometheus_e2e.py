@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from controller.sim.paths import PROJECT_ROOT
+from controller.paths import PROJECT_ROOT
 from tests.fakes.live_scenario import write_scenario
 
 pytestmark = pytest.mark.e2e

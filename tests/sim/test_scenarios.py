@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.sim.paths import PROJECT_ROOT
+from controller.paths import PROJECT_ROOT
 from controller.sim.scenario import Scenario, ScenarioError, load_scenario
 from controller.sim.traces import TraceError
 from controller.sim.workload import Workload, build_workload

@@ -1,23 +1,30 @@
-"""Training and test data for the coupling models, made by running the simulator.
+"""Simulated training and test runs for the learned models: the bench drives the simulator, the
+learning edge fits on what it records (DESIGN.md §4: the simulator is a driver's plant).
 
 A `RunSpec` names a scenario, a trace window, a seed and an *excitation*: every `segment_s`
 the run draws new pool settings (replicas, cache affinity, in-flight cap) from the spec's
 choices, so the data covers the levers the planner will move. `record_run` drives the fleet on
 its own virtual clock (no wall-clock waits), reads it through `SimObserver` every `tick_s` (the
-same numbers a scrape gives) and returns one `ObservationRecord` per tick, with the settings in
-force and the traffic's reuse profile (from the trace's prefix-block ids, at the times the
-requests were really sent).
+same numbers a scrape gives) and returns a `Recording`: one `ObservationRecord` per tick, with
+the settings in force and the traffic's reuse profile (from the trace's prefix-block ids, at the
+times the requests were really sent).
 
 `default_suite()` is the shipped split: training runs on the first part of each shared trace,
-test runs on a later part with other fleet sizes (see `governor bench models`).
+test runs on a later part with other fleet sizes (see `governor bench models`). `record_many`
+runs several specs in worker processes; each worker sends back the records in their JSON form
+(controller/learning/records.py), so results cross the process boundary as plain data, in the
+order of the specs whatever finishes first. `record_cached` keeps them in a cache directory.
 
-Must not: read the wall clock or write files (the CLI does that).
+Must not: read the wall clock, share state between workers (each builds its own fleet from the
+spec and seed), or write files other than the recording cache a caller names.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -33,6 +40,15 @@ from controller.core.features import (
     window_profile,
 )
 from controller.learning.physics import physics_for_scenario_pool
+from controller.learning.records import (
+    Recording,
+    header_dict,
+    read_recording,
+    record_from_dict,
+    record_to_dict,
+    write_recording,
+)
+from controller.paths import PROJECT_ROOT
 from controller.types import Reading
 
 
@@ -62,27 +78,13 @@ class RunSpec:
     excitation: Excitation = field(default_factory=Excitation)
 
 
-@dataclass(frozen=True)
-class Recording:
-    label: str
-    records: tuple[ObservationRecord, ...]
-    physics: Mapping[str, PoolPhysics]  # per pool
-    window_s: float
-    tick_s: float
-    meta: Mapping[str, object] = field(default_factory=dict)
-
-
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
 def load_run_scenario(spec: RunSpec):
     """The scenario of a RunSpec with its trace window / scales / initial replicas applied."""
     from controller.sim.scenario import load_scenario
 
     path = Path(spec.scenario_path)
     if not path.is_absolute():
-        path = repo_root() / path
+        path = PROJECT_ROOT / path
     sc = load_scenario(path)
     tr = sc.trace
     upd = {}
@@ -322,9 +324,64 @@ def trace_of(label: str) -> str:
     return label
 
 
-def merge_physics(recordings: Sequence[Recording]) -> dict[str, PoolPhysics]:
-    out: dict[str, PoolPhysics] = {}
-    for r in recordings:
-        for pool, ph in r.physics.items():
-            out.setdefault(pool, ph)
-    return out
+# --------------------------------------------------------------------------- several runs
+
+
+def _work(spec: RunSpec) -> dict:
+    rec = record_run(spec)
+    return {"label": rec.label, "window_s": rec.window_s, "tick_s": rec.tick_s, "meta": dict(rec.meta),
+            "physics": {k: p.to_dict() for k, p in rec.physics.items()},
+            "records": [record_to_dict(r) for r in rec.records]}
+
+
+def _back(d: dict) -> Recording:
+    return Recording(label=d["label"], records=tuple(record_from_dict(r) for r in d["records"]),
+                     physics={k: PoolPhysics.from_dict(p) for k, p in d["physics"].items()},
+                     window_s=d["window_s"], tick_s=d["tick_s"], meta=d["meta"])
+
+
+def record_many(specs: Sequence[RunSpec], *, workers: int | None = None,
+                progress: Callable[[str], None] | None = None) -> list[Recording]:
+    n = workers if workers is not None else max(1, min(len(specs), os.cpu_count() or 1))
+    if n <= 1 or len(specs) <= 1:
+        out = []
+        for s in specs:
+            out.append(record_run(s))
+            if progress:
+                progress(f"recorded {s.label}: {len(out[-1].records)} ticks")
+        return out
+    results: list[Recording | None] = [None] * len(specs)
+    with ProcessPoolExecutor(max_workers=n) as pool:
+        futs = {pool.submit(_work, s): i for i, s in enumerate(specs)}
+        for fut, i in futs.items():
+            results[i] = _back(fut.result())
+            if progress:
+                progress(f"recorded {specs[i].label}: {len(results[i].records)} ticks")
+    return [r for r in results if r is not None]
+
+
+def record_cached(specs: Sequence[RunSpec], cache_dir: str | None, *,
+                  progress: Callable[[str], None] | None = None) -> list[Recording]:
+    """record_many, keeping each recording as a JSON-lines file in `cache_dir` (when given) and
+    reading it back on the next call with the same label and seed (GOVERNOR_RECORDING_CACHE)."""
+    recs: list[Recording | None] = [None] * len(specs)
+    todo = []
+    for i, s in enumerate(specs):
+        path = Path(cache_dir) / f"{s.label}-seed{s.seed}.jsonl" if cache_dir else None
+        if path is not None and path.exists():
+            header, physics, records = read_recording(path)
+            recs[i] = Recording(s.label, tuple(records), physics, header["window_s"], header["tick_s"],
+                                header.get("meta", {}))
+        else:
+            todo.append(i)
+    if todo:
+        if progress:
+            progress(f"simulating {len(todo)} runs")
+        for i, r in zip(todo, record_many([specs[i] for i in todo], progress=progress)):
+            recs[i] = r
+            if cache_dir:
+                Path(cache_dir).mkdir(parents=True, exist_ok=True)
+                write_recording(Path(cache_dir) / f"{specs[i].label}-seed{specs[i].seed}.jsonl",
+                                header_dict(r.physics, window_s=r.window_s, tick_s=r.tick_s, source=r.label,
+                                            meta=r.meta), r.records)
+    return [r for r in recs if r is not None]
