@@ -154,6 +154,20 @@ class ClassObservation:
     retry_rps: Reading = MISSING
 
 
+class PoolPhases(Protocol):
+    """One pool as the autoscaler reports it: its replicas per phase. The actuation adapters'
+    `PoolStateView` and the simulator's `PoolState` both are one."""
+
+    @property
+    def ready(self) -> int: ...
+
+    @property
+    def starting(self) -> int: ...
+
+    @property
+    def draining(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class FleetObservation:
     at_s: float

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from controller.core.coupling import REUSE_TAU_S, PoolPhysics
+from controller.core.estimate import estimate
 from controller.core.features import (
     ObservationRecord,
     PoolSettings,
@@ -205,6 +206,7 @@ class SimRecorder:
                 self.observer = SimObserver(self.fleet, window_s=self.window_s, include_gpu=False)
         if obs is None:
             obs = self.observer.read(now_s)
+        obs = estimate(None, obs, self.observer.fleet_state(), now_s).observation  # + starting, draining
         busy = self._busy_fallback(now_s)
         if busy:
             pools = dict(obs.pools)

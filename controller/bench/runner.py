@@ -231,7 +231,8 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
         fleet.run_until(t)
         if fleet.done:
             break
-        state, result = controller.step(state, TickInput(now_s=t, observation=observer.read(t), profile=profile))
+        state, result = controller.step(state, TickInput(now_s=t, observation=observer.read(t),
+                                                         fleet_state=observer.fleet_state(), profile=profile))
         if result.decision is not None:
             apply_decision(fleet, result.decision)
             decisions += 1

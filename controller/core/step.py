@@ -5,9 +5,10 @@ the offline bench and the tests all drive. It does no I/O, reads no clock (time
 is `tick_input.now_s`) and draws randomness only from a Generator seeded by
 (seed, generation), so a replay with the same inputs gives the same decisions.
 
-A tick: apply SLO/profile overrides to what the policy sees → run the policy →
-apply the guardrails (core/guards.py) → number the decision (generation, id,
-validity deadline) → explain it.
+A tick: estimate the fleet (core/estimate.py: the autoscaler's replica phases
+join the telemetry) → apply SLO/profile overrides to what the policy sees → run
+the policy → apply the guardrails (core/guards.py) → number the decision
+(generation, id, validity deadline) → explain it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.core.estimate import Estimate, estimate
 from controller.core.guards import GuardConfig, GuardState, apply_guards, pool_telemetry_status
 from controller.types import (
     ClassAdmission,
@@ -30,6 +32,7 @@ from controller.types import (
     Policy,
     PolicyInput,
     PoolDecision,
+    PoolPhases,
     Reason,
     SloSpec,
 )
@@ -43,12 +46,14 @@ class ControllerState:
     current: Decision | None = None  # the decision in force (the last safe one)
     policy_state: Any = None
     guard_state: GuardState = field(default_factory=GuardState)
+    estimate: Estimate | None = None  # the last tick's estimate
 
 
 @dataclass(frozen=True, slots=True)
 class TickInput:
     now_s: float
-    observation: FleetObservation
+    observation: FleetObservation  # telemetry as read (no autoscaler state merged in)
+    fleet_state: Mapping[str, PoolPhases] | None = None  # replicas per phase per pool, as the autoscaler reports
     mode: Mode = Mode.ACTIVE
     overrides: tuple[Override, ...] = ()
     profile: str = "balanced"
@@ -66,6 +71,7 @@ class TickResult:
     diagnostics: Mapping[str, Any]
     overrides: tuple[Override, ...]  # overrides active at this tick
     explanation: str
+    estimate: Estimate  # what the tick took the fleet to be (its observation is what the policy saw)
 
     def record(self) -> dict[str, Any]:
         """A JSON-ready account of the tick, stored for `governor explain`."""
@@ -177,26 +183,28 @@ class Controller:
 
     def step(self, state: ControllerState, tick: TickInput) -> tuple[ControllerState, TickResult]:
         now_s = tick.now_s
+        est = estimate(state.estimate, tick.observation, tick.fleet_state, now_s)
+        obs = est.observation
         active = tuple(o for o in tick.overrides if o.active(now_s))
-        telemetry = {p.name: pool_telemetry_status(tick.observation.pools.get(p.name)) for p in self.fleet.pools}
-        inputs = observation_summary(tick.observation)
+        telemetry = {p.name: pool_telemetry_status(obs.pools.get(p.name)) for p in self.fleet.pools}
+        inputs = observation_summary(obs)
         if tick.mode is Mode.PAUSED:
-            return state, TickResult(None, tick.mode, False, False, (), (), telemetry,
-                                     {"observation": inputs, "policy": self.policy.name}, active,
-                                     "paused: no decision made; actuators keep their settings until they expire")
+            return state, TickResult(
+                None, tick.mode, False, False, (), (), telemetry, {"observation": inputs, "policy": self.policy.name},
+                active, "paused: no decision made; actuators keep their settings until they expire", est)
 
         profile = next((o.text for o in reversed(active) if o.kind == "profile" and o.text in PROFILES), tick.profile)
         fleet = self._effective_fleet(active)
-        current = self._observed_current(tick.observation, state.current) if tick.mode is Mode.SHADOW else state.current
+        current = self._observed_current(obs, state.current) if tick.mode is Mode.SHADOW else state.current
         generation = state.generation + 1
         rng = np.random.default_rng([self.seed, generation])
-        inp = PolicyInput(now_s=now_s, observation=tick.observation, fleet=fleet, current=current,
+        inp = PolicyInput(now_s=now_s, observation=obs, fleet=fleet, current=current,
                           overrides=active, profile=profile, tick_s=self.tick_s)
         policy_state, out = self.policy.decide(state.policy_state, inp, rng)
 
         guarded = apply_guards(
             now_s=now_s, fleet=fleet, proposal=out.pools, admission=out.admission,
-            current=current.pools if current else None, observation=tick.observation,
+            current=current.pools if current else None, observation=obs,
             overrides=active, config=self.guards, state=state.guard_state,
             confidence=_confidence(out.diagnostics),
         )
@@ -213,9 +221,10 @@ class Controller:
         diagnostics = {"observation": inputs, "policy": self.policy.name, "profile": profile,
                        **{k: _jsonable(v) for k, v in out.diagnostics.items()}}
         text = explain(decision, current, tuple(out.reasons), guarded.adjustments, telemetry, active, guarded.frozen, tick.mode)
-        new_state = ControllerState(generation=generation, current=decision, policy_state=policy_state, guard_state=guarded.state)
+        new_state = ControllerState(generation=generation, current=decision, policy_state=policy_state,
+                                    guard_state=guarded.state, estimate=est)
         return new_state, TickResult(decision, tick.mode, changed, guarded.frozen, tuple(out.reasons), guarded.adjustments,
-                                     telemetry, diagnostics, active, text)
+                                     telemetry, diagnostics, active, text, est)
 
 
 def explain(decision: Decision, current: Decision | None, reasons: tuple[Reason, ...], adjustments: tuple[Reason, ...],

@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from controller.core.estimate import target_in_force
 from controller.types import FleetSpec, PolicyInput, PoolDecision, PoolSpec, Reading, Reason, SloSpec
 
 Sample = tuple[float, float]  # (t_s, value)
@@ -133,20 +134,8 @@ def clamp(n: int, lo: int, hi: int) -> tuple[int, str | None]:
 
 
 def current_target(inp: PolicyInput, spec: PoolSpec) -> tuple[int, str]:
-    """The replica target in force for a pool, and where it came from.
-
-    In order: the decision in force; else what the fleet runs (ready + starting);
-    else the pool's minimum. Example: no decision yet, 3 ready and 1 starting → (4, "observed").
-    """
-    if inp.current is not None and spec.name in inp.current.pools:
-        return int(inp.current.pools[spec.name].replicas), "decision"
-    obs = inp.observation.pools.get(spec.name)
-    if obs is not None:
-        ready = value(obs.replicas_ready)
-        if ready is not None:
-            starting = value(obs.replicas_starting) or 0.0
-            return int(round(ready + starting)), "observed"
-    return spec.min_replicas, "pool_min"
+    """The replica target in force for a pool, and where it came from (`target_in_force`)."""
+    return target_in_force(inp.current, inp.observation, spec)
 
 
 def tightest_slo(fleet: FleetSpec, priority_class: str | None = None) -> SloSpec | None:

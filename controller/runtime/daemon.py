@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,7 +18,7 @@ from controller.api.server import ComponentStatus, PoolStatusView, StatusView
 from controller.clock import Clock
 from controller.core.step import Controller, ControllerState, TickInput, TickResult
 from controller.obs.metrics import DaemonMetrics
-from controller.types import FleetObservation, Mode, PoolObservation, Reading
+from controller.types import FleetObservation, Mode, PoolPhases
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,38 +59,27 @@ class Daemon:
 
     # ------------------------------------------------------------------ tick
 
-    def _merge_fleet_state(self, obs: FleetObservation) -> FleetObservation:
-        """Replica phases that only the autoscaler knows (starting, draining) join the telemetry.
-
-        A pool the autoscaler reports with no replica at all (none ready, starting or draining) has
-        no engine to export metrics, so its missing `replicas_ready` reads 0: scaled to zero, not a
-        broken scrape (Prometheus alone cannot tell the two apart). Without this a fleet scaled to
-        zero read as all stale and the controller froze at zero. A pool the autoscaler says has
-        replicas keeps a missing reading missing."""
+    def _fleet_state(self) -> Mapping[str, PoolPhases] | None:
+        """Replicas per phase as the autoscaler reports them (None when unknown); `Controller.step`
+        merges them into the telemetry (core/estimate.py)."""
         state = self.actuator.fleet_state() if self.actuator is not None else None
-        if not state:
-            return obs
-        pools = dict(obs.pools)
-        for name, ps in state.pools.items():
-            p = pools.get(name) or PoolObservation(pool=name)
-            p = replace(p, replicas_starting=Reading(float(ps.starting)), replicas_draining=Reading(float(ps.draining)))
-            if not p.replicas_ready.ok and ps.ready == 0 and ps.starting == 0 and ps.draining == 0:
-                p = replace(p, replicas_ready=Reading(0.0))
-            pools[name] = p
-        return replace(obs, pools=pools)
+        return state.pools if state else None
 
     def tick(self) -> TickReport:
         with self._lock:
             clock = self.clock
             t0 = clock.monotonic_s()
             now_s = clock.now_s()
-            obs = self._merge_fleet_state(self.source.read(now_s))
+            raw = self.source.read(now_s)
+            fleet_state = self._fleet_state()
             t1 = clock.monotonic_s()
             self.store.expire_overrides(now_s)
             overrides = self.store.active_overrides(now_s)
             in_force = self.state.current
             self.state, result = self.controller.step(
-                self.state, TickInput(now_s=now_s, observation=obs, mode=self.mode, overrides=overrides, profile=self.profile))
+                self.state, TickInput(now_s=now_s, observation=raw, fleet_state=fleet_state, mode=self.mode,
+                                      overrides=overrides, profile=self.profile))
+            obs = result.estimate.observation  # the telemetry with the autoscaler's replica phases
             t2 = clock.monotonic_s()
             outcome = None
             d = result.decision

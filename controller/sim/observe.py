@@ -1,10 +1,12 @@
 """In-process telemetry from a simulated fleet: the same numbers a scrape would give, without HTTP.
 
 `SimObserver` feeds the fleet's stats to the same window the scrape source uses
-(`telemetry/window.py`), then adds the replica phases only the autoscaler knows
-(starting, draining). The bench, the model trainer and the tests read a
-simulated fleet through it; the daemon reads a live one through a scrape or
-Prometheus — one code path for the numbers either way.
+(`telemetry/window.py`). The replica phases only the autoscaler knows (starting,
+draining) are not merged here: `fleet_state()` hands them over raw, as the
+daemon's actuator does, and `Controller.step` merges them (core/estimate.py).
+The bench, the model trainer and the tests read a simulated fleet through it;
+the daemon reads a live one through a scrape or Prometheus — one code path for
+the numbers either way.
 
 Two ways to the window, same observation to the last bit (tests/sim/test_observe.py):
 - `fast=True` (default): the samples the window reads (`read_sample_names`) are
@@ -22,7 +24,6 @@ Must not: mutate the fleet or its stats; keep anything but caches of labels.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import NamedTuple
 
 from prometheus_client.utils import floatToGoString
@@ -36,10 +37,10 @@ from controller.sim.exposition import (
     RouterCollector,
     collect_families,
 )
-from controller.sim.fleet import Fleet
+from controller.sim.fleet import Fleet, PoolState
 from controller.telemetry.source import ScrapeTarget
 from controller.telemetry.window import FamiliesWindow
-from controller.types import FleetObservation, Reading
+from controller.types import FleetObservation
 
 
 class _Sample(NamedTuple):
@@ -176,13 +177,11 @@ class SimObserver:
                 scraped.append((ScrapeTarget(f"sim://{ns.node_id}", ns.pool, "dcgm"), collect_families(self._node(ns))))
         router = ScrapeTarget("sim://router", "", "router")
         scraped.append((router, self._router_samples() if fast else collect_families(self._router)))
-        obs = self.window.update(now_s, scraped)
-        pools = dict(obs.pools)
-        for name, ps in self.fleet.pool_states().items():
-            if name in pools:
-                pools[name] = replace(pools[name], replicas_starting=Reading(float(ps.starting)),
-                                      replicas_draining=Reading(float(ps.draining)))
-        return replace(obs, pools=pools)
+        return self.window.update(now_s, scraped)
+
+    def fleet_state(self) -> dict[str, PoolState]:
+        """Replicas per phase per pool, as an autoscaler would report them (for `TickInput.fleet_state`)."""
+        return self.fleet.pool_states()
 
     def health(self) -> tuple[bool, str]:
         return True, f"simulated fleet at t={self.fleet.now_s:.0f}s"

@@ -1,5 +1,8 @@
 """Record (or check) SimObserver's observations on a seeded simulated run, for tests/sim/test_observe.py.
 
+Each record is what a policy sees: the telemetry with the fleet's replica phases merged in
+(core/estimate.py), as `Controller.step` does.
+
 `record(...)` turns each FleetObservation into plain JSON with exact floats (float.hex), so a golden file
 written by one version of the observer/window code and read by another shows any change, to the last bit.
 The golden also holds a fingerprint of the fleet's own stats over the run: when the simulator or the
@@ -17,6 +20,7 @@ import json
 import math
 from pathlib import Path
 
+from controller.core.estimate import estimate
 from controller.sim.fleet import Fleet
 from controller.sim.observe import SimObserver
 from controller.sim.scenario import load_scenario
@@ -70,7 +74,8 @@ def run_with_fingerprint(*, fast: bool = True, include_gpu: bool = True,
     for k in range(1, ticks + 1):
         fleet.run_until(k * TICK_S)
         _fingerprint(fleet, digest)
-        out.append(record(obs.read(k * TICK_S)))
+        t = k * TICK_S
+        out.append(record(estimate(None, obs.read(t), obs.fleet_state(), t).observation))
     return digest.hexdigest(), out
 
 
