@@ -263,6 +263,30 @@ class Override:
 
 
 @dataclass(frozen=True, slots=True)
+class BreakerAction:
+    """Constraints the cascading-failure breaker (core/breaker.py) sets this tick (empty when closed):
+    the planner plans within them, and `Controller.step` applies them to every policy's output."""
+
+    min_replicas: Mapping[str, int] = field(default_factory=dict)
+    max_prefix_weight: Mapping[str, float] = field(default_factory=dict)
+    protect_streams: bool = False  # cap in-flight per replica at the SLO-safe batch (pools in `pools`)
+    pools: tuple[str, ...] = ()  # the pools the breaker acts on
+    min_shed: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.min_replicas or self.max_prefix_weight or self.protect_streams or self.min_shed or self.pools)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerSignals:
+    """What a policy's own estimator tells the breaker (see `update_breaker`); None = not known."""
+
+    lost: Mapping[str, int] | None = None  # per pool: replacements the fleet started that nobody ordered
+    carried: bool | None = None  # the fleet carries the load it admits now
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyInput:
     now_s: float
     observation: FleetObservation
@@ -271,6 +295,7 @@ class PolicyInput:
     overrides: tuple[Override, ...] = ()
     profile: str = "balanced"
     tick_s: float = 15.0
+    breaker: BreakerAction = field(default_factory=BreakerAction)  # the breaker's constraints this tick
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,14 @@ and no queue stands). Not after an overload trip: there the calm may be the shed
 the caller compares with counts only the admitted load), while after a loss stage 2 already holds
 until the lost replicas are back. A loss counts as big against the replicas serving before
 it when the pool was still scaling up (3 of 7 serving with a target of 11 is big). The state is a
-frozen value the policy carries; `BreakerState.status()` is what status and metrics export.
+frozen value the controller carries (`ControllerState.breaker`); `BreakerState.status()` is what
+status and metrics export.
+
+Where it runs: `Controller.step`, before the policy, for a policy that declares a
+`breaker_config` (the MPC). A policy with its own estimator tells it what it knows
+(`BreakerSignals`: replicas lost, load carried); the constraints reach the policy in
+`PolicyInput.breaker` (the MPC plans within them), and `apply_breaker` holds the policy's proposal
+to them before the other guards run.
 
 Must not: do I/O, read the clock (time is `now_s`), or decide anything beyond the constraints
 above (the planner chooses within them).
@@ -55,12 +62,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from controller.types import FleetObservation, FleetSpec, PRIORITY_CLASSES
+from controller.core.estimate import target_in_force
+from controller.types import (
+    PRIORITY_CLASSES,
+    BreakerAction,
+    BreakerSignals,
+    ClassAdmission,
+    FleetObservation,
+    FleetSpec,
+    Override,
+    PolicyInput,
+    PoolDecision,
+    PoolSpec,
+    Reason,
+)
 
 CLOSED, OPEN, RECOVERING = "closed", "open", "recovering"
+SHED_SLACK = 1e-3  # shed fractions are sent with three decimals
 PROTECTED = PRIORITY_CLASSES[:2]  # critical, standard: the classes whose lateness keeps the breaker open
 
 
@@ -138,21 +159,6 @@ class BreakerState:
         return {"phase": self.phase, "stage": self.stage, "since_s": self.since_s, "tripped_at_s": self.tripped_at_s,
                 "trigger": self.trigger, "pools": list(self.pools_hit), "trips": self.trips,
                 "replica_floors": dict(self.floors)}
-
-
-@dataclass(frozen=True)
-class BreakerAction:
-    """Constraints the planner must respect this tick (empty when closed)."""
-
-    min_replicas: Mapping[str, int] = field(default_factory=dict)
-    max_prefix_weight: Mapping[str, float] = field(default_factory=dict)
-    protect_streams: bool = False  # cap in-flight per replica at the SLO-safe batch (pools in `pools`)
-    pools: tuple[str, ...] = ()  # the pools the breaker acts on
-    min_shed: Mapping[str, float] = field(default_factory=dict)
-
-    @property
-    def active(self) -> bool:
-        return bool(self.min_replicas or self.max_prefix_weight or self.protect_streams or self.min_shed or self.pools)
 
 
 def _ok(r) -> float | None:
@@ -368,3 +374,82 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
                        watch=watch, ttft_baseline=ttft_b, tpot_baseline=tpot_b, retry_baseline=retry_b, floors=floors,
                        overload_ticks=overload_ticks)
     return new, action, notes
+
+
+def breaker_reasons(notes: list[str], state: BreakerState) -> tuple[Reason, ...]:
+    """The breaker's notes of this tick as reasons (breaker_open / breaker_recovering / breaker_closed)."""
+    out = []
+    for n in notes:
+        code = "breaker_closed" if "closed" in n else "breaker_recovering" if "relaxed" in n else "breaker_open"
+        out.append(Reason(code=code, message=n, pool=None, data=dict(state.status())))
+    return tuple(out)
+
+
+def _bounds(spec: PoolSpec, overrides: tuple[Override, ...], now_s: float) -> tuple[int, int, bool]:
+    """(lo, hi, held) a pool's replicas may take under the operator's overrides; held: frozen or pinned
+    (the operator's count wins over the breaker's floor). The planner reads the overrides the same way."""
+    lo, hi = spec.min_replicas, spec.max_replicas
+    frozen = False
+    for o in overrides:
+        if o.pool != spec.name or not o.active(now_s):
+            continue
+        v = int(round(o.value))
+        if o.kind == "pin_replicas":
+            lo = hi = min(max(v, spec.min_replicas), spec.max_replicas)
+        elif o.kind == "min_replicas":
+            lo = max(lo, min(v, hi))
+        elif o.kind == "max_replicas":
+            hi = max(min(hi, v), lo)
+        elif o.kind == "freeze":
+            frozen = True
+    return lo, hi, frozen or lo >= hi
+
+
+def apply_breaker(action: BreakerAction, *, fleet: FleetSpec, pools: Mapping[str, PoolDecision],
+                  admission: Mapping[str, ClassAdmission], overrides: tuple[Override, ...],
+                  now_s: float) -> tuple[dict[str, PoolDecision], dict[str, ClassAdmission], tuple[Reason, ...]]:
+    """A policy's proposal within the breaker's constraints: replica floors (not on a pool the operator
+    froze or pinned), the cache-affinity ceiling, the shed floors. The stream-protecting in-flight cap
+    needs a latency model (the MPC computes it from its own); it is not applied here. A policy that
+    planned within the constraints (the MPC) comes out unchanged.
+
+    Example: floor 6 on pool a, the policy proposes 4 → 6, with a guard_breaker_floor reason.
+    """
+    out, adm = dict(pools), dict(admission)
+    if not action.active:
+        return out, adm, ()
+    notes: list[Reason] = []
+    for spec in fleet.pools:
+        pd = out.get(spec.name)
+        if pd is None:
+            continue
+        floor = action.min_replicas.get(spec.name)
+        if floor is not None:
+            lo, hi, held = _bounds(spec, overrides, now_s)
+            want = min(max(lo, floor), hi)
+            if not held and pd.replicas < want:
+                notes.append(Reason("guard_breaker_floor", f"raised to {want}: the breaker replaces lost replicas",
+                                    pool=spec.name, data={"from": pd.replicas, "to": want}))
+                pd = replace(pd, replicas=want)
+        cap = action.max_prefix_weight.get(spec.name)
+        if cap is not None and pd.prefix_weight > cap:
+            notes.append(Reason("guard_breaker_spread", f"cache-affinity weight capped at {cap:g} while the "
+                                f"breaker is open", pool=spec.name, data={"from": pd.prefix_weight, "to": cap}))
+            pd = replace(pd, prefix_weight=cap)
+        out[spec.name] = pd
+    for c, shed in action.min_shed.items():
+        a = adm.get(c, ClassAdmission())
+        if a.shed_frac + SHED_SLACK < shed:  # a planner's rounding of the floor is not a breach
+            notes.append(Reason("guard_breaker_shed", f"{c} shed fraction raised to {shed:g} by the breaker",
+                                data={"class": c, "from": a.shed_frac, "to": shed}))
+            adm[c] = replace(a, shed_frac=shed)
+    return out, adm, tuple(notes)
+
+
+def advance_breaker(state: BreakerState, cfg: BreakerConfig, inp: PolicyInput,
+                    signals: BreakerSignals) -> tuple[BreakerState, BreakerAction, list[str]]:
+    """`update_breaker` for one controller tick: the targets in force are the decision's (or what the
+    fleet runs), what the policy's estimator knows comes in `signals`."""
+    targets = {spec.name: target_in_force(inp.current, inp.observation, spec)[0] for spec in inp.fleet.pools}
+    return update_breaker(state, cfg, now_s=inp.now_s, observation=inp.observation, fleet=inp.fleet,
+                          targets=targets, lost=signals.lost, carried=signals.carried)

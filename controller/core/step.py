@@ -6,9 +6,11 @@ is `tick_input.now_s`) and draws randomness only from a Generator seeded by
 (seed, generation), so a replay with the same inputs gives the same decisions.
 
 A tick: estimate the fleet (core/estimate.py: the autoscaler's replica phases
-join the telemetry) → apply SLO/profile overrides to what the policy sees → run
-the policy → apply the guardrails (core/guards.py) → number the decision
-(generation, id, validity deadline) → explain it.
+join the telemetry) → apply SLO/profile overrides to what the policy sees →
+advance the cascading-failure breaker (core/breaker.py; its constraints go to
+the policy) → run the policy → hold the proposal to the breaker's constraints,
+then apply the guardrails (core/guards.py) → number the decision (generation,
+id, validity deadline) → explain it.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from controller.core.breaker import BreakerConfig, BreakerState, advance_breaker, apply_breaker, breaker_reasons
 from controller.core.estimate import Estimate, estimate
 from controller.core.guards import GuardConfig, GuardState, apply_guards, pool_telemetry_status
 from controller.types import (
+    BreakerAction,
+    BreakerSignals,
     ClassAdmission,
     Decision,
     FleetObservation,
@@ -47,6 +52,7 @@ class ControllerState:
     policy_state: Any = None
     guard_state: GuardState = field(default_factory=GuardState)
     estimate: Estimate | None = None  # the last tick's estimate
+    breaker: BreakerState = field(default_factory=BreakerState)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +103,18 @@ class TickResult:
             "policy": self.diagnostics.get("policy"),
             "explanation": self.explanation,
         }
+
+
+def breaker_config_of(policy: Policy) -> BreakerConfig | None:
+    """The breaker a policy runs under: the `breaker_config` it declares; None (or no attribute): none."""
+    cfg = getattr(policy, "breaker_config", None)
+    return cfg if isinstance(cfg, BreakerConfig) else None
+
+
+def _breaker_signals(policy: Policy, state: Any, inp: PolicyInput) -> BreakerSignals:
+    """What the policy's own estimator tells the breaker (`breaker_signals`), if it has one."""
+    hook = getattr(policy, "breaker_signals", None)
+    return hook(state, inp) if callable(hook) else BreakerSignals()
 
 
 def _confidence(diagnostics: Mapping[str, Any]) -> float | None:
@@ -151,6 +169,7 @@ class Controller:
         self.decision_validity_s = decision_validity_s
         self.seed = seed
         self.tick_s = tick_s
+        self.breaker = breaker_config_of(policy)
 
     def initial_state(self, generation: int = 0, current: Decision | None = None) -> ControllerState:
         return ControllerState(generation=generation, current=current, policy_state=self.policy.initial_state())
@@ -200,14 +219,24 @@ class Controller:
         rng = np.random.default_rng([self.seed, generation])
         inp = PolicyInput(now_s=now_s, observation=obs, fleet=fleet, current=current,
                           overrides=active, profile=profile, tick_s=self.tick_s)
+        bstate, action = state.breaker, BreakerAction()
+        notes: list[str] = []
+        if self.breaker is not None:
+            signals = _breaker_signals(self.policy, state.policy_state, inp)
+            bstate, action, notes = advance_breaker(state.breaker, self.breaker, inp, signals)
+            inp = replace(inp, breaker=action)
         policy_state, out = self.policy.decide(state.policy_state, inp, rng)
+        reasons = breaker_reasons(notes, bstate) + tuple(out.reasons)
+        proposal, admission, held = apply_breaker(action, fleet=fleet, pools=out.pools, admission=out.admission,
+                                                  overrides=active, now_s=now_s)
 
         guarded = apply_guards(
-            now_s=now_s, fleet=fleet, proposal=out.pools, admission=out.admission,
+            now_s=now_s, fleet=fleet, proposal=proposal, admission=admission,
             current=current.pools if current else None, observation=obs,
             overrides=active, config=self.guards, state=state.guard_state,
             confidence=_confidence(out.diagnostics),
         )
+        adjustments = guarded.adjustments if guarded.frozen else held + guarded.adjustments
         decision = Decision(
             decision_id=f"d-{generation:08d}",
             generation=generation,
@@ -215,15 +244,20 @@ class Controller:
             valid_until_s=now_s + self.decision_validity_s,
             pools=dict(guarded.pools),
             admission={c: a for c, a in guarded.admission.items() if a != ClassAdmission()} if guarded.admission else {},
-            reasons=tuple(out.reasons) + guarded.adjustments,
+            reasons=reasons + adjustments,
         )
         changed = current is None or dict(current.pools) != dict(decision.pools) or dict(current.admission) != dict(decision.admission)
         diagnostics = {"observation": inputs, "policy": self.policy.name, "profile": profile,
                        **{k: _jsonable(v) for k, v in out.diagnostics.items()}}
-        text = explain(decision, current, tuple(out.reasons), guarded.adjustments, telemetry, active, guarded.frozen, tick.mode)
+        if self.breaker is not None:
+            diagnostics["breaker"] = _jsonable(bstate.status())
+            diagnostics["breaker_constraints"] = _jsonable({
+                "min_replicas": dict(action.min_replicas), "max_prefix_weight": dict(action.max_prefix_weight),
+                "protect_streams": action.protect_streams, "min_shed": dict(action.min_shed)})
+        text = explain(decision, current, reasons, adjustments, telemetry, active, guarded.frozen, tick.mode)
         new_state = ControllerState(generation=generation, current=decision, policy_state=policy_state,
-                                    guard_state=guarded.state, estimate=est)
-        return new_state, TickResult(decision, tick.mode, changed, guarded.frozen, tuple(out.reasons), guarded.adjustments,
+                                    guard_state=guarded.state, estimate=est, breaker=bstate)
+        return new_state, TickResult(decision, tick.mode, changed, guarded.frozen, reasons, adjustments,
                                      telemetry, diagnostics, active, text, est)
 
 

@@ -17,9 +17,14 @@ frozen `MpcState`, never in the object):
   term), which also give the model's confidence;
 - the previous plan (the solver's warm start), the scale-down stabilisation window (the
   highest plan of the last `scale_down_stabilization_s`, stretched towards
-  `bursty_down_window_s` when the demand comes in bursts, see `down_window_s`), the
-  replicas the last plan's first step needed (the breaker's "does the fleet carry its load"),
-  and the cascading-failure breaker (controller/core/breaker.py).
+  `bursty_down_window_s` when the demand comes in bursts, see `down_window_s`), and the
+  replicas the last plan's first step needed (the breaker's "does the fleet carry its load").
+
+The cascading-failure breaker (controller/core/breaker.py) runs in `Controller.step`, configured
+by the `breaker` parameter (`breaker_config`): `breaker_signals` tells it the crash replacements
+the replica accounting saw and whether the fleet carries its load, and the plan is made within
+the constraints it hands over in `PolicyInput.breaker` (replica floors, affinity ceiling, the
+SLO-safe in-flight cap, shed floors).
 
 Router traffic weights go out as shares of each route group's hop (summing to 1), written for
 the replica targets applied rather than those planned (`applied_router_weights`: a held
@@ -45,8 +50,8 @@ Reason codes (Reason.code): mpc_scale_up, mpc_scale_up_early (the forecast needs
 replicas within the start-up delay), mpc_scale_down, scale_down_stabilised, mpc_hold,
 lever_avoid (cache-affinity weight), lever_share (in-flight cap, engine batch caps),
 lever_move (traffic split between pools), lever_delay (shedding a class), lever_standby,
-binding_max_replicas, binding_pin, breaker_open / breaker_recovering / breaker_closed,
-low_confidence, missing_data_hold.
+binding_max_replicas, binding_pin, low_confidence, missing_data_hold (the breaker's own,
+breaker_open / breaker_recovering / breaker_closed, come from Controller.step).
 
 Pure: no I/O, no clock (time is PolicyInput.now_s; a timer only if injected); does not
 import telemetry/actuation/api/runtime/gen, grpc or prometheus clients.
@@ -62,7 +67,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri
 
-from controller.core.breaker import BreakerAction, BreakerConfig, BreakerState, update_breaker
+from controller.core.breaker import BreakerConfig
 from controller.core.forecast import PriorForecaster
 from controller.core.mpc import (
     ClassInput,
@@ -88,6 +93,8 @@ from controller.policies.common import check_positive, current_target, reason, v
 from controller.policies.sla_planner import ReplicaCapacity
 from controller.types import (
     PRIORITY_CLASSES,
+    BreakerAction,
+    BreakerSignals,
     ClassAdmission,
     FleetObservation,
     FleetSpec,
@@ -154,7 +161,6 @@ class MpcState:
     plan_at_s: float | None = None
     last_s: float | None = None
     first_s: float | None = None
-    breaker: BreakerState = field(default_factory=BreakerState)
     shed_in_force: Mapping[str, float] = field(default_factory=dict)
     need_now: Mapping[str, int] = field(default_factory=dict)  # replicas the last plan's first step needed
 
@@ -273,9 +279,9 @@ class MpcPolicy:
         if self.alpha > 1:
             raise ValueError(f"mpc.correction_alpha must be in (0, 1] (got {correction_alpha!r})")
         if isinstance(breaker, Mapping):
-            self.breaker_cfg = BreakerConfig(**dict(breaker))
+            self.breaker_config = BreakerConfig(**dict(breaker))
         elif isinstance(breaker, bool):
-            self.breaker_cfg = BreakerConfig(enabled=breaker)
+            self.breaker_config = BreakerConfig(enabled=breaker)
         else:
             raise ValueError(f"mpc.breaker must be true/false or a mapping of BreakerConfig fields (got {breaker!r})")
         if planning_model not in PLANNING_MODELS:
@@ -357,6 +363,32 @@ class MpcPolicy:
 
     # ------------------------------------------------------------------ the tick
 
+    def _accounted(self, state: MpcState, inp: PolicyInput,
+                   prior: QueueingPrior) -> tuple[dict[str, MpcPoolMemory], dict[str, int]]:
+        """Per pool: the memory brought up to date with this tick's telemetry, and the target in force."""
+        fleet, now = inp.fleet, inp.now_s
+        mem: dict[str, MpcPoolMemory] = {}
+        targets: dict[str, int] = {}
+        for spec in fleet.pools:
+            m0 = state.pools.get(spec.name)
+            if m0 is None:  # first sight: corrections start from the seeded prior (1 without a profile)
+                j = [p.name for p in fleet.pools].index(spec.name)
+                m0 = MpcPoolMemory(caps=(spec.max_num_seqs, spec.max_num_batched_tokens),
+                                   log_k_ttft=math.log(prior.ttft_correction[j]),
+                                   log_k_tpot=math.log(prior.tpot_correction[j]))
+            po = inp.observation.pools.get(spec.name)
+            target, _ = current_target(inp, spec)
+            targets[spec.name] = target
+            mem[spec.name] = self._account(m0, spec, po, target, now, state.last_s)
+        return mem, targets
+
+    def breaker_signals(self, state: MpcState, inp: PolicyInput) -> BreakerSignals:
+        """For the breaker (run by Controller.step before `decide`): the replacements the fleet started
+        this tick that nobody ordered, and whether the fleet carries its load (`_carried`)."""
+        mem, _ = self._accounted(state, inp, self._prior(inp.fleet))
+        return BreakerSignals(lost={p: m.unordered for p, m in mem.items()},
+                              carried=self._carried(inp.observation, inp.fleet, state.need_now))
+
     def decide(self, state: MpcState, inp: PolicyInput, rng: np.random.Generator) -> tuple[MpcState, PolicyOutput]:
         started = self.timer() if self.timer is not None else None  # the wall budget covers the whole tick
         now = inp.now_s
@@ -392,19 +424,7 @@ class MpcPolicy:
         fc = self.forecaster.forecast(np.array(t_hist), np.array(d_hist), now, lead)
 
         # --- per pool: replicas on the way, warm slots, mix, reuse, corrections
-        mem: dict[str, MpcPoolMemory] = {}
-        targets: dict[str, int] = {}
-        for spec in fleet.pools:
-            m0 = state.pools.get(spec.name)
-            if m0 is None:  # first sight: corrections start from the seeded prior (1 without a profile)
-                j = [p.name for p in fleet.pools].index(spec.name)
-                m0 = MpcPoolMemory(caps=(spec.max_num_seqs, spec.max_num_batched_tokens),
-                                   log_k_ttft=math.log(prior.ttft_correction[j]),
-                                   log_k_tpot=math.log(prior.tpot_correction[j]))
-            po = obs.pools.get(spec.name)
-            target, _ = current_target(inp, spec)
-            targets[spec.name] = target
-            mem[spec.name] = self._account(m0, spec, po, target, now, state.last_s)
+        mem, targets = self._accounted(state, inp, prior)
         j_of = {p.name: j for j, p in enumerate(fleet.pools)}
         settled = len(t_hist) > 1 and t_hist[-1] - t_hist[0] >= self.min_history_s
         base_model, learned_unusable = self._plan_model(fleet, prior)
@@ -414,14 +434,7 @@ class MpcPolicy:
             [math.exp(mem[p.name].log_k_tpot) for p in fleet.pools],
             self._confidence(mem), burst=[mem[p.name].burst for p in fleet.pools])
 
-        # --- breaker
-        bstate, action, notes = update_breaker(state.breaker, self.breaker_cfg, now_s=now, observation=obs,
-                                               fleet=fleet, targets=targets,
-                                               lost={p: mm.unordered for p, mm in mem.items()},
-                                               carried=self._carried(obs, fleet, state.need_now))
-        for n in notes:
-            code = ("breaker_closed" if "closed" in n else "breaker_recovering" if "relaxed" in n else "breaker_open")
-            reasons.append(reason(code, None, n, **bstate.status()))
+        action = inp.breaker  # the breaker's constraints (Controller.step runs it: core/breaker.py)
 
         # --- the problem
         history_s = t_hist[-1] - t_hist[0] if len(t_hist) > 1 else 0.0
@@ -493,12 +506,12 @@ class MpcPolicy:
         if conf < 0.2:
             reasons.append(reason("low_confidence", None, f"model confidence {conf:.2f}: predictions are uncertain",
                                   confidence=conf))
-        diag = self._diagnostics(result, fc, class_share, bstate, action, model, corr_diag, conf, problem)
+        diag = self._diagnostics(result, fc, class_share, model, corr_diag, conf, problem)
         diag["model"]["planning_model"] = self.planning_model
         if learned_unusable:
             diag["model"]["learned_unusable"] = learned_unusable
         new_state = MpcState(t_hist=t_hist, demand_hist=d_hist, class_share=class_share, pools=new_mem,
-                             plan=result.plan, plan_at_s=now, last_s=now, first_s=first_s, breaker=bstate,
+                             plan=result.plan, plan_at_s=now, last_s=now, first_s=first_s,
                              shed_in_force={c: a.shed_frac for c, a in admission.items()},
                              need_now={n: int(pt["need_by_step_p90"][0]) for n, pt in result.terms["pools"].items()
                                        if pt.get("need_by_step_p90")})
@@ -941,8 +954,8 @@ class MpcPolicy:
                                   priority_class=c, before=a, after=b))
         return out
 
-    def _diagnostics(self, result: PlanResult, fc, class_share, bstate: BreakerState, action: BreakerAction,
-                     model: PlanModel, corr: Mapping[str, Any], conf: float, problem: PlanProblem) -> dict[str, Any]:
+    def _diagnostics(self, result: PlanResult, fc, class_share, model: PlanModel, corr: Mapping[str, Any],
+                     conf: float, problem: PlanProblem) -> dict[str, Any]:
         binding = []
         for p in problem.pools:
             need = result.terms["pools"][p.name]["need_by_step_p90"]
@@ -967,9 +980,6 @@ class MpcPolicy:
             "binding_constraints": binding,
             "objective": result.objective, "objective_plan_in_force": result.incumbent_objective,
             "evaluations": result.evaluations, "budget_exhausted": result.budget_exhausted,
-            "breaker": bstate.status(), "breaker_constraints": {
-                "min_replicas": dict(action.min_replicas), "max_prefix_weight": dict(action.max_prefix_weight),
-                "protect_streams": action.protect_streams, "min_shed": dict(action.min_shed)},
             "model": {"corrections": dict(corr), "kind": type(model).__name__},
             "confidence": conf,
         }

@@ -237,7 +237,7 @@ class Daemon:
                                                   if model.get("learned_unusable") else "")
             details.append(("planner.model", f"{model['planning_model']}: {used}"))
         breaker = rep.result.diagnostics.get("breaker") if rep else None
-        if isinstance(breaker, dict):  # the MPC's cascading-failure breaker
+        if isinstance(breaker, dict):  # the cascading-failure breaker (core/breaker.py), when the policy runs one
             for key in ("phase", "stage", "trigger", "pools", "trips"):
                 if key in breaker:
                     details.append((f"breaker.{key}", str(breaker[key])))

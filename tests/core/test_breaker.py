@@ -5,8 +5,22 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from controller.core.breaker import BreakerConfig, BreakerState, update_breaker
-from controller.types import ClassObservation, FleetObservation, FleetSpec, PoolObservation, PoolSpec, Reading, SloSpec
+import pytest
+
+from controller.core.breaker import BreakerConfig, BreakerState, apply_breaker, update_breaker
+from controller.types import (
+    BreakerAction,
+    ClassAdmission,
+    ClassObservation,
+    FleetObservation,
+    FleetSpec,
+    Override,
+    PoolDecision,
+    PoolObservation,
+    PoolSpec,
+    Reading,
+    SloSpec,
+)
 
 FLEET = FleetSpec(pools=(PoolSpec("a", "llama-3-70b", "h100-80gb", gpus_per_replica=4, max_replicas=16),),
                   slos={"critical": SloSpec(2.5, 0.1), "standard": SloSpec(5.0, 0.15), "sheddable": SloSpec(10.0, 0.3)})
@@ -209,3 +223,34 @@ def test_an_overload_trip_is_not_relaxed_by_the_carried_judgement():
                                  targets={"a": 8}, lost={"a": 0}, carried=True)
     assert s.phase == "open" and s.stage >= 2 and a.min_shed.get("sheddable", 0.0) >= 0.5
 
+
+
+# --------------------------------------------------------------------------- applying the constraints
+
+_OPEN = BreakerAction(min_replicas={"a": 8}, max_prefix_weight={"a": 1.0}, protect_streams=True, pools=("a",),
+                      min_shed={"sheddable": 0.5})
+
+
+@pytest.mark.parametrize("label, proposal, admission, overrides, want, shed, codes", [
+    ("below the floor: raised; affinity capped; sheddable shed", PoolDecision(5, prefix_weight=3.0), {}, (),
+     (8, 1.0), 0.5, {"guard_breaker_floor", "guard_breaker_spread", "guard_breaker_shed"}),
+    ("within the constraints: unchanged (the MPC's case)", PoolDecision(9, prefix_weight=1.0),
+     {"sheddable": ClassAdmission(shed_frac=0.5)}, (), (9, 1.0), 0.5, set()),
+    ("a pin wins over the floor", PoolDecision(5, prefix_weight=1.0), {"sheddable": ClassAdmission(shed_frac=0.6)},
+     (Override("o1", "pin_replicas", 5.0, pool="a"),), (5, 1.0), 0.6, set()),
+    ("an operator ceiling bounds the floor", PoolDecision(5, prefix_weight=1.0), {},
+     (Override("o1", "max_replicas", 6.0, pool="a"),), (6, 1.0), 0.5, {"guard_breaker_floor", "guard_breaker_shed"}),
+    ("a frozen pool is left alone", PoolDecision(5, prefix_weight=1.0), {},
+     (Override("o1", "freeze", pool="a"),), (5, 1.0), 0.5, {"guard_breaker_shed"}),
+])
+def test_apply_breaker_holds_a_proposal_to_the_constraints(label, proposal, admission, overrides, want, shed, codes):
+    pools, adm, notes = apply_breaker(_OPEN, fleet=FLEET, pools={"a": proposal}, admission=admission,
+                                      overrides=overrides, now_s=10.0)
+    assert (pools["a"].replicas, pools["a"].prefix_weight) == want, label
+    assert adm["sheddable"].shed_frac == shed, label
+    assert {r.code for r in notes} == codes, label
+
+
+def test_closed_breaker_changes_nothing():
+    prop = {"a": PoolDecision(2, prefix_weight=5.0)}
+    assert apply_breaker(BreakerAction(), fleet=FLEET, pools=prop, admission={}, overrides=(), now_s=0.0) == (prop, {}, ())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from controller.core.breaker import BreakerConfig
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller, TickInput
 from controller.types import FleetSpec, Mode, Override, PoolSpec, SloSpec
@@ -106,3 +107,42 @@ def test_summary_line_says_what_moved_when_replicas_did_not():
     assert head == "d-2 (active) no change"
     up = Decision("d-3", 3, 30.0, 90.0, pools={"a": PoolDecision(replicas=4)})
     assert explain(up, cur, moved, (), {"a": "ok"}, (), False, Mode.ACTIVE).splitlines()[0] == "d-3 (active) scale a 3→4"
+
+
+def _crash_run(policy):
+    """8 replicas serving, then 4 vanish (no drain, no lower target) and the hit rate collapses."""
+    c = Controller(FLEET, policy)
+    s = c.initial_state()
+    for k in range(1, 13):
+        s, r = c.step(s, tick(15.0 * k, ready=8, hit_rate=0.5))
+    return c.step(s, tick(195.0, ready=4, hit_rate=0.1))
+
+
+def test_the_breaker_runs_in_step_for_a_policy_that_declares_it():
+    pol = ScriptedPolicy({"a": 8})
+    pol.breaker_config = BreakerConfig()
+    _, r = _crash_run(pol)
+    assert r.diagnostics["breaker"]["phase"] == "open"
+    assert r.policy_reasons[0].code == "breaker_open"  # the breaker's reasons come before the policy's
+    assert r.diagnostics["breaker_constraints"]["min_replicas"] == {"a": 8}
+    assert pol.seen[-1].breaker.min_replicas == {"a": 8}  # the policy planned knowing the constraints
+    assert r.decision.admission["sheddable"].shed_frac == 0.5  # the breaker's shed floor, applied by step
+
+
+def test_the_breaker_floor_is_applied_to_a_proposal_below_it():
+    pol = ScriptedPolicy({"a": 8})
+    pol.breaker_config = BreakerConfig()
+    c = Controller(FLEET, pol)
+    s = c.initial_state()
+    for k in range(1, 13):
+        s, _ = c.step(s, tick(15.0 * k, ready=8, hit_rate=0.5))
+    pol.replicas = {"a": 3}
+    _, r = c.step(s, tick(195.0, ready=4, hit_rate=0.1))
+    assert r.decision.pools["a"].replicas == 8
+    assert "guard_breaker_floor" in {a.code for a in r.guard_adjustments}
+
+
+def test_a_policy_without_a_breaker_config_runs_without_one():
+    pol = ScriptedPolicy({"a": 8})
+    _, r = _crash_run(pol)
+    assert "breaker" not in r.diagnostics and not pol.seen[-1].breaker.active

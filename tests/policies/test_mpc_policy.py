@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 
+from controller.core.breaker import BreakerState, advance_breaker, breaker_reasons
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller, TickInput
 from controller.policies import ReplicaCapacity, build_policy
 from controller.policies.mpc import MpcPolicy, down_window_s
-from controller.types import ClassObservation, Decision, FleetObservation, PolicyInput, PoolDecision, Reading
+from controller.types import (
+    ClassObservation,
+    Decision,
+    FleetObservation,
+    PolicyInput,
+    PolicyOutput,
+    PoolDecision,
+    Reading,
+)
 from tests.policies.builders import fleet, inp, obs_row, spec
 
 FL = fleet(spec("p", model="llama-3-70b", sku="h100-80gb", gpus_per_replica=4, usd_per_replica_hour=49.16,
@@ -27,21 +37,32 @@ def pool_signals(rps: float, ready: int, *, starting: int = 0, hit: float = 0.3,
                 waiting=waiting, running=per * 15 * ready, kv=0.2)
 
 
+def braked(pol, state, bstate: BreakerState, i: PolicyInput, rng) -> tuple[Any, BreakerState, PolicyOutput]:
+    """One decision with the breaker stage in front of it, as Controller.step runs it (no guards): the
+    output carries the breaker's reasons and status as a step's result would."""
+    bstate, action, notes = advance_breaker(bstate, pol.breaker_config, i, pol.breaker_signals(state, i))
+    state, out = pol.decide(state, replace(i, breaker=action), rng)
+    return state, bstate, replace(out, reasons=breaker_reasons(notes, bstate) + out.reasons,
+                                  diagnostics={**out.diagnostics, "breaker": bstate.status()})
+
+
 def loop(pol, series, start: int = 4, profile: str = "balanced"):
-    """series: list of (rps, ready override or None); ready follows the decision (instant) unless given."""
+    """series: list of (rps, ready override or None); ready follows the decision (instant) unless given.
+    Returns (policy state, outputs, breaker state)."""
     state, current, outs = pol.initial_state(), None, []
+    bstate = BreakerState()
     replicas = start
     for k, (rps, ready) in enumerate(series):
         t = 15.0 * (k + 1)
         i = inp(t, {"p": pool_signals(rps, ready if ready is not None else replicas)}, fl=FL,
                 current=current if current is not None else {"p": start})
         i = replace(i, profile=profile)
-        state, out = pol.decide(state, i, np.random.default_rng(k))
+        state, bstate, out = braked(pol, state, bstate, i, np.random.default_rng(k))
         outs.append(out)
         replicas = out.pools["p"].replicas
         current = Decision(decision_id=f"d-{k}", generation=k, at_s=t, valid_until_s=t + 120, pools=dict(out.pools),
                            admission=dict(out.admission))
-    return state, outs
+    return state, outs, bstate
 
 
 def test_registry_builds_mpc_and_checks_its_parameters():
@@ -59,7 +80,7 @@ def test_registry_builds_mpc_and_checks_its_parameters():
 def test_surplus_scales_down_only_after_stabilisation():
     pol = MpcPolicy(scale_down_stabilization_s=120.0, min_history_s=60.0, **FAST)
     series = [(30.0, None)] * 24 + [(8.0, None)] * 24  # 6 minutes busy, then a sustained drop
-    _, outs = loop(pol, series, start=8)
+    _, outs, _ = loop(pol, series, start=8)
     reps = [o.pools["p"].replicas for o in outs]
     drop = 24
     assert min(reps[drop:drop + 7]) == reps[drop - 1]  # held for the window (120 s = 8 ticks, 1 tick of telemetry lag)
@@ -72,11 +93,11 @@ def test_surplus_scales_down_only_after_stabilisation():
 def test_rising_load_scales_up_with_an_explanation():
     pol = MpcPolicy(**FAST)
     series = [(12.0 + 1.5 * k, 4) for k in range(14)]  # rising 1.5 req/s per tick, replicas still starting
-    _, outs = loop(pol, series, start=4)
+    _, outs, _ = loop(pol, series, start=4)
     up = [r for o in outs for r in o.reasons if r.code in ("mpc_scale_up", "mpc_scale_up_early")]
     assert up, [r.code for o in outs for r in o.reasons]
     d = outs[-1].diagnostics
-    for key in ("forecast", "plan", "predicted", "binding_constraints", "breaker", "confidence", "objective", "pools"):
+    for key in ("forecast", "plan", "predicted", "binding_constraints", "confidence", "objective", "pools"):
         assert key in d
     assert d["forecast"]["p90_rps"][-1] >= d["forecast"]["p50_rps"][-1]
     assert "cost_per_success_usd" in d["predicted"] and "late_or_shed_frac_p90" in d["predicted"]
@@ -84,8 +105,8 @@ def test_rising_load_scales_up_with_an_explanation():
 
 def test_profile_at_run_time_moves_the_cost_latency_point():
     series = [(24.0, None)] * 16
-    _, cost = loop(MpcPolicy(**FAST), series, start=8, profile="cost")
-    _, lat = loop(MpcPolicy(**FAST), series, start=8, profile="latency")
+    _, cost, _ = loop(MpcPolicy(**FAST), series, start=8, profile="cost")
+    _, lat, _ = loop(MpcPolicy(**FAST), series, start=8, profile="latency")
     assert lat[-1].pools["p"].replicas >= cost[-1].pools["p"].replicas
     assert sum(o.pools["p"].replicas for o in lat) > sum(o.pools["p"].replicas for o in cost)
 
@@ -93,7 +114,7 @@ def test_profile_at_run_time_moves_the_cost_latency_point():
 def test_crash_trips_the_breaker_and_sheds_sheddable_first():
     pol = MpcPolicy(**FAST)
     series = [(25.0, None)] * 12
-    state, outs = loop(pol, series, start=8)
+    state, outs, bstate = loop(pol, series, start=8)
     cur = Decision("d", 1, 180.0, 300.0, pools=dict(outs[-1].pools))
     n = outs[-1].pools["p"].replicas
     crash = dict(pool_signals(25.0, n - 3, starting=3, hit=0.1, tpot=0.16, ttft=3.5, waiting=40.0))
@@ -102,7 +123,7 @@ def test_crash_trips_the_breaker_and_sheds_sheddable_first():
                for c, s in (("critical", 0.2), ("standard", 0.6), ("sheddable", 0.2))}
     i = inp(195.0, {"p": crash}, fl=FL, current=cur)
     i = replace(i, observation=FleetObservation(at_s=195.0, pools=i.observation.pools, classes=classes))
-    state, out = pol.decide(state, i, np.random.default_rng(0))
+    state, bstate, out = braked(pol, state, bstate, i, np.random.default_rng(0))
     b = out.diagnostics["breaker"]
     assert b["phase"] == "open" and "replica loss" in b["trigger"]
     assert out.pools["p"].replicas >= n  # replacements, never a scale-down
@@ -139,7 +160,7 @@ def test_low_confidence_guard_holds_through_the_controller():
 
 def test_missing_telemetry_is_not_a_reason_to_scale_down():
     pol = MpcPolicy(**FAST)
-    state, outs = loop(pol, [(20.0, None)] * 6, start=6)
+    state, outs, _ = loop(pol, [(20.0, None)] * 6, start=6)
     cur = Decision("d", 1, 90.0, 200.0, pools=dict(outs[-1].pools))
     i = PolicyInput(now_s=105.0, observation=FleetObservation(at_s=105.0, pools={}), fleet=FL, current=cur)
     _, out = pol.decide(state, i, np.random.default_rng(0))
@@ -172,8 +193,8 @@ def test_bursty_demand_holds_replicas_between_bursts():
     them go within the base window when it is off."""
     series = ([(40.0, None)] * 2 + [(3.0, None)] * 10) * 5
     kw = dict(scale_down_stabilization_s=60.0, min_history_s=60.0, warmup_s=0.0, **FAST)
-    _, on = loop(MpcPolicy(bursty_down_window_s=300.0, **kw), series, start=6)
-    _, off = loop(MpcPolicy(bursty_down_window_s=60.0, **kw), series, start=6)
+    _, on, _ = loop(MpcPolicy(bursty_down_window_s=300.0, **kw), series, start=6)
+    _, off, _ = loop(MpcPolicy(bursty_down_window_s=60.0, **kw), series, start=6)
     gaps = [k for k in range(24, len(series)) if k % 12 >= 6]  # late in each gap, after the first two cycles
     held_on = np.mean([on[k].pools["p"].replicas for k in gaps])
     held_off = np.mean([off[k].pools["p"].replicas for k in gaps])
@@ -256,8 +277,8 @@ def test_tpot_correction_carries_only_what_the_burst_term_does_not_explain(label
     ("deep engine queue: never below what the replicas hold", 60.0, True),
 ])
 def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting, cap_at_least_held):
-    from controller.core.breaker import BreakerAction
     from controller.core.forecast import LoadForecast
+    from controller.types import BreakerAction
     from controller.core.objective import resolve_weights
     from controller.policies.mpc import MpcPoolMemory
 
@@ -332,7 +353,7 @@ def test_rolling_restart_surge_is_not_a_replica_loss(label, rollout_left, seen_s
     # a batch-cap change makes the fleet restart every replica, one warm surge replica at a time
     # (maxSurge 1); on mooncake-conv the MPC once read that surge as a crash and tripped the breaker
     pol = MpcPolicy(**FAST)
-    state, outs = loop(pol, [(4.0, 3)] * 12, start=3)
+    state, outs, bstate = loop(pol, [(4.0, 3)] * 12, start=3)
     cur = Decision("d", 1, 180.0, 300.0, pools={"p": replace(outs[-1].pools["p"], replicas=3)})
     mem = state.pools["p"]
     state = replace(state, pools={"p": replace(mem, target=3, serving=3, rollout_left=rollout_left,
@@ -342,7 +363,7 @@ def test_rolling_restart_surge_is_not_a_replica_loss(label, rollout_left, seen_s
                for c, s in (("critical", 0.2), ("standard", 0.6), ("sheddable", 0.2))}
     i = inp(195.0, {"p": pool_signals(4.0, 3, starting=1, hit=0.1, ttft=3.5, tpot=0.16)}, fl=FL, current=cur)
     i = replace(i, observation=FleetObservation(at_s=195.0, pools=i.observation.pools, classes=classes))
-    state, out = pol.decide(state, i, np.random.default_rng(0))
+    state, bstate, out = braked(pol, state, bstate, i, np.random.default_rng(0))
     assert (out.diagnostics["breaker"]["phase"] == "open") is tripped, label
     assert state.pools["p"].unordered == (1 if tripped else 0)
     assert state.pools["p"].rollout_left == (0 if tripped else rollout_left - 1)
@@ -433,7 +454,7 @@ def test_learned_planning_reads_the_model_source_every_tick_and_picks_up_a_swap(
         return current["models"]
 
     pol = MpcPolicy(planning_model="learned", coupling_source=source, **FAST)
-    _, outs = loop(pol, [(20.0, None)] * 3)
+    _, outs, _ = loop(pol, [(20.0, None)] * 3)
     assert len(calls) == 3
     model = outs[-1].diagnostics["model"]
     assert model["kind"] == "LearnedPlanModel" and model["planning_model"] == "learned"
@@ -444,7 +465,7 @@ def test_learned_planning_reads_the_model_source_every_tick_and_picks_up_a_swap(
     second = pol._plan_model(FL, pol._prior(FL))[0]
     assert second is not first and second.models is current["models"]
     # the default plans on the prior and never asks for models
-    _, outs = loop(MpcPolicy(**FAST), [(20.0, None)] * 2)
+    _, outs, _ = loop(MpcPolicy(**FAST), [(20.0, None)] * 2)
     assert outs[-1].diagnostics["model"]["kind"] == "QueueingPrior"
     assert outs[-1].diagnostics["model"]["planning_model"] == "prior"
 
@@ -460,7 +481,7 @@ def test_learned_planning_falls_back_to_the_prior_and_says_why(label, models, re
     if models == "other-engine":  # models fitted for another engine only
         models = CouplingModels.prior_only([physics_for_pool_spec(spec("q", model="llama-3-8b", sku="a100-80gb"))])
     pol = MpcPolicy(planning_model="learned", coupling_source=lambda: models, **FAST)
-    _, outs = loop(pol, [(20.0, None)] * 2)
+    _, outs, _ = loop(pol, [(20.0, None)] * 2)
     model = outs[-1].diagnostics["model"]
     assert model["kind"] == "QueueingPrior", label
     assert reason in model["learned_unusable"], label
