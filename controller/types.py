@@ -304,6 +304,7 @@ class PolicyOutput:
     admission: Mapping[str, ClassAdmission] = field(default_factory=dict)
     reasons: tuple[Reason, ...] = ()
     diagnostics: Mapping[str, Any] = field(default_factory=dict)  # predictions, objective terms, binding constraints
+    confidence: float | None = None  # the policy's model confidence, 0..1 (None: it reports none)
 
 
 class Policy(Protocol):

@@ -15,7 +15,7 @@ Order of application, each adjustment recorded as a Reason with a `guard_` code:
 Two more, added for the MPC planner (both off by default, so other policies see no change):
 
 - low model confidence (`min_confidence`): when the policy reports a confidence below it
-  (PolicyOutput.diagnostics["confidence"], 0..1), the last safe decision is held in the
+  (PolicyOutput.confidence, 0..1), the last safe decision is held in the
   unsafe direction: no scale-down and the routing/batching levers in force are kept; a
   scale-up and admission (shedding) still pass, since they only add protection;
 - drain before removal (`max_concurrent_drains`): a pool never has more than this many

@@ -36,6 +36,7 @@ from controller.types import (
     Override,
     Policy,
     PolicyInput,
+    PolicyOutput,
     PoolDecision,
     PoolPhases,
     Reason,
@@ -117,10 +118,10 @@ def _breaker_signals(policy: Policy, state: Any, inp: PolicyInput) -> BreakerSig
     return hook(state, inp) if callable(hook) else BreakerSignals()
 
 
-def _confidence(diagnostics: Mapping[str, Any]) -> float | None:
-    """The policy's model confidence (0..1) if it reports one (diagnostics["confidence"])."""
-    c = diagnostics.get("confidence")
-    return float(c) if isinstance(c, (int, float)) and math.isfinite(c) else None
+def _confidence(out: PolicyOutput) -> float | None:
+    """The policy's model confidence, when it reports a finite one."""
+    c = out.confidence
+    return float(c) if c is not None and math.isfinite(c) else None
 
 
 def _reason_dict(r: Reason) -> dict[str, Any]:
@@ -234,7 +235,7 @@ class Controller:
             now_s=now_s, fleet=fleet, proposal=proposal, admission=admission,
             current=current.pools if current else None, observation=obs,
             overrides=active, config=self.guards, state=state.guard_state,
-            confidence=_confidence(out.diagnostics),
+            confidence=_confidence(out),
         )
         adjustments = guarded.adjustments if guarded.frozen else held + guarded.adjustments
         decision = Decision(
@@ -249,6 +250,8 @@ class Controller:
         changed = current is None or dict(current.pools) != dict(decision.pools) or dict(current.admission) != dict(decision.admission)
         diagnostics = {"observation": inputs, "policy": self.policy.name, "profile": profile,
                        **{k: _jsonable(v) for k, v in out.diagnostics.items()}}
+        if out.confidence is not None:
+            diagnostics["confidence"] = _jsonable(out.confidence)
         if self.breaker is not None:
             diagnostics["breaker"] = _jsonable(bstate.status())
             diagnostics["breaker_constraints"] = _jsonable({

@@ -506,7 +506,7 @@ class MpcPolicy:
         if conf < 0.2:
             reasons.append(reason("low_confidence", None, f"model confidence {conf:.2f}: predictions are uncertain",
                                   confidence=conf))
-        diag = self._diagnostics(result, fc, class_share, model, corr_diag, conf, problem)
+        diag = self._diagnostics(result, fc, class_share, model, corr_diag, problem)
         diag["model"]["planning_model"] = self.planning_model
         if learned_unusable:
             diag["model"]["learned_unusable"] = learned_unusable
@@ -515,7 +515,8 @@ class MpcPolicy:
                              shed_in_force={c: a.shed_frac for c, a in admission.items()},
                              need_now={n: int(pt["need_by_step_p90"][0]) for n, pt in result.terms["pools"].items()
                                        if pt.get("need_by_step_p90")})
-        return new_state, PolicyOutput(pools=pools_out, admission=admission, reasons=tuple(reasons), diagnostics=diag)
+        return new_state, PolicyOutput(pools=pools_out, admission=admission, reasons=tuple(reasons), diagnostics=diag,
+                                       confidence=conf)
 
     @staticmethod
     def _carried(obs: FleetObservation, fleet: FleetSpec, need_now: Mapping[str, int]) -> bool | None:
@@ -955,7 +956,7 @@ class MpcPolicy:
         return out
 
     def _diagnostics(self, result: PlanResult, fc, class_share, model: PlanModel, corr: Mapping[str, Any],
-                     conf: float, problem: PlanProblem) -> dict[str, Any]:
+                     problem: PlanProblem) -> dict[str, Any]:
         binding = []
         for p in problem.pools:
             need = result.terms["pools"][p.name]["need_by_step_p90"]
@@ -981,5 +982,4 @@ class MpcPolicy:
             "objective": result.objective, "objective_plan_in_force": result.incumbent_objective,
             "evaluations": result.evaluations, "budget_exhausted": result.budget_exhausted,
             "model": {"corrections": dict(corr), "kind": type(model).__name__},
-            "confidence": conf,
         }
