@@ -12,7 +12,9 @@ from controller.core.breaker import BreakerState, advance_breaker, breaker_reaso
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller, TickInput
 from controller.policies import ReplicaCapacity, build_policy
-from controller.policies.mpc import MpcPolicy, down_window_s
+from controller.policies.mpc import MpcPolicy
+from controller.policies.mpc.estimate import carried
+from controller.policies.mpc.first_step import down_window_s
 from controller.types import (
     ClassObservation,
     Decision,
@@ -279,9 +281,10 @@ def test_tpot_correction_carries_only_what_the_burst_term_does_not_explain(label
 ])
 def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting, cap_at_least_held):
     from controller.core.forecast import LoadForecast
-    from controller.types import BreakerAction
     from controller.core.objective import resolve_weights
-    from controller.policies.mpc import MpcPoolMemory
+    from controller.policies.mpc.estimate import MpcPoolMemory
+    from controller.policies.mpc.problem import build_problem
+    from controller.types import BreakerAction
 
     pol = MpcPolicy(**FAST)
     ready, running = 5, 490.0  # 98 per replica after the crash
@@ -292,8 +295,9 @@ def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting
     lead = np.arange(10) * 30.0 + 15.0
     fc = LoadForecast(lead, np.full(10, 25.0), np.full(10, 28.0), 25.0, 0.0)
     action = BreakerAction(protect_streams=True, pools=("p",))
-    prob = pol._problem(i, FL, mem, {"p": 8}, {"critical": 0.2, "standard": 0.6, "sheddable": 0.2}, fc,
-                        resolve_weights("balanced"), action, pol._prior(FL), 600.0, 600.0)
+    prob = build_problem(i, FL, mem, {"p": 8}, {"critical": 0.2, "standard": 0.6, "sheddable": 0.2}, fc,
+                         resolve_weights("balanced"), action, pol._prior(FL), 600.0, 600.0,
+                         min_history_s=pol.min_history_s, batch_review_s=pol.batch_review_s, protect_streams=True)
     cap = prob.pools[0].max_inflight_cap
     held = (running + waiting) / ready
     assert cap is not None and cap >= 8
@@ -384,6 +388,8 @@ def test_scale_reasons_name_what_bought_the_replicas(label, cur, final, need, lo
     # bought the replica; an operator asking why must get the real reason
     from types import SimpleNamespace
 
+    from controller.policies.mpc.reasons import pool_reasons
+
     pol = MpcPolicy(**FAST)
     spec = FL.pools[0]
     result = SimpleNamespace(terms={"pools": {"p": {"need_by_step_p90": need, "hit_rate": [0.3, 0.3, 0.3]}},
@@ -391,7 +397,7 @@ def test_scale_reasons_name_what_bought_the_replicas(label, cur, final, need, lo
     pin = SimpleNamespace(lo=lo, hi=16, frozen=False, max_num_seqs=256, max_num_batched_tokens=8192)
     pp = SimpleNamespace(prefix_weight=3.0, inflight_cap=0, traffic_weight=1.0, standby=0, max_num_seqs=256,
                          max_num_batched_tokens=8192)
-    out = pol._pool_reasons(spec, pin, cur, final, pp, None, result, None, 0.0)
+    out = pool_reasons(spec, pin, cur, final, pp, None, result, pol.config.step_s)
     msgs = [r.message for r in out if r.code.startswith("mpc_scale")]
     assert len(msgs) == 1 and expect in msgs[0], (label, msgs)
 
@@ -432,12 +438,12 @@ def test_carried_judgement_for_the_breaker():
 
     ok = {"replicas_ready": 4, "waiting": 3}
     need = {"a": 4, "b": 2}
-    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2, "waiting": 0}), fl, need) is True
-    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 1, "waiting": 0}), fl, need) is False  # b short
-    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2, "waiting": 5}), fl, need) is False  # b queued
-    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2, "waiting": 0}, held=3), fl, need) is False
-    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2}), fl, need) is None  # waiting missing
-    assert MpcPolicy._carried(obs(ok, {"replicas_ready": 2, "waiting": 0}), fl, {}) is None  # no plan yet
+    assert carried(obs(ok, {"replicas_ready": 2, "waiting": 0}), fl, need) is True
+    assert carried(obs(ok, {"replicas_ready": 1, "waiting": 0}), fl, need) is False  # b short
+    assert carried(obs(ok, {"replicas_ready": 2, "waiting": 5}), fl, need) is False  # b queued
+    assert carried(obs(ok, {"replicas_ready": 2, "waiting": 0}, held=3), fl, need) is False
+    assert carried(obs(ok, {"replicas_ready": 2}), fl, need) is None  # waiting missing
+    assert carried(obs(ok, {"replicas_ready": 2, "waiting": 0}), fl, {}) is None  # no plan yet
 
 
 def test_learned_planning_reads_the_model_source_every_tick_and_picks_up_a_swap():
@@ -513,8 +519,8 @@ def _pin(name, group="g", role="mixed", price=4.1, ready=0, lo=0, hi=8, starting
     ("frozen", [_pin("a", lo=0, hi=0, frozen=True)], {}, 5.0, True, set()),
 ])
 def test_activation_starts_one_replica_for_a_group_serving_nothing(label, pools, arrivals, held, demand, raised):
-    from controller.policies.mpc import _activate
+    from controller.policies.mpc.problem import activate
 
-    out = _activate(list(pools), arrivals, demand or held > 0)  # the policy's demand: a rate or requests held
+    out = activate(list(pools), arrivals, demand or held > 0)  # the policy's demand: a rate or requests held
     assert {p.name for p, q in zip(pools, out) if q.lo > p.lo} == raised, label
     assert all(q.lo <= 1 and q.hi == p.hi for p, q in zip(pools, out)), label

@@ -1,0 +1,7 @@
+"""The MPC policy (`MpcPolicy`, registered as "mpc"), split by concern: policy.py composes
+estimate.py (its own memory), corrections.py (online learning), problem.py (the planning
+problem), first_step.py (the plan's first step → decisions) and reasons.py (explanations)."""
+
+from controller.policies.mpc.policy import MpcPolicy
+
+__all__ = ["MpcPolicy"]

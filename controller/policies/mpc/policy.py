@@ -1,0 +1,265 @@
+"""Governor's MPC policy: the Policy adapter around the planner in controller/core/mpc.py.
+
+Each tick it turns telemetry and its own memory into a `PlanProblem`, runs the planner
+(`controller.core.mpc.solve`), and turns the plan's first step into pool decisions and
+class admission, with reasons a human can follow. The concerns live beside this class:
+
+- estimate.py: what it keeps between ticks (all in the frozen `MpcState`, never in the object):
+  demand history and class mix, per pool the replicas on their way, warm slots, traffic mix
+  and reuse; the previous plan (the solver's warm start) and the replicas its first step
+  needed (the breaker's "does the fleet carry its load");
+- corrections.py: the online correction factors for the model's p95 TTFT and TPOT, which
+  also give the model's confidence (`PolicyOutput.confidence`);
+- problem.py: the `PlanProblem` (bounds, levers, breaker constraints, scale from zero);
+- first_step.py: the plan's first step → decisions (scale-down stabilisation, router weights);
+- reasons.py: reasons and diagnostics.
+
+The cascading-failure breaker (controller/core/breaker.py) runs in `Controller.step`, configured
+by the `breaker` parameter (`breaker_config`): `breaker_signals` tells it the crash replacements
+the replica accounting saw and whether the fleet carries its load, and the plan is made within
+the constraints it hands over in `PolicyInput.breaker` (replica floors, affinity ceiling, the
+SLO-safe in-flight cap, shed floors).
+
+Profiles: the objective's weights come from `PolicyInput.profile` (cost / balanced /
+latency / throughput, changeable at run time through PolicyService) merged with the
+explicit `weights` parameter. Engine figures come from `engine_figures` (per pool) or the
+built-in profiled table; `capacity` (per-pool ReplicaCapacity, as the bench profiles it for
+the SLA planner) only seeds the correction factors. `timer` is a monotonic clock for a wall-time
+budget; without a timer the budget is a count of scored candidates.
+
+What the planner predicts with (`planning_model`): "prior" (default) = the queueing prior
+(`QueueingPrior`) with the policy's online correction factors; "learned" = the learned coupling
+models (controller/core/coupling.py) through `LearnedPlanModel`, read each tick from
+`coupling_source` — a callable returning the current `CouplingModels` (the daemon passes its
+model slot, so a refit that passed the validation gate is planned on from the next tick; the
+bench passes the shipped models/). If the models have no physics for a pool, the tick plans on
+the prior and diagnostics["model"]["learned_unusable"] says why. `models` injects any other
+PlanModel (tests) and wins over both.
+
+Pure: no I/O, no clock (time is PolicyInput.now_s; a timer only if injected); does not
+import telemetry/actuation/api/runtime/gen, grpc or prometheus clients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from controller.core.breaker import BreakerConfig
+from controller.core.mpc import MpcConfig, plan_steps, solve
+from controller.core.forecast import PriorForecaster
+from controller.core.mpc_model import LearnedPlanModel, PlanModel, QueueingPrior
+from controller.perf.figures import EngineFigures
+from controller.core.objective import resolve_weights
+from controller.policies.common import check_positive, reason
+from controller.policies.mpc.corrections import confidence, learn, seed_from_capacity
+from controller.policies.mpc.estimate import MpcPoolMemory, MpcState, accounted, carried, update_history
+from controller.policies.mpc.first_step import down_window_s, first_step
+from controller.policies.mpc.problem import build_problem, pool_inputs_for_steps
+from controller.policies.mpc.reasons import class_reasons, diagnostics, pool_reasons
+from controller.policies.sla_planner import ReplicaCapacity
+from controller.types import (
+    PRIORITY_CLASSES,
+    BreakerSignals,
+    ClassAdmission,
+    FleetSpec,
+    PolicyInput,
+    PolicyOutput,
+    Reason,
+)
+
+# what the planner predicts with: the queueing prior (+ online corrections) or the learned coupling models
+PLANNING_MODELS = ("prior", "learned")
+
+
+class MpcPolicy:
+    """Model-predictive control of every lever (see the module docstring). The class composes the
+    concerns of its package; it holds configuration and model caches, never tick state."""
+
+    name = "mpc"
+
+    def __init__(self, *, horizon_steps: int = 10, step_s: float = 30.0, max_evaluations: int = 4000,
+                 time_budget_s: float = 0.2, weights: Mapping[str, Any] | None = None,
+                 engine_figures: Mapping[str, Any] | None = None,
+                 capacity: Mapping[str, ReplicaCapacity | Mapping[str, Any]] | None = None,
+                 scale_down_stabilization_s: float = 120.0, bursty_down_window_s: float = 600.0,
+                 warm_node_ttl_s: float = 600.0,
+                 breaker: bool | Mapping[str, Any] = True, batch_review_s: float = 1200.0,
+                 correction_alpha: float = 0.15, client_retries: int = 2, standby_cost_frac: float = 1.0,
+                 warmup_s: float = 60.0, min_history_s: float = 300.0, planner: Mapping[str, Any] | None = None,
+                 protect_streams: bool = True,
+                 planning_model: str = "prior", coupling_source: Callable[[], Any] | None = None,
+                 models: PlanModel | None = None, timer: Callable[[], float] | None = None) -> None:
+        extra = dict(planner or {})
+        known = set(MpcConfig.__dataclass_fields__)
+        bad = sorted(set(extra) - known)
+        if bad:
+            raise ValueError(f"mpc.planner: unknown field(s) {bad}; valid: {sorted(known)}")
+        for k, v in list(extra.items()):
+            if isinstance(v, list):
+                extra[k] = tuple(v)
+        self.config = MpcConfig(**{"horizon_steps": horizon_steps, "step_s": float(step_s),
+                                   "max_evaluations": max_evaluations, "time_budget_s": float(time_budget_s),
+                                   "client_retries": int(client_retries), "standby_cost_frac": float(standby_cost_frac),
+                                   **extra})
+        resolve_weights("balanced", weights)  # validate now: a bad weight fails at build time
+        self.weights = dict(weights or {})
+        self.engine_figures = {k: EngineFigures.of(v) for k, v in (engine_figures or {}).items()}
+        self.capacity = {str(k): ReplicaCapacity.of(v) for k, v in (capacity or {}).items()}
+        self.down_window_s = check_positive("mpc.scale_down_stabilization_s", scale_down_stabilization_s,
+                                            allow_zero=True)
+        self.bursty_window_s = max(check_positive("mpc.bursty_down_window_s", bursty_down_window_s, allow_zero=True),
+                                   self.down_window_s)
+        self.warm_ttl_s = check_positive("mpc.warm_node_ttl_s", warm_node_ttl_s, allow_zero=True)
+        self.batch_review_s = check_positive("mpc.batch_review_s", batch_review_s, allow_zero=True)
+        self.alpha = check_positive("mpc.correction_alpha", correction_alpha)
+        self.warmup_s = check_positive("mpc.warmup_s", warmup_s, allow_zero=True)
+        self.min_history_s = check_positive("mpc.min_history_s", min_history_s, allow_zero=True)
+        self.protect_streams = bool(protect_streams)
+        if self.alpha > 1:
+            raise ValueError(f"mpc.correction_alpha must be in (0, 1] (got {correction_alpha!r})")
+        if isinstance(breaker, Mapping):
+            self.breaker_config = BreakerConfig(**dict(breaker))
+        elif isinstance(breaker, bool):
+            self.breaker_config = BreakerConfig(enabled=breaker)
+        else:
+            raise ValueError(f"mpc.breaker must be true/false or a mapping of BreakerConfig fields (got {breaker!r})")
+        if planning_model not in PLANNING_MODELS:
+            raise ValueError(f"mpc.planning_model must be one of {', '.join(PLANNING_MODELS)} (got {planning_model!r})")
+        if planning_model == "learned" and coupling_source is None:
+            raise ValueError("mpc.planning_model 'learned' needs the learned coupling models (coupling_source): "
+                             "the daemon and `governor bench` supply them; a direct build must pass one")
+        self.planning_model = planning_model
+        self.coupling_source = coupling_source if planning_model == "learned" else None
+        self._learned: tuple[int, tuple[str, ...], LearnedPlanModel | None, str | None] | None = None
+        self.models = models
+        self.timer = timer
+        self.forecaster = PriorForecaster()
+        self._model_cache: dict[tuple[str, ...], QueueingPrior] = {}
+
+    def initial_state(self) -> MpcState:
+        return MpcState()
+
+    # ------------------------------------------------------------------ models
+
+    @staticmethod
+    def _fleet_key(fleet: FleetSpec) -> tuple[str, ...]:
+        """What the models built for a fleet depend on: each pool's name, engine and role."""
+        return tuple(f"{p.name}:{p.model}:{p.sku}:{p.gpus_per_replica}:{p.role}" for p in fleet.pools)
+
+    def _prior(self, fleet: FleetSpec) -> QueueingPrior:
+        key = self._fleet_key(fleet)
+        m = self._model_cache.get(key)
+        if m is None:
+            m = QueueingPrior.for_pools(fleet.pools, self.engine_figures)
+            m = seed_from_capacity(m, fleet, self.capacity)
+            self._model_cache[key] = m
+        return m
+
+    def _plan_model(self, fleet: FleetSpec, prior: QueueingPrior) -> tuple[PlanModel, str | None]:
+        """The model this tick plans with, and why the learned models were not usable (or None)."""
+        if self.models is not None:
+            return self.models, None
+        if self.coupling_source is None:
+            return prior, None
+        coupling = self.coupling_source()
+        if coupling is None:
+            return prior, "no learned models loaded"
+        key = self._fleet_key(fleet)
+        cached = self._learned
+        if cached is None or cached[0] != id(coupling) or cached[1] != key:
+            try:  # the fallback carries the policy's seeded prior (its cache model, burst term, corrections)
+                cached = (id(coupling), key, LearnedPlanModel.for_pools(coupling, fleet.pools, fallback=prior), None)
+            except KeyError as e:
+                cached = (id(coupling), key, None, str(e).strip("'\""))
+            self._learned = cached
+        return (cached[2], None) if cached[2] is not None else (prior, cached[3])
+
+    def _accounted(self, state: MpcState, inp: PolicyInput,
+                   prior: QueueingPrior) -> tuple[dict[str, MpcPoolMemory], dict[str, int]]:
+        return accounted(state, inp, prior, warm_ttl_s=self.warm_ttl_s, step_s=self.config.step_s)
+
+    def breaker_signals(self, state: MpcState, inp: PolicyInput) -> BreakerSignals:
+        """For the breaker (run by Controller.step before `decide`): the replacements the fleet started
+        this tick that nobody ordered, and whether the fleet carries its load (`carried`)."""
+        mem, _ = self._accounted(state, inp, self._prior(inp.fleet))
+        return BreakerSignals(lost={p: m.unordered for p, m in mem.items()},
+                              carried=carried(inp.observation, inp.fleet, state.need_now))
+
+    # ------------------------------------------------------------------ the tick
+
+    def decide(self, state: MpcState, inp: PolicyInput, rng: np.random.Generator) -> tuple[MpcState, PolicyOutput]:
+        started = self.timer() if self.timer is not None else None  # the wall budget covers the whole tick
+        now = inp.now_s
+        fleet = inp.fleet
+        cfg = self.config
+        weights = resolve_weights(inp.profile if inp.profile in ("cost", "balanced", "latency", "throughput")
+                                  else "balanced", self.weights)
+        prior = self._prior(fleet)
+        reasons: list[Reason] = []
+
+        # --- demand history, class mix, forecast
+        t_hist, d_hist, first_s, warming, class_share = update_history(state, inp.observation, fleet, now,
+                                                                       self.warmup_s)
+        lead = (np.arange(plan_steps(cfg, pool_inputs_for_steps(fleet))) + 0.5) * cfg.step_s
+        fc = self.forecaster.forecast(np.array(t_hist), np.array(d_hist), now, lead)
+
+        # --- per pool: replicas on the way, warm slots, mix, reuse, corrections
+        mem, targets = self._accounted(state, inp, prior)
+        j_of = {p.name: j for j, p in enumerate(fleet.pools)}
+        settled = len(t_hist) > 1 and t_hist[-1] - t_hist[0] >= self.min_history_s
+        base_model, learned_unusable = self._plan_model(fleet, prior)
+        mem, corr_diag = learn(mem, inp, base_model, j_of, settled, alpha=self.alpha)
+        model: PlanModel = base_model.with_corrections(
+            [math.exp(mem[p.name].log_k_ttft) for p in fleet.pools],
+            [math.exp(mem[p.name].log_k_tpot) for p in fleet.pools],
+            confidence(mem), burst=[mem[p.name].burst for p in fleet.pools])
+
+        action = inp.breaker  # the breaker's constraints (Controller.step runs it: core/breaker.py)
+
+        # --- the problem
+        history_s = t_hist[-1] - t_hist[0] if len(t_hist) > 1 else 0.0
+        problem = build_problem(inp, fleet, mem, targets, class_share, fc, weights, action, model, now, history_s,
+                                min_history_s=self.min_history_s, batch_review_s=self.batch_review_s,
+                                protect_streams=self.protect_streams)
+        warm_shift = 0
+        if state.plan is not None and state.plan_at_s is not None:
+            warm_shift = int(round((now - state.plan_at_s) / cfg.step_s))
+        result = solve(problem, model, cfg, rng, warm=state.plan, warm_shift=warm_shift, timer=self.timer,
+                       started_s=started)
+
+        # --- the first step → decisions (with scale-down stabilisation, longer when demand is bursty)
+        down_window = down_window_s(t_hist, d_hist, now, self.down_window_s, self.bursty_window_s)
+        pools_out, new_mem, held, applied = first_step(
+            fleet, problem, result, mem, targets, inp.current, now, warming=warming, t_hist=t_hist,
+            down_window=down_window, bursty_window_s=self.bursty_window_s, min_history_s=self.min_history_s,
+            step_s=cfg.step_s)
+        reasons.extend(held)
+        for spec, pin, cur, final, pp, cur_pd in applied:
+            pp = replace(pp, traffic_weight=pools_out[spec.name].traffic_weight)
+            reasons.extend(pool_reasons(spec, pin, cur, final, pp, cur_pd, result, cfg.step_s))
+        admission: dict[str, ClassAdmission] = {}
+        for c in PRIORITY_CLASSES:
+            s = result.plan.shed.get(c, 0.0)
+            if s > 0.005:
+                admission[c] = ClassAdmission(shed_frac=round(s, 3))
+        reasons.extend(class_reasons(state.shed_in_force, result.plan.shed, result, action))
+        conf = confidence(new_mem)
+        if conf < 0.2:
+            reasons.append(reason("low_confidence", None, f"model confidence {conf:.2f}: predictions are uncertain",
+                                  confidence=conf))
+        diag = diagnostics(result, fc, class_share, model, corr_diag, problem)
+        diag["model"]["planning_model"] = self.planning_model
+        if learned_unusable:
+            diag["model"]["learned_unusable"] = learned_unusable
+        new_state = MpcState(t_hist=t_hist, demand_hist=d_hist, class_share=class_share, pools=new_mem,
+                             plan=result.plan, plan_at_s=now, last_s=now, first_s=first_s,
+                             shed_in_force={c: a.shed_frac for c, a in admission.items()},
+                             need_now={n: int(pt["need_by_step_p90"][0]) for n, pt in result.terms["pools"].items()
+                                       if pt.get("need_by_step_p90")})
+        return new_state, PolicyOutput(pools=pools_out, admission=admission, reasons=tuple(reasons), diagnostics=diag,
+                                       confidence=conf)

@@ -1,0 +1,173 @@
+"""The MPC policy's planning problem: telemetry, memory and constraints → a `PlanProblem` for the solver.
+
+Per pool: the replica bounds under the operator's overrides and the breaker's floor, what is
+ready and on its way (`starting_eta_s`), warm slots, the levers in force, the traffic mix and
+reuse, the breaker's ceilings (affinity, and the SLO-safe in-flight cap `safe_batch` while it
+protects running streams), whether the slow lever (engine batch caps) is up for review. Per
+class: the forecast's share at the plan quantile, the shed in force and the breaker's floor.
+Scale from zero (`activate`): a route group serving nothing while traffic for it shows gets one
+replica.
+
+Must not: do I/O or read a clock; solve anything (controller/core/mpc.py does).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+
+import numpy as np
+from scipy.special import ndtri
+
+from controller.core.mpc import ClassInput, PlanProblem, PoolInput
+from controller.core.forecast import LoadForecast
+from controller.core.mpc_model import LatencyQuery, PlanModel
+from controller.core.objective import ObjectiveWeights
+from controller.policies.common import value
+from controller.policies.mpc.estimate import MpcPoolMemory, reuse, standing_queue
+from controller.types import PRIORITY_CLASSES, BreakerAction, FleetSpec, PolicyInput, PoolSpec
+
+
+def activate(pools: list[PoolInput], arrivals: Mapping[str, float], demand: bool) -> list[PoolInput]:
+    """Scale from zero: a route group that serves nothing (no replica ready or starting) while traffic
+    for it is seen gets one replica on the cheapest pool of each of its hops (lo raised to 1).
+
+    Traffic for a group is its pools' arrivals, or, in a fleet with one route group, `demand`: any
+    demand at the router or requests it holds (a pool at zero has no engine to count arrivals; the
+    router holds them while the first replica starts). The planner alone may rather lose those requests than pay
+    for a replica that serves nothing through a long cold start (a 300 s start is ten of its twenty
+    steps), and would leave the pool at zero for good. Pinned or frozen pools are left alone.
+    Example: one group, pool at 0, 3 req/s at the router → the pool's minimum becomes 1 this tick.
+    """
+    single = len({p.group for p in pools}) == 1
+    out = list(pools)
+    for g in {p.group for p in pools}:
+        members = [j for j, p in enumerate(pools) if p.group == g]
+        if any(pools[j].ready + len(pools[j].starting_eta_s) > 0 for j in members):
+            continue
+        if not (arrivals.get(g, 0.0) > 0 or (single and demand)):
+            continue
+        for decode in (False, True):
+            hop = [j for j in members if (pools[j].role == "decode") == decode and pools[j].hi >= 1
+                   and not pools[j].frozen and pools[j].lo < pools[j].hi]
+            if hop:
+                j = min(hop, key=lambda i: (pools[i].usd_per_hour, pools[i].name))
+                out[j] = replace(pools[j], lo=max(pools[j].lo, 1))
+    return out
+
+
+def pool_inputs_for_steps(fleet: FleetSpec) -> list[PoolInput]:
+    return [PoolInput(name=p.name, model_index=j, group=p.group, role=p.role, usd_per_hour=0.0, lo=0, hi=0,
+                      target=0, ready=0, startup_cold_s=p.startup_cold_s) for j, p in enumerate(fleet.pools)]
+
+
+def safe_batch(model: PlanModel, j: int, m: MpcPoolMemory, spec: PoolSpec, tpot_slo: float, hit: float) -> int:
+    """In-flight cap per replica at which predicted p95 TPOT stays within 90 % of the tightest SLO."""
+    lam = np.linspace(0.02, 1.0, 60) * 40.0
+    n = len(lam)
+    caps = m.caps or (spec.max_num_seqs, spec.max_num_batched_tokens)
+    a = model.latency(LatencyQuery(pool_index=np.full(n, j), rps_per_replica=lam,
+                                   prompt_tokens=np.full(n, m.prompt_tokens or 1000.0),
+                                   output_tokens=np.full(n, m.output_tokens or 200.0), hit_rate=np.full(n, hit),
+                                   inflight_cap=np.zeros(n), max_num_seqs=np.full(n, float(caps[0])),
+                                   max_num_batched_tokens=np.full(n, float(caps[1]))))
+    ok = (a.tpot_p95_s <= 0.9 * tpot_slo) & (a.utilisation < 1.0)
+    if not ok.any():
+        return 8
+    return int(max(8, math.ceil(float(a.batch[ok].max()))))
+
+
+def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolMemory],
+                  targets: Mapping[str, int], class_share: Mapping[str, float], fc: LoadForecast,
+                  weights: ObjectiveWeights, action: BreakerAction, model: PlanModel, now: float, history_s: float, *,
+                  min_history_s: float, batch_review_s: float, protect_streams: bool) -> PlanProblem:
+    obs = inp.observation
+    pools: list[PoolInput] = []
+    tpot_slo = min((s.tpot_s for s in fleet.slos.values()), default=math.inf)
+    # the slow lever is reviewed only in steady state: enough history, a trusted model, no breaker
+    steady = history_s >= min_history_s
+    groups: dict[str, float] = {}
+    for j, spec in enumerate(fleet.pools):
+        m = mem[spec.name]
+        po = obs.pools.get(spec.name)
+        pd = inp.current.pools.get(spec.name) if inp.current is not None else None
+        lo, hi = spec.min_replicas, spec.max_replicas
+        frozen = False
+        for o in inp.overrides:
+            if o.pool != spec.name or not o.active(now):
+                continue
+            v = int(round(o.value))
+            if o.kind == "pin_replicas":
+                lo = hi = min(max(v, spec.min_replicas), spec.max_replicas)
+            elif o.kind == "min_replicas":
+                lo = max(lo, min(v, hi))
+            elif o.kind == "max_replicas":
+                hi = max(min(hi, v), lo)
+            elif o.kind == "freeze":
+                frozen = True
+        target = targets[spec.name]
+        floor = action.min_replicas.get(spec.name)
+        if floor is not None and lo < hi:
+            lo = min(max(lo, floor), hi)
+        if frozen:
+            lo = hi = target
+        ready = value(po.replicas_ready) if po is not None else None
+        ready_n = int(round(ready)) if ready is not None else max(target - len(m.etas), 0)
+        waiting = (value(po.waiting) or 0.0) if po is not None else 0.0
+        arr = value(po.arrival_rps) if po is not None else None
+        if arr is not None:
+            groups[spec.group] = groups.get(spec.group, 0.0) + arr
+        hit = (value(po.hit_rate) if po is not None else None) or 0.0
+        inf_hit, ws = reuse(spec, m, po, pd, model, j, ready_n)
+        caps = m.caps or (spec.max_num_seqs, spec.max_num_batched_tokens)
+        max_cap = None
+        if action.protect_streams and spec.name in action.pools and protect_streams:
+            # Cap at the SLO-safe batch. A router cap must not lock critical requests out of a
+            # priority-ordered engine queue that is still deep with older work (more than one
+            # queued request per replica): then never below what the replicas already hold (it
+            # bites as the backlog drains). With a shallow queue the streams already running are
+            # what the cap protects, so it bites at once: on azure-conv-crash a floor at the 98
+            # streams per replica the survivors held kept TPOT at 0.16 s for a minute
+            # (critical 0.984 → 0.989, standard 0.916 → 0.922 without it).
+            held = ((value(po.running) or 0.0) + waiting) / max(ready_n, 1) if po is not None else 0.0
+            deep = standing_queue(waiting, ready_n)
+            max_cap = max(safe_batch(model, j, m, spec, tpot_slo, hit), int(math.ceil(held)) if deep else 0)
+        pools.append(PoolInput(
+            name=spec.name, model_index=j, group=spec.group, role=spec.role,
+            usd_per_hour=spec.usd_per_replica_hour, lo=lo, hi=hi, target=min(max(target, lo), hi) if not frozen
+            else target, ready=ready_n, starting_eta_s=tuple(max(e - now, 0.0) for e in m.etas),
+            warm_slots=len(m.warm), startup_warm_s=spec.startup_warm_s, startup_cold_s=spec.startup_cold_s,
+            standby=pd.warm_standby if pd else 0, prefix_weight=pd.prefix_weight if pd else 3.0,
+            load_weight=(pd.queue_weight + pd.kv_weight) if pd else 4.0,
+            inflight_cap=pd.inflight_cap if pd else 0,
+            traffic_weight=pd.traffic_weight if pd else 1.0,
+            max_num_seqs=int(caps[0]), max_num_batched_tokens=int(caps[1]),
+            prompt_tokens=m.prompt_tokens or 1000.0, output_tokens=m.output_tokens or 200.0, hit_rate=hit,
+            reuse_inf_hit=inf_hit, reuse_working_set=ws, backlog=waiting, frozen=frozen,
+            max_prefix_weight=action.max_prefix_weight.get(spec.name), max_inflight_cap=max_cap,
+            batch_review=batch_review_s > 0 and now - m.caps_changed_s >= batch_review_s
+            and ready_n > 0 and steady and m.burst >= 0.2))
+    classes: list[ClassInput] = []
+    z = float(ndtri(weights.plan_quantile)) / float(ndtri(0.9))  # 0.75 → 0.53 of the way to p90
+    plan_q = fc.p50 + z * (fc.p90 - fc.p50)
+    for c in PRIORITY_CLASSES:
+        if c not in fleet.slos:
+            continue
+        s = fleet.slos[c]
+        share = class_share.get(c, 0.0)
+        co = obs.classes.get(c)
+        shed_now = 0.0
+        cur_adm = inp.current.admission.get(c) if inp.current is not None else None
+        if cur_adm is not None:
+            shed_now = cur_adm.shed_frac
+        classes.append(ClassInput(
+            name=c, ttft_slo_s=s.ttft_s, tpot_slo_s=s.tpot_s,
+            p50_rps=tuple(float(x) * share for x in fc.p50), p90_rps=tuple(float(x) * share for x in plan_q),
+            shed_now=shed_now, min_shed=float(action.min_shed.get(c, 0.0)), max_shed=1.0,
+            backlog=(value(co.queue_depth) or 0.0) if co is not None else 0.0))
+    total = sum(groups.values())
+    gshare = {g: v / total for g, v in groups.items()} if total > 0 else {}
+    held = sum((value(co.queue_depth) or 0.0) for co in obs.classes.values())
+    pools = activate(pools, groups, fc.level > 0 or held > 0)
+    return PlanProblem(pools=tuple(pools), classes=tuple(classes), weights=weights, group_share=gshare)

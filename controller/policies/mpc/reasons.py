@@ -1,0 +1,129 @@
+"""The MPC policy's explanation: reasons a human can follow, and the diagnostics a tick record keeps.
+
+Reason codes (Reason.code): mpc_scale_up, mpc_scale_up_early (the forecast needs more replicas
+within the start-up delay), mpc_scale_down, binding_max_replicas, binding_pin, lever_avoid
+(cache-affinity weight), lever_share (in-flight cap, engine batch caps), lever_move (traffic
+split between pools), lever_standby (`pool_reasons`), lever_delay (shedding a class:
+`class_reasons`). The policy adds scale_down_stabilised and low_confidence; the breaker's own
+(breaker_open / breaker_recovering / breaker_closed) come from Controller.step.
+
+Must not: change a decision; do I/O or read a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from controller.core.mpc import PlanProblem, PlanResult, PoolInput, PoolPlan
+from controller.core.forecast import LoadForecast
+from controller.core.mpc_model import PlanModel
+from controller.policies.common import reason
+from controller.types import PRIORITY_CLASSES, BreakerAction, PoolDecision, PoolSpec, Reason
+
+
+def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolPlan, cur_pd: PoolDecision | None,
+                 result: PlanResult, step_s: float) -> list[Reason]:
+    out: list[Reason] = []
+    t = result.terms["pools"][spec.name]
+    need = t["need_by_step_p90"]
+    late = result.terms.get("late_or_shed_frac_p90", {})
+    worst = max(late, key=lambda c: late[c]) if late else None
+    tail = (f"; the p95s fit {max(need)}, the plan keeps {final} for the tail (predicted late-or-shed share "
+            f"at p90 load: {worst} {late[worst]:.1%})" if worst is not None else "")
+    if final > cur:
+        soon = need[0] > cur
+        when = next((k for k, n in enumerate(need) if n > cur), None)
+        if when is None:
+            # no step's p95 needs more than the current count: a floor (breaker replacements, an
+            # override) or the chance constraint (requests beyond the p95) bought it; say which,
+            # not "needs 3" next to a scale-up to 5
+            code = "mpc_scale_up"
+            msg = (f"{cur}→{final}: held at the floor {pin.lo} (breaker replacements or an override)"
+                   if final <= pin.lo else f"{cur}→{final}{tail}")
+        else:
+            code = "mpc_scale_up" if soon else "mpc_scale_up_early"
+            msg = (f"{cur}→{final}: p90 load needs {max(need[: when + 1])} now" if soon else
+                   f"{cur}→{final}: forecast p90 needs {max(need)} by +{(when + 0.5) * step_s:.0f} s; "
+                   f"start-up takes {spec.startup_warm_s:g}-{spec.startup_cold_s:g} s")
+            if final > max(need):
+                msg += tail
+        out.append(reason(code, spec.name, msg, before=cur, after=final, need_by_step=need))
+    elif final < cur:
+        kept = (f" (keeps {final} for the tail: predicted late-or-shed share at p90 load {worst} "
+                f"{late[worst]:.1%})" if worst is not None and final > max(need) else "")
+        out.append(reason("mpc_scale_down", spec.name,
+                          f"{cur}→{final}: p90 load over the horizon needs at most {max(need)}{kept}; "
+                          f"saves ${(cur - final) * spec.usd_per_replica_hour:.2f}/h",
+                          before=cur, after=final, need_by_step=need))
+    if final >= spec.max_replicas and max(need) > spec.max_replicas:
+        out.append(reason("binding_max_replicas", spec.name,
+                          f"at the pool maximum {spec.max_replicas}; the p90 load needs {max(need)}",
+                          need=max(need)))
+    if pin.lo == pin.hi and not pin.frozen and pin.lo != spec.min_replicas:
+        out.append(reason("binding_pin", spec.name, f"pinned to {pin.lo} by an override: planning around it"))
+    if cur_pd is not None:
+        if abs(pp.prefix_weight - cur_pd.prefix_weight) > 0.25:
+            out.append(reason("lever_avoid", spec.name,
+                              f"cache-affinity weight {cur_pd.prefix_weight:g}→{pp.prefix_weight:g}"
+                              f" (predicted hit rate {t['hit_rate'][min(2, len(t['hit_rate']) - 1)]:.2f})",
+                              before=cur_pd.prefix_weight, after=pp.prefix_weight))
+        if pp.inflight_cap != cur_pd.inflight_cap:
+            out.append(reason("lever_share", spec.name,
+                              f"in-flight cap per replica {cur_pd.inflight_cap or 'none'}→{pp.inflight_cap or 'none'}",
+                              before=cur_pd.inflight_cap, after=pp.inflight_cap))
+        if abs(pp.traffic_weight - cur_pd.traffic_weight) > 0.02:
+            out.append(reason("lever_move", spec.name,
+                              f"traffic weight {cur_pd.traffic_weight:g}→{pp.traffic_weight:g}",
+                              before=cur_pd.traffic_weight, after=pp.traffic_weight))
+        if pp.standby != cur_pd.warm_standby:
+            out.append(reason("lever_standby", spec.name, f"warm standby {cur_pd.warm_standby}→{pp.standby}"))
+    if (pp.max_num_seqs, pp.max_num_batched_tokens) != (pin.max_num_seqs, pin.max_num_batched_tokens):
+        out.append(reason("lever_share", spec.name,
+                          f"engine batch caps → max_num_seqs {pp.max_num_seqs}, max_num_batched_tokens "
+                          f"{pp.max_num_batched_tokens} (rolling restart)",
+                          max_num_seqs=pp.max_num_seqs, max_num_batched_tokens=pp.max_num_batched_tokens))
+    return out
+
+
+def class_reasons(before: Mapping[str, float], after: Mapping[str, float], result: PlanResult,
+                   action: BreakerAction) -> list[Reason]:
+    out = []
+    for c in PRIORITY_CLASSES:
+        a, b = before.get(c, 0.0), after.get(c, 0.0)
+        if abs(a - b) > 0.005:
+            why = ("breaker floor" if action.min_shed.get(c, 0.0) >= b - 1e-9 and action.min_shed.get(c) else
+                   f"predicted late-or-shed share at p90 load {result.terms['late_or_shed_frac_p90'].get(c, 0.0):.1%}")
+            out.append(reason("lever_delay", None, f"{c} shed fraction {a:.2f}→{b:.2f} ({why})",
+                              priority_class=c, before=a, after=b))
+    return out
+
+
+def diagnostics(result: PlanResult, fc: LoadForecast, class_share: Mapping[str, float], model: PlanModel,
+                corr: Mapping[str, Any], problem: PlanProblem) -> dict[str, Any]:
+    binding = []
+    for p in problem.pools:
+        need = result.terms["pools"][p.name]["need_by_step_p90"]
+        if max(need) >= p.hi and p.hi < 10**6:
+            binding.append(f"{p.name}: max replicas {p.hi}")
+        if p.lo == p.hi:
+            binding.append(f"{p.name}: pinned at {p.lo}")
+    for c, x in result.terms["risk_excess"].items():
+        if x > 0:
+            binding.append(f"{c}: SLO risk above tolerance by {x:.2%}")
+    return {
+        "forecast": {"lead_s": [float(x) for x in fc.lead_s], "p50_rps": [round(float(x), 3) for x in fc.p50],
+                     "p90_rps": [round(float(x), 3) for x in fc.p90], "level_rps": round(fc.level, 3),
+                     "trend_rps_per_s": round(fc.trend_per_s, 5), "class_share": dict(class_share)},
+        "plan": {p: {"replicas": list(pp.replicas), "standby": pp.standby, "prefix_weight": pp.prefix_weight,
+                     "inflight_cap": pp.inflight_cap, "traffic_weight": pp.traffic_weight,
+                     "max_num_seqs": pp.max_num_seqs, "max_num_batched_tokens": pp.max_num_batched_tokens}
+                 for p, pp in result.plan.pools.items()},
+        "shed": dict(result.plan.shed),
+        "predicted": {k: v for k, v in result.terms.items() if k != "pools"},
+        "pools": result.terms["pools"],
+        "binding_constraints": binding,
+        "objective": result.objective, "objective_plan_in_force": result.incumbent_objective,
+        "evaluations": result.evaluations, "budget_exhausted": result.budget_exhausted,
+        "model": {"corrections": dict(corr), "kind": type(model).__name__},
+    }
