@@ -109,7 +109,7 @@ class SimRecorder:
     """Reads a simulated fleet every tick into ObservationRecords (settings and reuse profile included)."""
 
     def __init__(self, fleet, *, window_s: float = 60.0) -> None:
-        from controller.sim.observe import SimObserver
+        from controller.bench.observe import SimObserver
 
         self.fleet = fleet
         self.window_s = window_s
@@ -200,7 +200,7 @@ class SimRecorder:
                 self._gpu_ok = True
             except ValueError:
                 # the simulated DCGM view is unavailable: read engines only, busy from engine time
-                from controller.sim.observe import SimObserver
+                from controller.bench.observe import SimObserver
 
                 self._gpu_ok = False
                 self.observer = SimObserver(self.fleet, window_s=self.window_s, include_gpu=False)

@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from controller.bench.observe import SimObserver
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller, TickInput
 from controller.policies.registry import build_policy
 from controller.sim.control import apply_decision
 from controller.sim.fleet import Fleet, TimelinePoint
 from controller.sim.fleetspec import fleet_spec_from_scenario
-from controller.sim.observe import SimObserver
 from controller.sim.scenario import Scenario
 from controller.sim.workload import Workload
 from controller.types import PRIORITY_CLASSES, Policy

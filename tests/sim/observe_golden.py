@@ -20,9 +20,9 @@ import json
 import math
 from pathlib import Path
 
+from controller.bench.observe import SimObserver
 from controller.core.estimate import estimate
 from controller.sim.fleet import Fleet
-from controller.sim.observe import SimObserver
 from controller.sim.scenario import load_scenario
 from controller.types import FleetObservation, Reading
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from controller.bench.observe import SimObserver, _Labels
 from controller.sim.exposition import ReplicaCollector, RouterCollector, collect_families
-from controller.sim.observe import SimObserver, _Labels
 from controller.sim.stats import ReplicaStats, RouterStats
 from controller.telemetry.window import read_sample_names
 from tests.sim import observe_golden

@@ -19,6 +19,10 @@ Two ways to the window, same observation to the last bit (tests/sim/test_observe
 - `fast=False`: every family through the collectors (`collect_families`), the
   reference the fast path is checked against.
 
+It sits with the drivers (bench/), not in the simulator: it reads the fleet the way the
+controller's telemetry does (it imports telemetry/), and the simulator never reaches the
+controller's side.
+
 Must not: mutate the fleet or its stats; keep anything but caches of labels.
 """
 
