@@ -353,9 +353,11 @@ def slo_check_from_s(scenario: Scenario, tick_s: float) -> float:
 
 
 class SchedulePolicy:
-    """Follows a precomputed replica schedule per pool (the oracle's replay). Pure; state is None."""
+    """Follows a precomputed replica schedule per pool (the oracle's replay). Pure; state is None.
+    It runs without the cascading-failure breaker: the schedule is the yardstick, replayed as found."""
 
     name = "oracle"
+    breaker_config = None
 
     def __init__(self, targets: Mapping[str, Sequence[tuple[float, int]]],
                  routing: Mapping[str, RoutingWeights]) -> None:

@@ -48,11 +48,12 @@ it when the pool was still scaling up (3 of 7 serving with a target of 11 is big
 frozen value the controller carries (`ControllerState.breaker`); `BreakerState.status()` is what
 status and metrics export.
 
-Where it runs: `Controller.step`, before the policy, for a policy that declares a
-`breaker_config` (the MPC). A policy with its own estimator tells it what it knows
-(`BreakerSignals`: replicas lost, load carried); the constraints reach the policy in
-`PolicyInput.breaker` (the MPC plans within them), and `apply_breaker` holds the policy's proposal
-to them before the other guards run.
+Where it runs: `Controller.step`, before the policy, for every policy (a guardrail, never
+bypassed: DESIGN §7) unless the policy opts out (`breaker_config = None`: the bench's hindsight
+schedule, a yardstick rather than a controller). A policy with its own estimator tells it what it
+knows (`BreakerSignals`: replicas lost, load carried; without one the loss is inferred from ready
+replicas); the constraints reach the policy in `PolicyInput.breaker` (the MPC plans within them),
+and `apply_breaker` holds every proposal to them before the other guards run.
 
 Must not: do I/O, read the clock (time is `now_s`), or decide anything beyond the constraints
 above (the planner chooses within them).

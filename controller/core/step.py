@@ -107,8 +107,11 @@ class TickResult:
 
 
 def breaker_config_of(policy: Policy) -> BreakerConfig | None:
-    """The breaker a policy runs under: the `breaker_config` it declares; None (or no attribute): none."""
-    cfg = getattr(policy, "breaker_config", None)
+    """The breaker a policy runs under: the `breaker_config` it declares (None: it opts out, as the
+    bench's hindsight schedule does); a policy that declares none runs under the default breaker."""
+    if not hasattr(policy, "breaker_config"):
+        return BreakerConfig()
+    cfg = policy.breaker_config
     return cfg if isinstance(cfg, BreakerConfig) else None
 
 

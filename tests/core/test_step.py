@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from controller.core.breaker import BreakerConfig
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller, TickInput
@@ -118,20 +120,25 @@ def _crash_run(policy):
     return c.step(s, tick(195.0, ready=4, hit_rate=0.1))
 
 
-def test_the_breaker_runs_in_step_for_a_policy_that_declares_it():
+@pytest.mark.parametrize("label, config", [
+    ("a policy that declares nothing runs under the default breaker", "undeclared"),
+    ("a policy that declares a config runs under it", BreakerConfig(shed_stage2=0.25)),
+])
+def test_the_breaker_runs_in_step_for_every_policy(label, config):
     pol = ScriptedPolicy({"a": 8})
-    pol.breaker_config = BreakerConfig()
+    if config != "undeclared":
+        pol.breaker_config = config
     _, r = _crash_run(pol)
-    assert r.diagnostics["breaker"]["phase"] == "open"
-    assert r.policy_reasons[0].code == "breaker_open"  # the breaker's reasons come before the policy's
-    assert r.diagnostics["breaker_constraints"]["min_replicas"] == {"a": 8}
-    assert pol.seen[-1].breaker.min_replicas == {"a": 8}  # the policy planned knowing the constraints
-    assert r.decision.admission["sheddable"].shed_frac == 0.5  # the breaker's shed floor, applied by step
+    assert r.diagnostics["breaker"]["phase"] == "open", label
+    assert r.policy_reasons[0].code == "breaker_open", label  # the breaker's reasons come before the policy's
+    assert r.diagnostics["breaker_constraints"]["min_replicas"] == {"a": 8}, label
+    assert pol.seen[-1].breaker.min_replicas == {"a": 8}, label  # the policy planned knowing the constraints
+    shed = 0.5 if config == "undeclared" else 0.25
+    assert r.decision.admission["sheddable"].shed_frac == shed, label  # the shed floor, applied by step
 
 
 def test_the_breaker_floor_is_applied_to_a_proposal_below_it():
     pol = ScriptedPolicy({"a": 8})
-    pol.breaker_config = BreakerConfig()
     c = Controller(FLEET, pol)
     s = c.initial_state()
     for k in range(1, 13):
@@ -142,7 +149,9 @@ def test_the_breaker_floor_is_applied_to_a_proposal_below_it():
     assert "guard_breaker_floor" in {a.code for a in r.guard_adjustments}
 
 
-def test_a_policy_without_a_breaker_config_runs_without_one():
+def test_a_policy_that_opts_out_runs_without_the_breaker():
     pol = ScriptedPolicy({"a": 8})
+    pol.breaker_config = None
     _, r = _crash_run(pol)
     assert "breaker" not in r.diagnostics and not pol.seen[-1].breaker.active
+    assert not r.decision.admission
