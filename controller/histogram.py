@@ -1,4 +1,7 @@
-"""Cumulative histograms and Prometheus-style quantiles (pure).
+"""Cumulative histograms and Prometheus-style quantiles (pure; used by telemetry and the simulator).
+
+It sits beside types.py and clock.py, outside core/, so the simulator can use it without reaching the
+controller's decision side. Must not import anything from controller/ (it is a leaf).
 
 `histogram_quantile` follows Prometheus' rules so an in-process estimate equals
 what PromQL would return for the same buckets: linear interpolation inside the
