@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from controller.jsonsafe import json_safe
 from controller.perf.catalogue import MODELS, SKUS
 from controller.perf.iteration import IterationModel
 from controller.sim.engine import (
@@ -177,17 +178,7 @@ class SimSummary:
 
     def to_dict(self) -> dict:
         """JSON-ready: NaN becomes None."""
-        return _clean(asdict(self))
-
-
-def _clean(x):
-    if isinstance(x, float):
-        return None if math.isnan(x) else x
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
+        return json_safe(asdict(self))
 
 
 # --------------------------------------------------------------------------- runtime records

@@ -533,19 +533,6 @@ class _Target:
 # =========================================================================== live fleet
 
 
-def _json_safe(x: Any) -> Any:
-    """NaN/inf → None so the printed line is strict JSON."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if hasattr(x, "item") and callable(x.item):  # numpy scalar
-        return _json_safe(x.item())
-    return x
-
-
 class LiveFleet:
     """A Fleet run in real time × `speed`, served on `host` (metrics over HTTP, control over gRPC).
 
@@ -665,7 +652,7 @@ class LiveFleet:
 
     def summary(self) -> dict:
         with self.lock:
-            return _json_safe(self.fleet.summary().to_dict())
+            return self.fleet.summary().to_dict()
 
     # ------------------------------------------------------------------ advance
 
