@@ -82,7 +82,7 @@ from controller.bench.profile import PoolProfile, pool_model, request_work_s
 from controller.bench.runner import Progress, RunResult, run_closed_loop
 from controller.perf.catalogue import SKUS
 from controller.policies.common import RoutingWeights
-from controller.sim.fleet import WARM_NODE_TTL_S
+from controller.sim.fleet_lifecycle import WARM_NODE_TTL_S
 from controller.sim.scenario import PoolSpecModel, Scenario
 from controller.sim.workload import Workload
 from controller.types import PRIORITY_CLASSES, PolicyInput, PolicyOutput, PoolDecision, Reason

@@ -30,7 +30,8 @@ from controller.core.guards import GuardConfig
 from controller.core.step import Controller, TickInput
 from controller.policies.registry import build_policy
 from controller.sim.control import apply_decision
-from controller.sim.fleet import Fleet, TimelinePoint
+from controller.sim.fleet import Fleet
+from controller.sim.fleet_accounting import TimelinePoint
 from controller.sim.fleetspec import fleet_spec_from_scenario
 from controller.sim.scenario import Scenario
 from controller.sim.workload import Workload

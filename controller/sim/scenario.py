@@ -18,6 +18,10 @@ from controller.types import PRIORITY_CLASSES
 
 SKUS = ("a100-80gb", "h100-80gb")
 MODELS = ("llama-3-8b", "llama-3-70b", "llama-2-7b", "llama-2-70b")
+# Engine cap bounds (vLLM's flags), the one copy: the schema, Fleet.set_pool_target and the
+# live control plane all check against these.
+MAX_NUM_SEQS_RANGE = (1, 4096)
+MAX_NUM_BATCHED_TOKENS_RANGE = (16, 262144)
 
 
 class ScenarioError(ValueError):
@@ -81,8 +85,9 @@ class TraceSpec(_Strict):
 
 
 class EngineSpec(_Strict):
-    max_num_seqs: int = Field(default=256, ge=1, le=4096)
-    max_num_batched_tokens: int = Field(default=8192, ge=16, le=262144)
+    max_num_seqs: int = Field(default=256, ge=MAX_NUM_SEQS_RANGE[0], le=MAX_NUM_SEQS_RANGE[1])
+    max_num_batched_tokens: int = Field(default=8192, ge=MAX_NUM_BATCHED_TOKENS_RANGE[0],
+                                        le=MAX_NUM_BATCHED_TOKENS_RANGE[1])
     gpu_memory_utilization: float = Field(default=0.9, gt=0.1, le=0.99)
     block_size: int = Field(default=16, ge=1)
     enable_prefix_caching: bool = True

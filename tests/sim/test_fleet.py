@@ -14,7 +14,8 @@ import pytest
 from controller.paths import shared_data_dir
 from controller.perf.catalogue import MODELS
 from controller.sim.control import apply_decision
-from controller.sim.fleet import WARM_NODE_TTL_S, Fleet
+from controller.sim.fleet import Fleet
+from controller.sim.fleet_lifecycle import WARM_NODE_TTL_S
 from controller.types import ClassAdmission, Decision, PoolDecision
 from tests.fakes.sim_fleet import pool, scenario, shared_hashes, workload
 

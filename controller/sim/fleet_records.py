@@ -1,0 +1,134 @@
+"""Run-time records of the simulated fleet: GPU slots, nodes, replica lifecycles, pools, route groups.
+
+Plain mutable records (with __slots__ where the event loop reads them); the Fleet's
+concern modules (fleet_lifecycle, fleet_clients, fleet_faults, fleet_accounting)
+change them. Must not: hold behaviour beyond read-only helpers, read the clock, or
+draw random numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+from controller.perf.catalogue import MODELS, SKUS
+from controller.perf.iteration import IterationModel
+from controller.sim.engine import Replica
+from controller.sim.router import PoolRoute
+from controller.sim.scenario import PoolSpecModel
+from controller.sim.stats import NodeStats
+
+# replica phases
+STANDBY, STARTING, READY, DRAINING, GONE = "standby", "starting", "ready", "draining", "gone"
+INF = math.inf
+
+
+class Slot:
+    """`tp` GPUs of a node that host one replica at a time."""
+
+    __slots__ = ("node", "gpus", "inst", "warm_until", "gone", "busy_base_s")
+
+    def __init__(self, node: Node, gpus: tuple[int, ...]) -> None:
+        self.node = node
+        self.gpus = gpus
+        self.inst: Inst | None = None
+        self.warm_until = -INF
+        self.gone = False
+        self.busy_base_s = 0.0  # busy seconds of earlier replicas on these GPUs
+
+
+class Node:
+    """A GPU node of one pool (`node_gpus` GPUs cut into `node_gpus // tp` slots), created on demand."""
+
+    __slots__ = ("node_id", "stats", "slots")
+
+    def __init__(self, node_id: str, stats: NodeStats, tp: int) -> None:
+        self.node_id = node_id
+        self.stats = stats
+        self.slots = [Slot(self, tuple(range(k * tp, (k + 1) * tp))) for k in range(stats.gpus // tp)]
+
+
+class Inst:
+    """A replica's lifecycle (the engine exists from ready until gone)."""
+
+    __slots__ = ("rid", "seq", "pool", "phase", "since", "engine", "slot", "gen", "caps", "ready_at", "loaded_at",
+                 "version", "slow_version")
+
+    def __init__(self, rid: str, seq: int, pool: PoolRT, slot: Slot, gen: int, caps: tuple[int, int],
+                 now: float) -> None:
+        self.rid = rid
+        self.seq = seq  # creation order within the pool
+        self.pool = pool
+        self.phase = STARTING
+        self.since = now
+        self.engine: Replica | None = None
+        self.slot = slot
+        self.gen = gen
+        self.caps = caps
+        self.ready_at = now
+        self.loaded_at = now
+        self.version = 0
+        self.slow_version = 0
+
+
+class PoolRT:
+    """One pool at run time."""
+
+    def __init__(self, spec: PoolSpecModel, route: PoolRoute) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.role = spec.role
+        self.tp = spec.tp
+        self.model = IterationModel.build(spec.model, spec.sku, spec.tp)
+        self.arch = MODELS[spec.model]
+        self.sku = SKUS[spec.sku]
+        self.usd_per_gpu_hour = spec.usd_per_gpu_hour if spec.usd_per_gpu_hour is not None else self.sku.usd_per_gpu_hour
+        self.kv_blocks = self.model.kv_capacity_blocks(spec.engine.gpu_memory_utilization, spec.engine.block_size)
+        self.fb_used_mib = self.model.fb_used_mib_per_gpu(spec.engine.gpu_memory_utilization)
+        self.route = route
+        self.target = spec.replicas
+        self.standby_target = spec.warm_standby
+        self.max_num_seqs = spec.engine.max_num_seqs
+        self.max_batched_tokens = spec.engine.max_num_batched_tokens
+        self.gen = 0
+        self.insts: list[Inst] = []
+        self.nodes: list[Node] = []
+        self.next_rep = 0
+        self.surge: Inst | None = None
+        self.gpu_s = 0.0
+        self.t_acc = 0.0
+        self.billed_gpus = 0
+        self.peak_serving = 0
+        self.requests = 0
+        # counters of engines that are gone (so pool totals survive replica churn)
+        self.gone_hits = 0.0
+        self.gone_queries = 0.0
+        self.gone_busy_s = 0.0
+        self.gone_preemptions = 0.0
+        # timeline window
+        self.win_arrivals = 0
+        self.win_ttft: list[float] = []
+        self.win_prev = (0.0, 0.0, 0.0)  # hits, queries, busy at the previous sample
+
+    def totals(self) -> tuple[float, float, float, float]:
+        """Cumulative (hits, queries, busy_s, preemptions) over every engine this pool ever ran."""
+        h, q, b, pr = self.gone_hits, self.gone_queries, self.gone_busy_s, self.gone_preemptions
+        for i in self.insts:
+            e = i.engine
+            if e is not None:
+                s = e.stats
+                h += s.prefix_cache_hits
+                q += s.prefix_cache_queries
+                b += s.busy_s
+                pr += s.num_preemptions
+        return h, q, b, pr
+
+
+class RouteGroup:
+    """A route group: the pools a task's first hop is drawn from, and its decode pools."""
+
+    __slots__ = ("name", "first", "decode")
+
+    def __init__(self, name: str, first: list[PoolRoute], decode: list[PoolRoute]) -> None:
+        self.name = name
+        self.first = first
+        self.decode = decode
