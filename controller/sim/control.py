@@ -7,7 +7,7 @@ bad decision (unknown pool or class, value out of range) raises ValueError and
 leaves the fleet as it was.
 
 Must not: decide anything, read the wall clock, or talk to the network (the live
-simulator's gRPC adapter lives in live.py).
+simulator's gRPC adapter lives in control_plane.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.clock import VirtualClock
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
-from controller.sim.live import ControlPlane, LiveFleet, serve_control
+from controller.sim.control_plane import ControlPlane, serve_control
+from controller.sim.live import LiveFleet
 from tests.fakes.live_fleet import FakeFleet
 from tests.fakes.live_scenario import write_scenario
 from tests.fixtures.prometheus import wait_until
