@@ -20,7 +20,7 @@ import numpy as np
 
 from controller.jsonsafe import json_safe
 from controller.sim.fleet_events import EV_SAMPLE
-from controller.sim.fleet_records import DRAINING, READY, STANDBY, STARTING, PoolRT
+from controller.sim.fleet_records import DRAINING, READY, STANDBY, STARTING, FleetBase, PoolRT
 from controller.sim.stats import NodeStats, ReplicaStats
 from controller.types import PRIORITY_CLASSES
 
@@ -103,7 +103,7 @@ class SimSummary:
         return json_safe(asdict(self))
 
 
-class AccountingMixin:
+class AccountingMixin(FleetBase):
     """Cost and outcomes of a Fleet (state: per-request outcome arrays and counters, written by fleet_clients;
     the timeline and its current window)."""
 

@@ -30,13 +30,17 @@ from controller.sim.engine import (
     Req,
 )
 from controller.sim.fleet_events import EV_HOLD_EXPIRE, EV_RETRY, EV_SEND, EV_TIMEOUT, EV_TRANSFER
-from controller.sim.fleet_records import INF, PoolRT
+from controller.sim.fleet_records import INF, FleetBase, PoolRT
 from controller.sim.scenario import Scenario
 from controller.types import PRIORITY_CLASSES
 
 
-class ClientsMixin:
-    """Requests and tasks of a Fleet (state: the client settings, the workload as Python lists, task outcomes)."""
+class ClientsMixin(FleetBase):
+    """Requests and tasks of a Fleet (state: the client settings, the workload as Python lists, task outcomes).
+
+    ~270 lines, kept in one class: it is one path (send → dispatch → assign → first token → finish)
+    with its failure branches (shed, hold expiry, timeout, retry, fail), and splitting it would
+    scatter a request's life over two files."""
 
     def _init_clients(self, scenario: Scenario) -> None:
         rs = scenario.router

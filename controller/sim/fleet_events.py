@@ -17,13 +17,13 @@ import heapq
 import itertools
 
 from controller.sim.engine import EV_KICK, EV_SEG_END, IDLE
-from controller.sim.fleet_records import INF, STARTING
+from controller.sim.fleet_records import INF, STARTING, FleetBase
 
 # event kinds (1 and 2 are the engine's)
 EV_SEND, EV_RETRY, EV_READY, EV_TIMEOUT, EV_HOLD_EXPIRE, EV_TRANSFER, EV_FAULT, EV_SLOW_END, EV_SAMPLE = range(3, 12)
 
 
-class EventsMixin:
+class EventsMixin(FleetBase):
     """The event queue of a Fleet (state: `now_s`, `_heap`, `_seq`; it walks the arrival cursor `_arr_*`
     that fleet_clients builds from the workload)."""
 

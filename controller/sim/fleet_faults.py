@@ -14,10 +14,10 @@ sequence per seed keeps fault runs reproducible).
 from __future__ import annotations
 
 from controller.sim.fleet_events import EV_FAULT, EV_SLOW_END
-from controller.sim.fleet_records import READY, PoolRT
+from controller.sim.fleet_records import READY, FleetBase, PoolRT
 
 
-class FaultsMixin:
+class FaultsMixin(FleetBase):
     """The faults of a Fleet (state: `_fault_rng`; the scenario's `faults` list is indexed by event payload)."""
 
     def _schedule_faults(self) -> None:

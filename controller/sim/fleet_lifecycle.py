@@ -21,6 +21,7 @@ from controller.sim.fleet_records import (
     READY,
     STANDBY,
     STARTING,
+    FleetBase,
     Inst,
     Node,
     PoolRT,
@@ -36,7 +37,7 @@ from controller.sim.stats import NodeStats, ReplicaStats
 WARM_NODE_TTL_S = 600.0
 
 
-class LifecycleMixin:
+class LifecycleMixin(FleetBase):
     """Pools and replicas of a Fleet (state: `pools`, `_pool_of_route`, `_groups`)."""
 
     def _init_pools(self, scenario: Scenario) -> None:

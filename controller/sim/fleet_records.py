@@ -9,6 +9,7 @@ draw random numbers.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from controller.perf.catalogue import MODELS, SKUS
 from controller.perf.iteration import IterationModel
@@ -16,6 +17,15 @@ from controller.sim.engine import Replica
 from controller.sim.router import PoolRoute
 from controller.sim.scenario import PoolSpecModel
 from controller.sim.stats import NodeStats
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from controller.sim.engine import Req
+    from controller.sim.router import Router
+    from controller.sim.scenario import Scenario
+    from controller.sim.stats import RouterStats
+    from controller.sim.workload import Workload
 
 # replica phases
 STANDBY, STARTING, READY, DRAINING, GONE = "standby", "starting", "ready", "draining", "gone"
@@ -132,3 +142,84 @@ class RouteGroup:
         self.name = name
         self.first = first
         self.decode = decode
+
+
+class FleetBase:
+    """What the Fleet's concern mixins share, declared for readers and type checkers; empty at run time.
+
+    The attributes are the state one concern reads and another owns (each is assigned in its
+    owner's `_init_*`, called by `Fleet.__init__`); the methods under TYPE_CHECKING are the
+    handlers one mixin calls on another, and the engine sink (so any mixin is an EngineSink). Adding neither a value nor a method here keeps the
+    event loop's lookups exactly what they were.
+    """
+
+    # owned by Fleet
+    scenario: Scenario
+    seed: int
+    workload: Workload
+    router: Router
+    router_stats: RouterStats
+    record_requests: bool
+    _fault_rng: np.random.Generator
+    _scaling_actions: int
+    # fleet_events
+    now_s: float
+    _heap: list
+    # fleet_lifecycle
+    pools: dict[str, PoolRT]
+    _groups: list[RouteGroup]
+    _pool_of_route: dict[PoolRoute, PoolRT]
+    # fleet_clients
+    _hashes: tuple[tuple[int, ...], ...] | None
+    _hbt: int
+    _n: int
+    _n_tasks: int
+    _n_resolved: int
+    _arr_i: list[int]
+    _arr_t: list[float]
+    _arr_pos: int
+    _tasks_per_class: np.ndarray
+    _success_per_class: np.ndarray
+    # fleet_accounting (per-request outcomes, written by fleet_clients)
+    _ttft: np.ndarray
+    _tpot: np.ndarray
+    _e2e: np.ndarray
+    _sent_at: np.ndarray
+    _status: np.ndarray
+    _attempts: np.ndarray
+    _slo_met: np.ndarray
+    _sent: int
+    _completed: int
+    _shed: int
+    _failed: int
+    _retried: int
+    _timed_out: int
+    _win_shed: list[int]
+
+    if TYPE_CHECKING:
+        # fleet_events
+        def push(self, t_s: float, kind: int, a: object, b: object) -> None: ...
+        def _push(self, t_s: float, kind: int, a: object, b: object) -> None: ...
+        # fleet_lifecycle
+        def _make_ready(self, inst: Inst) -> None: ...
+        def on_empty(self, rep: Replica, t_s: float) -> None: ...
+        def _retire(self, inst: Inst, why: str) -> None: ...
+        def _reconcile(self, p: PoolRT) -> None: ...
+        # fleet_clients
+        def _new_req(self, i: int) -> Req: ...
+        def _send(self, r: Req) -> None: ...
+        def _dispatch_held(self, p: PoolRT) -> None: ...
+        def _count_error(self, r: Req, code: str) -> None: ...
+        def _retry_or_fail(self, r: Req) -> None: ...
+        def _fail(self, r: Req) -> None: ...
+        def _on_timeout(self, r: Req, attempt: int) -> None: ...
+        def _on_hold_expire(self, r: Req, attempt: int) -> None: ...
+        def _on_transfer(self, r: Req, attempt: int) -> None: ...
+        def on_first_token(self, r: Req, t_s: float) -> None: ...
+        def on_finish(self, r: Req, t_s: float, rep: Replica) -> None: ...
+        def on_reject(self, r: Req, t_s: float, rep: Replica) -> None: ...
+        # fleet_faults
+        def _on_fault_event(self, k: int) -> None: ...
+        # fleet_accounting
+        def _accrue(self, p: PoolRT) -> None: ...
+        def _sample(self) -> None: ...
