@@ -41,7 +41,8 @@ from controller.sim.exposition import (
     RouterCollector,
     collect_families,
 )
-from controller.sim.fleet import Fleet, PoolState
+from controller.sim.fleet import Fleet
+from controller.sim.fleet_accounting import PoolState
 from controller.telemetry.source import ScrapeTarget
 from controller.telemetry.window import FamiliesWindow
 from controller.types import FleetObservation
