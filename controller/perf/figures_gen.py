@@ -9,7 +9,8 @@ The fit, per engine (model × SKU × TP): every step of the grid — decoding se
 context per decoding sequence 0.5k-12k tokens (step 512), a prefill chunk of 0 or 128-8,192 tokens
 (powers of 2) after 0-12k tokens of context (step 512) — timed by `IterationModel.step_time_s`, and
 t = a + b·seqs + c·Σcontext + d·prefill tokens + e·attention work fitted by least squares on the
-relative error. KV tokens: `kv_capacity_blocks(0.9, 16)` × 16. Rounded to the table's printed
+relative error, decode-only steps and steps with a prefill chunk weighing half each. KV tokens:
+`kv_capacity_blocks(0.9, 16)` × 16. Rounded to the table's printed
 digits. Must not: write anything but the table module, and only under --write.
 """
 
@@ -78,7 +79,12 @@ def fit_engine(key: str, data_dir: Path | None = None) -> Row:
                     ys.append(m.step_time_s(p, work, b, b * c))
     x = np.array(xs)
     y = np.array(ys)
-    coef, *_ = np.linalg.lstsq(x / y[:, None] * _UNITS, np.ones_like(y), rcond=None)
+    # Decode-only steps (TPOT's regime) and steps carrying a prefill chunk (TTFT's) weigh half each:
+    # the grid has ~200 prefill rows per decode-only one, and an unweighted fit would trade the
+    # decode step time, which sets every token's latency, for prefill rows that are rarer in service.
+    decode = x[:, 3] == 0.0
+    w = np.sqrt(np.where(decode, 0.5 / decode.sum(), 0.5 / (~decode).sum()))
+    coef, *_ = np.linalg.lstsq(x / y[:, None] * _UNITS * w[:, None], w, rcond=None)
     kv = m.kv_capacity_blocks(GPU_MEMORY_UTILIZATION, BLOCK_SIZE) * BLOCK_SIZE
     a, b_, c_, d, e = (float(v) for v in coef)
     return a, b_, c_, d, e, int(kv)
