@@ -53,6 +53,7 @@ from typing import Protocol
 import numpy as np
 from scipy.special import ndtr
 
+from controller.core.coupling.cache_prior import router_affinity
 from controller.perf.figures import EngineFigures, figures_for, figures_key
 from controller.types import PoolSpec
 
@@ -62,7 +63,6 @@ _P95_OF_MEAN = math.exp(1.6449 * PROMPT_LOG_SIGMA - PROMPT_LOG_SIGMA**2 / 2)  # 
 TPOT_P95_OF_MEAN = 1.2  # prior: request TPOT p95 / mean step time from batch-size variation
 TTFT_P95_FACTOR = 1.6  # prior: p95 TTFT / the fluid estimate (other prompts share the prefill step; bursts)
 KV_FREE_FRAC = 0.9  # share of the KV pool running sequences may take before the engine preempts
-AFFINITY_HALF_WEIGHT = 1.5  # prefix weight at which half the requests follow their prefix (load weights 2+2)
 CACHE_COVERAGE_EXP = 0.5  # hit ~ coverage^0.5: LRU keeps the hottest prefixes first
 UTIL_CLIP = 0.995
 PROMPT_M2, PROMPT_M3, PROMPT_M4 = 2.4, 7.0, 50.0  # E[u^k]/E[u]^k of prompt lengths (see latency())
@@ -135,12 +135,6 @@ class PlanModel(Protocol):
 
     def burst_for(self, q: LatencyQuery, tpot_p95_s: float, hi: float = 200.0) -> float: ...
 
-
-def affinity(prefix_weight: np.ndarray, load_weight: np.ndarray) -> np.ndarray:
-    """Share of requests that follow their cached prefix: w / (w + w_half × load/4). 3 vs 2+2 → 0.67."""
-    half = AFFINITY_HALF_WEIGHT * np.maximum(load_weight, 1e-6) / 4.0
-    w = np.maximum(prefix_weight, 0.0)
-    return w / (w + half)
 
 
 # z beyond which Φ(z) is exactly 1.0 in double precision (1 − Φ(9) = 1e-19, under half an ulp of 1;
@@ -365,7 +359,7 @@ class QueueingPrior:
         """Steady-state hit rate; `batch_tokens` is the KV the running batch holds per replica."""
         kv = self._arr["kv"][pool_index]
         free = np.maximum(kv - batch_tokens, 0.1 * kv)
-        aff = affinity(prefix_weight, load_weight)
+        aff = router_affinity(prefix_weight, load_weight)
         n = np.maximum(replicas, 1.0)
         k_eff = free * (aff * n + 1.0 - aff)
         cover = np.where(reuse_working_set > 0, np.minimum(1.0, k_eff / np.maximum(reuse_working_set, 1.0)), 1.0)

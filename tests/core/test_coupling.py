@@ -361,3 +361,17 @@ def test_cv_folds_leave_whole_runs_out_else_time_blocks():
         assert set(np.unique(runs[f])).isdisjoint(set(runs) - set(np.unique(runs[f])))
     assert [f.tolist() for f in F._cv_folds(t, None, 3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert [f.tolist() for f in F._cv_folds(t, np.zeros(12), 3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+@pytest.mark.parametrize(("label", "prefix_w", "load_w", "expected"), [
+    ("the router's defaults (3, 2 + 2)", 3.0, 4.0, 1.0 - math.exp(-1.5)),
+    ("no prefix weight: no affinity", 0.0, 4.0, 0.0),
+    ("only the ratio counts (1.5, 1 + 1)", 1.5, 2.0, 1.0 - math.exp(-1.5)),
+    ("prefix weight dominating: near 1", 20.0, 4.0, 1.0 - math.exp(-10.0)),
+    ("no load weight: floored, not a division by zero", 1.0, 0.0, 1.0 - math.exp(-10.0)),
+])
+def test_router_affinity_table(label: str, prefix_w: float, load_w: float, expected: float) -> None:
+    from controller.core.coupling import router_affinity
+
+    got = float(router_affinity(np.array(prefix_w), np.array(load_w)))
+    assert got == pytest.approx(expected, rel=1e-12), label

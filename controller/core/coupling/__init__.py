@@ -45,7 +45,7 @@ physics arrive as `PoolPhysics` values, built at the edge (controller/learning/p
 """
 
 from controller.core.coupling.buckets import ITL_BUCKETS_S, TTFT_BUCKETS_S
-from controller.core.coupling.cache_prior import REUSE_TAU_S, CacheInputs, CachePrior, affinity_of, cache_prior
+from controller.core.coupling.cache_prior import REUSE_TAU_S, CacheInputs, CachePrior, cache_prior, router_affinity
 from controller.core.coupling.corrections import Correction
 from controller.core.coupling.features import (
     ALL_TARGETS,
@@ -73,7 +73,7 @@ __all__ = [
     "ALL_TARGETS", "CACHE_FEATURE_NAMES", "DEFAULT_REUSE_SHAPE", "ITL_BUCKETS_S", "LATENCY_FEATURE_NAMES",
     "LATENCY_TARGETS", "PREDICT_BLOCK", "PROMPT_LOG_SIGMA", "REUSE_TAU_S", "STATE_FORMAT", "TOKEN_GRID",
     "TTFT_BUCKETS_S", "UPPER_TARGETS", "CacheInputs", "CachePrior", "Calibration", "Correction", "CouplingModels",
-    "LatencyInputs", "LatencyPrior", "PhysicsTable", "PoolPhysics", "Prediction", "affinity_of", "cache_features",
+    "LatencyInputs", "LatencyPrior", "PhysicsTable", "PoolPhysics", "Prediction", "cache_features",
     "cache_prior", "coupling_from_state", "coupling_to_state", "infer_reuse_profile", "latency_features",
-    "latency_prior", "latency_shared_features", "with_physics",
+    "latency_prior", "latency_shared_features", "router_affinity", "with_physics",
 ]

@@ -75,15 +75,18 @@ class CachePrior:
     temporal_hit: np.ndarray  # hit of one infinite-affinity cache with this retention
 
 
-def affinity_of(prefix_weight: np.ndarray, queue_weight: np.ndarray, kv_weight: np.ndarray) -> np.ndarray:
-    """How strongly the router keeps a prefix on the replica that caches it, 0..1.
+def router_affinity(prefix_weight: np.ndarray, load_weight: np.ndarray) -> np.ndarray:
+    """How strongly the router keeps a prefix on the replica that caches it, 0..1: the share of
+    requests that follow their cached prefix, beyond what chance gives.
 
     The router's score is prefix_weight × prefix_frac − queue_weight × queue_norm − kv_weight × kv;
     the prefix term wins against a load imbalance of the same size when prefix_weight is large next
-    to (queue_weight + kv_weight) / 2. Example: the defaults (3, 2, 2) → 1 − e^(−1.5) = 0.78; no
-    prefix weight → 0.
+    to the mean load weight (queue_weight + kv_weight) / 2, so `load_weight` is their sum. Example:
+    the defaults (3, 2 + 2) → 1 − e^(−1.5) = 0.78; no prefix weight → 0. The simulated router,
+    replaying Mooncake conversations on 4 replicas, sent 0.78 of requests to a best-prefix replica
+    beyond chance at the defaults (docs/BENCHMARKS.md, "One affinity formula").
     """
-    return 1.0 - np.exp(-np.maximum(prefix_weight, 0.0) / np.maximum(0.5 * (queue_weight + kv_weight), 0.1))
+    return 1.0 - np.exp(-np.maximum(prefix_weight, 0.0) / np.maximum(0.5 * load_weight, 0.1))
 
 
 def cache_prior(table: PhysicsTable, x: CacheInputs) -> CachePrior:
@@ -115,7 +118,7 @@ def cache_prior(table: PhysicsTable, x: CacheInputs) -> CachePrior:
     prof_tab = np.clip(x.reuse_hit_at, 0.0, 1.0)  # (profiles, K), cumulative in τ
     dh_tab = np.maximum(np.diff(prof_tab, axis=1, prepend=0.0), 0.0)  # per bin
     h_inf = prof_tab[x.reuse_index, -1]
-    a = affinity_of(x.prefix_weight, x.queue_weight, x.kv_weight)
+    a = router_affinity(x.prefix_weight, x.queue_weight + x.kv_weight)
     lam = np.maximum(x.arrival_rps, 0.0)
     lam_r = lam / R
     # tokens held by running requests: λ_r × (residence ≈ 2 × O unloaded decode steps + 0.5 s) × context

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from controller.core.mpc import Plan
-from controller.core.mpc_model import PlanModel, QueueingPrior, affinity
+from controller.core.coupling import router_affinity
+from controller.core.mpc_model import PlanModel, QueueingPrior
 from controller.policies.common import current_target, value
 from controller.types import FleetObservation, FleetSpec, PolicyInput, PoolDecision, PoolObservation, PoolSpec
 
@@ -255,7 +256,7 @@ def reuse(spec: PoolSpec, m: MpcPoolMemory, po: PoolObservation | None, pd: Pool
     if m.inf_hit <= 0.01 or hit is None:
         return m.inf_hit, 0.0
     kv = float(prior.kv_tokens()[j])
-    aff = float(affinity(np.array(pd.prefix_weight if pd else 3.0),
+    aff = float(router_affinity(np.array(pd.prefix_weight if pd else 3.0),
                          np.array((pd.queue_weight + pd.kv_weight) if pd else 4.0)))
     k_eff = kv * 0.8 * (aff * max(ready, 1.0) + 1.0 - aff)
     cover = (min(hit, m.inf_hit) / m.inf_hit) ** 2
