@@ -99,6 +99,32 @@ class IterationModel:
         "_lm_mem_s", "_lm_row_s", "_decode_ctx_s", "_prefill_work_s", "_seq_s", "_prefill_step_s", "_prefill_floor_s",
         "_layer_tokens", "_layer_s", "_iter_s", "_coll_grid_s", "_tails",
     )
+    # The slots' types (annotations only: no class attributes, so `__slots__` stays as it is).
+    model: ModelArch
+    sku: GpuSku
+    tp: int
+    overhead: StackOverhead
+    provenance: str
+    reserve_bytes_per_gpu: float
+    kv_bytes_per_token_per_gpu: int
+    _grid_n: tuple[int, ...]
+    _grid_s: tuple[float, ...]
+    _grid_slope: tuple[float, ...]
+    _n_last: int
+    _s_last: float
+    _tail_slope_s: float
+    _lm_mem_s: float
+    _lm_row_s: float
+    _decode_ctx_s: float
+    _prefill_work_s: float
+    _seq_s: float
+    _prefill_step_s: float
+    _prefill_floor_s: float
+    _layer_tokens: tuple[int, ...]
+    _layer_s: tuple[float, ...]
+    _iter_s: tuple[float, ...]
+    _coll_grid_s: tuple[float, ...]
+    _tails: tuple[float, float, float]
 
     def __init__(self, model: ModelArch, sku: GpuSku, tp: int, data_dir: Path, overhead: StackOverhead) -> None:
         _check_fits(model, sku, tp)
@@ -118,7 +144,7 @@ class IterationModel:
         coll_grid = [coll_at(n) for n in tokens]
         tails = (model.layers * tail_slope(tokens, per_layer), tail_slope(tokens, per_iter),
                  n_coll * tail_slope(sizes, ar_s) * model.hidden * 2 if tp > 1 else 0.0)
-        grid_s = [model.layers * pl + pi + c for pl, pi, c in zip(per_layer, per_iter, coll_grid)]
+        grid_s = [model.layers * pl + pi + c for pl, pi, c in zip(per_layer, per_iter, coll_grid, strict=True)]
         s = object.__setattr__
         s(self, "model", model)
         s(self, "sku", sku)
