@@ -53,7 +53,9 @@ class EngineFigures:
         missing = sorted(allowed - {"source"} - set(v))
         if missing:
             raise ValueError(f"engine figures: missing field(s) {missing}")
-        return EngineFigures(**{k: (str(x) if k == "source" else float(x)) for k, x in v.items()})
+        numbers = {k: float(x) for k, x in v.items() if k != "source"}
+        source = str(v["source"]) if "source" in v else EngineFigures.source  # else the field's default
+        return EngineFigures(**numbers, source=source)
 
 
 def engine_figures_in_units(a_ms: float, b_ms: float, c_ns: float, d_us: float, e_ps: float,

@@ -52,7 +52,7 @@ def _round(i: int, v: float) -> float:
     if i == 2:
         digits = len(str(int(abs(v)))) if abs(v) >= 1 else 0
         return round(v, max(0, 5 - digits))
-    return round(v, (3, 4, None, 2, 1)[i])  # type: ignore[arg-type]
+    return round(v, (3, 4, None, 2, 1)[i])
 
 
 def _fmt(i: int, v: float) -> str:

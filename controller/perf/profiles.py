@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -116,6 +116,7 @@ def kernel_profile(data_dir: Path, sku: GpuSku, arch: ModelArch,
     model × the per-op H100/A100 ratio of `arch.ratio_proxy` (see controller.perf.iteration).
     """
     own = _vidur_path(data_dir, sku, arch)
+    op_at: dict[str, Callable[[float], float]]  # op name -> per-layer milliseconds at n tokens
     if sku.name == "a100-80gb" and not own.exists():
         raise ValueError(f"missing Vidur profile {own} (is data_dir {data_dir} the shared data directory?)")
     if own.exists():
@@ -123,7 +124,7 @@ def kernel_profile(data_dir: Path, sku: GpuSku, arch: ModelArch,
         if tp not in prof:
             raise ValueError(f"{own}: no rows for tp={tp}; profiled tp: {sorted(prof)}")
         p = prof[tp]
-        op_at = {op: (lambda n, op=op, p=p: p.op_at(op, n)) for op in _ALL_OPS}
+        op_at = {op: functools.partial(p.op_at, op) for op in _ALL_OPS}
         tokens = p.tokens
         provenance = f"Vidur {own.name}"
     else:
@@ -156,7 +157,7 @@ def kernel_profile(data_dir: Path, sku: GpuSku, arch: ModelArch,
             ratio = nu.op_at(op, n) / de.op_at(op, n) if n <= last else tails[op]
             return b.op_at(op, n) * ratio
 
-        op_at = {op: (lambda n, op=op: derived(n, op)) for op in _ALL_OPS}
+        op_at = {op: functools.partial(derived, op=op) for op in _ALL_OPS}
         tokens = b.tokens
         provenance = (f"derived: Vidur {base_path.name} × per-op ratio {num_path.name} / {den_path.name}")
     per_layer = [sum(op_at[op](n) for op in _PER_LAYER_OPS) * 1e-3 for n in tokens]
