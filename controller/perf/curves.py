@@ -28,9 +28,9 @@ def isotonic(ys: Sequence[float]) -> list[float]:
 def tail_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Least-squares slope over the upper half of the x range (the linear, compute/bandwidth-bound part)."""
     lo = xs[-1] / 2
-    pts = [(x, y) for x, y in zip(xs, ys) if x >= lo]
+    pts = [(x, y) for x, y in zip(xs, ys, strict=True) if x >= lo]
     if len(pts) < 2:
-        pts = list(zip(xs[-2:], ys[-2:]))
+        pts = list(zip(xs[-2:], ys[-2:], strict=True))
     mx = sum(p[0] for p in pts) / len(pts)
     my = sum(p[1] for p in pts) / len(pts)
     sxx = sum((p[0] - mx) ** 2 for p in pts)

@@ -38,7 +38,7 @@ from controller.types import PRIORITY_CLASSES
 log = logging.getLogger(__name__)
 
 
-class CommandInvalid(ValueError):
+class CommandInvalidError(ValueError):
     """A command failed validation; the message names the field, the bad value and the allowed range."""
 
 
@@ -76,66 +76,67 @@ def _each_pool(entries: Iterable[Any], pools: Mapping[str, PoolSpecModel]) -> It
     for i, p in enumerate(entries):
         where = f"pools[{i}]"
         if p.pool not in pools:
-            raise CommandInvalid(f"{where}.pool: unknown pool {p.pool!r}; pools are {sorted(pools)}")
+            raise CommandInvalidError(f"{where}.pool: unknown pool {p.pool!r}; pools are {sorted(pools)}")
         if p.pool in seen:
-            raise CommandInvalid(f"{where}.pool: pool {p.pool!r} appears more than once")
+            raise CommandInvalidError(f"{where}.pool: pool {p.pool!r} appears more than once")
         seen.add(p.pool)
         yield where, p
 
 
 def validate_routing(msg: pb.RoutingPolicy, pools: Mapping[str, PoolSpecModel]) -> None:
-    """Raise CommandInvalid naming the first bad field of a RoutingPolicy."""
+    """Raise CommandInvalidError naming the first bad field of a RoutingPolicy."""
     for where, p in _each_pool(msg.pools, pools):
         if not _finite_nonneg(p.traffic_weight):
-            raise CommandInvalid(f"{where}.traffic_weight: {p.traffic_weight!r} must be a finite number >= 0")
+            raise CommandInvalidError(f"{where}.traffic_weight: {p.traffic_weight!r} must be a finite number >= 0")
         if p.inflight_cap < 0:
-            raise CommandInvalid(f"{where}.inflight_cap: {p.inflight_cap} must be >= 0 (0 = no cap)")
+            raise CommandInvalidError(f"{where}.inflight_cap: {p.inflight_cap} must be >= 0 (0 = no cap)")
         if p.HasField("weights"):
             for fname in ("prefix", "queue", "kv_usage"):
                 v = getattr(p.weights, fname)
                 if not _finite_nonneg(v):
-                    raise CommandInvalid(f"{where}.weights.{fname}: {v!r} must be a finite number >= 0")
+                    raise CommandInvalidError(f"{where}.weights.{fname}: {v!r} must be a finite number >= 0")
     seen = set()
     for j, a in enumerate(msg.admission):
         where = f"admission[{j}]"
         if a.priority_class not in PRIORITY_CLASSES:
-            raise CommandInvalid(f"{where}.priority_class: unknown class {a.priority_class!r}; "
-                                 f"allowed: {list(PRIORITY_CLASSES)}")
+            raise CommandInvalidError(f"{where}.priority_class: unknown class {a.priority_class!r}; "
+                                      f"allowed: {list(PRIORITY_CLASSES)}")
         if a.priority_class in seen:
-            raise CommandInvalid(f"{where}.priority_class: class {a.priority_class!r} appears more than once")
+            raise CommandInvalidError(f"{where}.priority_class: class {a.priority_class!r} appears more than once")
         seen.add(a.priority_class)
         if not _finite_nonneg(a.rate_limit_rps):
-            raise CommandInvalid(f"{where}.rate_limit_rps: {a.rate_limit_rps!r} must be a finite number >= 0 "
-                                 "(0 = unlimited)")
+            raise CommandInvalidError(f"{where}.rate_limit_rps: {a.rate_limit_rps!r} must be a finite number >= 0 "
+                                      "(0 = unlimited)")
         if a.queue_budget < -1:
-            raise CommandInvalid(f"{where}.queue_budget: {a.queue_budget} must be >= -1 (-1 = unlimited)")
+            raise CommandInvalidError(f"{where}.queue_budget: {a.queue_budget} must be >= -1 (-1 = unlimited)")
         if not (math.isfinite(a.shed_fraction) and 0.0 <= a.shed_fraction <= 1.0):
-            raise CommandInvalid(f"{where}.shed_fraction: {a.shed_fraction!r} is outside [0, 1]")
+            raise CommandInvalidError(f"{where}.shed_fraction: {a.shed_fraction!r} is outside [0, 1]")
 
 
 def validate_scaling(msg: pb.ScalingPlan, pools: Mapping[str, PoolSpecModel],
                      scaling: Mapping[str, Mapping[str, int]]) -> None:
-    """Raise CommandInvalid naming the first bad field of a ScalingPlan (`scaling`: the settings in force)."""
+    """Raise CommandInvalidError naming the first bad field of a ScalingPlan (`scaling`: the settings in force)."""
     for where, p in _each_pool(msg.pools, pools):
         spec = pools[p.pool]
         if not (spec.min_replicas <= p.replicas <= spec.max_replicas):
-            raise CommandInvalid(f"{where}.replicas: {p.replicas} is out of range "
-                                 f"[{spec.min_replicas}, {spec.max_replicas}] for pool {p.pool!r}")
+            raise CommandInvalidError(f"{where}.replicas: {p.replicas} is out of range "
+                                      f"[{spec.min_replicas}, {spec.max_replicas}] for pool {p.pool!r}")
         if not (0 <= p.warm_standby <= spec.max_replicas):
-            raise CommandInvalid(f"{where}.warm_standby: {p.warm_standby} is out of range "
-                                 f"[0, {spec.max_replicas}] for pool {p.pool!r}")
+            raise CommandInvalidError(f"{where}.warm_standby: {p.warm_standby} is out of range "
+                                      f"[0, {spec.max_replicas}] for pool {p.pool!r}")
         lo, hi = MAX_NUM_SEQS_RANGE
         if p.max_num_seqs != 0 and not (lo <= p.max_num_seqs <= hi):
-            raise CommandInvalid(f"{where}.max_num_seqs: {p.max_num_seqs} must be 0 (unchanged) or in [{lo}, {hi}]")
+            raise CommandInvalidError(f"{where}.max_num_seqs: {p.max_num_seqs} must be 0 (unchanged) "
+                                      f"or in [{lo}, {hi}]")
         lo, hi = MAX_NUM_BATCHED_TOKENS_RANGE
         if p.max_num_batched_tokens != 0 and not (lo <= p.max_num_batched_tokens <= hi):
-            raise CommandInvalid(f"{where}.max_num_batched_tokens: {p.max_num_batched_tokens} must be 0 "
-                                 f"(unchanged) or in [{lo}, {hi}]")
+            raise CommandInvalidError(f"{where}.max_num_batched_tokens: {p.max_num_batched_tokens} must be 0 "
+                                      f"(unchanged) or in [{lo}, {hi}]")
         # vLLM refuses a token budget below the sequence cap; 0 keeps the value in force
         seqs = p.max_num_seqs or scaling[p.pool]["max_num_seqs"]
         tokens = p.max_num_batched_tokens or scaling[p.pool]["max_num_batched_tokens"]
         if tokens < seqs:
-            raise CommandInvalid(f"{where}.max_num_batched_tokens: {tokens} must be >= max_num_seqs ({seqs})")
+            raise CommandInvalidError(f"{where}.max_num_batched_tokens: {tokens} must be >= max_num_seqs ({seqs})")
 
 
 class ControlPlane:
@@ -197,7 +198,8 @@ class ControlPlane:
     def _check_meta(self, ch: _Channel, msg) -> pb.Ack | None:
         """Validate CommandMeta and order generations. Returns an Ack to send back, or None to go on."""
         if not msg.HasField("meta"):
-            return self._invalid(ch, "meta: missing (every command carries decision_id, generation, valid_until_unix_s)")
+            return self._invalid(
+                ch, "meta: missing (every command carries decision_id, generation, valid_until_unix_s)")
         m = msg.meta
         if not m.decision_id:
             return self._invalid(ch, "meta.decision_id: must be non-empty")
@@ -270,7 +272,7 @@ class ControlPlane:
                 return ack
             try:
                 validate(msg)
-            except CommandInvalid as exc:
+            except CommandInvalidError as exc:
                 return self._invalid(ch, str(exc))
             error = apply(msg)
             if error:
@@ -401,7 +403,7 @@ class RouterControlServicer(pb_grpc.RouterControlServicer):
     def ApplyRoutingPolicy(self, request, context):  # noqa: N802 - gRPC method name
         return self.plane.apply_routing(request)
 
-    def GetRoutingPolicy(self, request, context):  # noqa: N802
+    def GetRoutingPolicy(self, request, context):  # noqa: N802 - gRPC method name
         return self.plane.routing_policy()
 
 
@@ -409,10 +411,10 @@ class AutoscalerControlServicer(pb_grpc.AutoscalerControlServicer):
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
 
-    def ApplyScalingPlan(self, request, context):  # noqa: N802
+    def ApplyScalingPlan(self, request, context):  # noqa: N802 - gRPC method name
         return self.plane.apply_scaling(request)
 
-    def GetFleetState(self, request, context):  # noqa: N802
+    def GetFleetState(self, request, context):  # noqa: N802 - gRPC method name
         return self.plane.fleet_state()
 
 

@@ -45,7 +45,8 @@ _VLLM_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
     ("vllm:request_decode_time_seconds", "decode_time_s", "Seconds from the first token to the last."),
     ("vllm:request_inference_time_seconds", "inference_time_s", "Seconds in the running state (prefill and decode)."),
     ("vllm:request_prompt_tokens", "request_prompt_tokens", "Prompt length of each finished request, in tokens."),
-    ("vllm:request_generation_tokens", "request_generation_tokens", "Output length of each finished request, in tokens."),
+    ("vllm:request_generation_tokens", "request_generation_tokens",
+     "Output length of each finished request, in tokens."),
     ("vllm:iteration_tokens_total", "iteration_tokens", "Tokens per engine step (a histogram despite the name)."),
     # Only rendered when the engine keeps it (prompt tokens minus prefix-cache hits, per request).
     ("vllm:request_prefill_kv_computed_tokens", "request_prefill_kv_computed_tokens",
@@ -70,7 +71,7 @@ def _add_histogram(family: HistogramMetricFamily, labels: Sequence[str], hist: H
     """Cumulative buckets with `le` printed as the real exporters do (Go float format: 1 → "1.0")."""
     running = 0.0
     buckets: list[tuple[str, float]] = []
-    for bound, n in zip(hist.bounds, hist.counts):
+    for bound, n in zip(hist.bounds, hist.counts, strict=False):  # counts has one more: +Inf
         running += n
         buckets.append((floatToGoString(bound), running))
     buckets.append(("+Inf", float(hist.count)))
@@ -239,7 +240,7 @@ class NodeCollector:
             fam = GaugeMetricFamily(name, doc, labels=DCGM_LABELS)
             for r in rows:
                 # like dcgm-exporter, an idle GPU has no pod/namespace/container labels at all
-                labels = {k: v for k, v in zip(DCGM_LABELS, r[0]) if v or k not in _K8S_LABELS}
+                labels = {k: v for k, v in zip(DCGM_LABELS, r[0], strict=True) if v or k not in _K8S_LABELS}
                 fam.samples.append(Sample(name, labels, float(value(r))))
             yield fam
 

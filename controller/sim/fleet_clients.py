@@ -81,8 +81,8 @@ class ClientsMixin(FleetBase):
                 e = p.spec.engine
                 if e.enable_prefix_caching and self._hbt % e.block_size:
                     raise ValueError(
-                        f"trace.hash_block_tokens ({self._hbt}) must be a multiple of pools[{p.name}].engine.block_size "
-                        f"({e.block_size}) when prefix caching is enabled")
+                        f"trace.hash_block_tokens ({self._hbt}) must be a multiple of "
+                        f"pools[{p.name}].engine.block_size ({e.block_size}) when prefix caching is enabled")
         self._n_tasks = int(wl.n_tasks)
         self._task_ok = np.ones(self._n_tasks, dtype=bool)
         self._task_resolved = np.zeros(self._n_tasks, dtype=bool)
@@ -232,7 +232,7 @@ class ClientsMixin(FleetBase):
         if st == HELD:
             r.held_pool.unhold(r)
             self.router.classes[r.prio].held -= 1
-        elif st == WAITING or st == RUNNING:
+        elif st in (WAITING, RUNNING):
             rep = r.rep
             rep.abort(r, self.now_s)
             self._dispatch_held(rep.owner.pool)

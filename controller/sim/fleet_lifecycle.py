@@ -134,7 +134,8 @@ class LifecycleMixin(FleetBase):
                              max_model_len=p.arch.max_model_len)
         eng = Replica(inst.rid, p.name, p.model, kv_blocks=p.kv_blocks, block_size=e.block_size,
                       unit_tokens=self._hbt, max_num_seqs=inst.caps[0], max_batched_tokens=inst.caps[1],
-                      stats=stats, sink=self, enable_prefix_caching=e.enable_prefix_caching and self._hashes is not None)
+                      stats=stats, sink=self,
+                      enable_prefix_caching=e.enable_prefix_caching and self._hashes is not None)
         eng.owner = inst
         inst.engine = eng
         inst.phase = READY

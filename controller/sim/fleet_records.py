@@ -91,7 +91,8 @@ class PoolRT:
         self.model = IterationModel.build(spec.model, spec.sku, spec.tp)
         self.arch = MODELS[spec.model]
         self.sku = SKUS[spec.sku]
-        self.usd_per_gpu_hour = spec.usd_per_gpu_hour if spec.usd_per_gpu_hour is not None else self.sku.usd_per_gpu_hour
+        self.usd_per_gpu_hour = (spec.usd_per_gpu_hour if spec.usd_per_gpu_hour is not None
+                                 else self.sku.usd_per_gpu_hour)
         self.kv_blocks = self.model.kv_capacity_blocks(spec.engine.gpu_memory_utilization, spec.engine.block_size)
         self.fb_used_mib = self.model.fb_used_mib_per_gpu(spec.engine.gpu_memory_utilization)
         self.route = route
@@ -149,8 +150,8 @@ class FleetBase:
 
     The attributes are the state one concern reads and another owns (each is assigned in its
     owner's `_init_*`, called by `Fleet.__init__`); the methods under TYPE_CHECKING are the
-    handlers one mixin calls on another, and the engine sink (so any mixin is an EngineSink). Adding neither a value nor a method here keeps the
-    event loop's lookups exactly what they were.
+    handlers one mixin calls on another, and the engine sink (so any mixin is an EngineSink).
+    Adding neither a value nor a method here keeps the event loop's lookups exactly what they were.
     """
 
     # owned by Fleet

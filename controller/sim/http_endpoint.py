@@ -30,14 +30,14 @@ class HttpEndpoint:
         routes = dict(routes)
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
+            def do_GET(self) -> None:  # http.server's method name
                 route = routes.get(self.path.split("?", 1)[0])
                 if route is None:
                     self.send_error(404, "not found")
                     return
                 try:
                     body, ctype = route()
-                except Exception as exc:  # noqa: BLE001 - report as a 500, never kill the server
+                except Exception as exc:  # report as a 500, never kill the server
                     log.exception("%s: %s failed", name, self.path)
                     self.send_error(500, str(exc))
                     return

@@ -202,7 +202,7 @@ class LiveFleet:
                     self.plane.check_deadlines()
                 self._sync_targets()
                 self._stop.wait(self.step_wall_s)
-        except BaseException as exc:  # noqa: BLE001 - surfaced through .error and the log
+        except BaseException as exc:  # surfaced through .error and the log
             self.error = exc
             log.exception("the simulation stopped with an error")
 

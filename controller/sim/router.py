@@ -113,7 +113,7 @@ class PoolRoute:
         order = cands[start:] + cands[:start]
         qs = [rep.n_waiting + len(rep.running) for rep in order]
         if cap > 0:
-            open_ = [(rep, q) for rep, q in zip(order, qs) if q < cap]
+            open_ = [(rep, q) for rep, q in zip(order, qs, strict=True) if q < cap]
             if not open_:
                 return None
             if len(open_) == 1:
@@ -130,7 +130,7 @@ class PoolRoute:
         prompt = r.prompt
         best = None
         best_score = -1e300
-        for rep, q in zip(order, qs):
+        for rep, q in zip(order, qs, strict=True):
             score = (qmin - q) * qscale
             if kw:
                 c = rep.cache
@@ -208,12 +208,12 @@ class Router:
         if total <= 0.0:
             weights = [1.0] * len(pools)
             total = float(len(pools))
-        positive = [p for p, w in zip(pools, weights) if w > 0.0]
+        positive = [p for p, w in zip(pools, weights, strict=True) if w > 0.0]
         if len(positive) == 1:
             return positive[0]
         x = self.rng.random() * total
         acc = 0.0
-        for p, w in zip(pools, weights):
+        for p, w in zip(pools, weights, strict=True):
             acc += w
             if x < acc and w > 0.0:
                 return p

@@ -59,7 +59,7 @@ class ReplicaStats:
     num_preemptions: float = 0.0
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
-    request_success: dict[str, float] = field(default_factory=lambda: {r: 0.0 for r in FINISHED_REASONS})
+    request_success: dict[str, float] = field(default_factory=lambda: dict.fromkeys(FINISHED_REASONS, 0.0))
     busy_s: float = 0.0  # seconds the GPU spent executing steps (drives DCGM utilisation)
     # histograms
     ttft_s: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
