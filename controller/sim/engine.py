@@ -49,10 +49,15 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from controller.sim.cache import PrefixCache
 from controller.sim.stats import ReplicaStats
+
+if TYPE_CHECKING:  # the fleet's records the requests and engines carry (the engine never reads them)
+    from controller.sim.fleet_records import Inst, PoolRT
+    from controller.sim.router import PoolRoute
+    from controller.sim.stats import ClassStepStats
 
 # request states (Req.state)
 IDLE, HELD, WAITING, RUNNING, TRANSFER, DONE, FAILED = range(7)
@@ -105,6 +110,8 @@ class Req:
         # engine, implicit while decoding: value = offset + the replica's decode-step counter
         "d_in", "d_k0", "d_g0", "d_a", "d_fin",
     )
+    # set by the fleet when it creates the request, before the request is sent (the engine never reads it)
+    cell: ClassStepStats
 
     def __init__(self, idx: int, prio: int, task: int, step: int, prompt: int, output: int,
                  units: tuple[int, ...] = (), group: int = 0) -> None:
@@ -123,10 +130,9 @@ class Req:
         self.t_queued = -1.0
         self.streamed = False
         self.t_first_tok = -1.0
-        self.pool = None
-        self.rep = None
-        self.held_pool = None
-        self.cell = None
+        self.pool: PoolRT | None = None  # the pool the router sent the request to
+        self.rep: Replica | None = None
+        self.held_pool: PoolRoute | None = None
         self.e_mode = MODE_FULL
         self.e_out = output
         self.e_ntok = prompt
@@ -194,7 +200,7 @@ class Replica:
         self._seq = 0
         self.max_running_seen = 0  # invariant checks in tests
         self.max_tokens_seen = 0
-        self.owner: object = None  # the fleet's lifecycle record for this engine
+        self.owner: Inst | None = None  # the fleet's lifecycle record for this engine
         self.dstep = 0  # decode steps executed so far
         self.d_res = 0  # decode step up to which decoders' KV blocks are allocated (>= dstep)
         self.n_dec = 0

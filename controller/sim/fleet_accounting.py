@@ -272,7 +272,7 @@ class AccountingMixin(FleetBase):
             ph, pq, pb = p.win_prev
             up = [i for i in p.insts if i.phase in (READY, DRAINING)]
             ready = [i for i in up if i.phase == READY]
-            kv = sum(i.engine.cache.usage_frac for i in ready) / len(ready) if ready else math.nan
+            kv = sum(i.live_engine().cache.usage_frac for i in ready) / len(ready) if ready else math.nan
             busy = (b - pb) / (dt * len(up)) if up and dt > 0 else 0.0
             pts[name] = PoolPoint(
                 replicas_ready=len(ready), replicas_target=p.target,

@@ -32,6 +32,7 @@ from controller.sim.engine import (
 from controller.sim.fleet_events import EV_HOLD_EXPIRE, EV_RETRY, EV_SEND, EV_TIMEOUT, EV_TRANSFER
 from controller.sim.fleet_records import INF, FleetBase, PoolRT
 from controller.sim.scenario import Scenario
+from controller.sim.stats import ClassStepStats
 from controller.types import PRIORITY_CLASSES
 
 
@@ -97,11 +98,12 @@ class ClientsMixin(FleetBase):
                 for c in PRIORITY_CLASSES]
         self._slo_ttft = [s[0] for s in slos]
         self._slo_tpot = [s[1] for s in slos]
-        self._cells = [[None] * 1 for _ in PRIORITY_CLASSES]  # per class: list indexed by step (grown on demand)
+        # per class: list indexed by step (grown on demand)
+        self._cells: list[list[ClassStepStats | None]] = [[None] * 1 for _ in PRIORITY_CLASSES]
 
     def _new_req(self, i: int) -> Req:
         prompt = self._prompt[i]
-        units = ()
+        units: tuple[int, ...] = ()
         if self._hashes is not None:
             units = tuple(self._hashes[i][: prompt // self._hbt])
         task = self._task[i]
@@ -110,7 +112,7 @@ class ClientsMixin(FleetBase):
         r.cell = self._cell(r.prio, r.step)
         return r
 
-    def _cell(self, prio: int, step: int):
+    def _cell(self, prio: int, step: int) -> ClassStepStats:
         cells = self._cells[prio]
         while len(cells) <= step:
             cells.append(None)
@@ -230,10 +232,13 @@ class ClientsMixin(FleetBase):
             return
         st = r.state
         if st == HELD:
-            r.held_pool.unhold(r)
+            route = r.held_pool
+            assert route is not None  # a held request names the route holding it
+            route.unhold(r)
             self.router.classes[r.prio].held -= 1
         elif st in (WAITING, RUNNING):
             rep = r.rep
+            assert rep is not None and rep.owner is not None  # on a replica the fleet started
             rep.abort(r, self.now_s)
             self._dispatch_held(rep.owner.pool)
         elif st != TRANSFER:
@@ -249,7 +254,9 @@ class ClientsMixin(FleetBase):
     def _on_hold_expire(self, r: Req, attempt: int) -> None:
         if r.attempt != attempt or r.state != HELD:
             return
-        r.held_pool.unhold(r)
+        route = r.held_pool
+        assert route is not None  # a held request names the route holding it
+        route.unhold(r)
         self.router.classes[r.prio].held -= 1
         self._on_shed(r, 503)
 
@@ -265,16 +272,20 @@ class ClientsMixin(FleetBase):
         if r.t_first_tok < 0:
             r.t_first_tok = t_s
         r.cell.ttft_s.observe(t_s - r.t_send)
-        r.pool.win_ttft.append(t_s - r.t_first_send)
+        pool = r.pool
+        assert pool is not None  # set when the request was sent
+        pool.win_ttft.append(t_s - r.t_first_send)
 
     def on_finish(self, r: Req, t_s: float, rep: Replica) -> None:
+        inst = rep.owner
+        assert inst is not None  # set when the fleet started the engine
+        p = inst.pool
         if r.e_mode == MODE_PREFILL_ONLY:
             r.state = TRANSFER
-            xfer = r.prompt * rep.owner.pool.arch.kv_bytes_per_token / self._kv_transfer_bytes_per_s
+            xfer = r.prompt * p.arch.kv_bytes_per_token / self._kv_transfer_bytes_per_s
             self.push(t_s + xfer, EV_TRANSFER, r, r.attempt)
         else:
             self._complete(r, t_s)
-        p = rep.owner.pool
         if p.route.n_held:
             self._dispatch_held(p)
 

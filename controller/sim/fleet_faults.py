@@ -32,6 +32,7 @@ class FaultsMixin(FleetBase):
         f = self.scenario.faults[k]
         p = self.pools[f.pool]
         n = max(1, sum(1 for i in p.insts if i.phase == READY))
+        assert f.rate_per_hour is not None  # only Poisson faults are scheduled here
         rate_per_s = f.rate_per_hour / 3600.0 * n
         self.push(self.now_s + float(self._fault_rng.exponential(1.0 / rate_per_s)), EV_FAULT, k, 0)
 
@@ -49,7 +50,7 @@ class FaultsMixin(FleetBase):
         hit = [ready[j] for j in sorted(int(x) for x in pick)]
         now = self.now_s
         for inst in hit:
-            eng = inst.engine
+            eng = inst.live_engine()
             if kind == "slow":
                 inst.slow_version += 1
                 eng.set_slow(factor, now)

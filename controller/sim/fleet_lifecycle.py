@@ -148,14 +148,14 @@ class LifecycleMixin(FleetBase):
             p.surge = None
             old = [i for i in p.insts if i.phase == READY and i.gen != p.gen]
             if old:
-                self._drain(min(old, key=lambda i: (i.engine.inflight, i.since)))
+                self._drain(min(old, key=lambda i: (i.live_engine().inflight, i.since)))
             self._reconcile(p)
         self._dispatch_held(p)
 
     def _drain(self, inst: Inst) -> None:
         inst.phase = DRAINING
         inst.since = self.now_s
-        eng = inst.engine
+        eng = inst.live_engine()
         p = inst.pool
         if eng in p.route.candidates:
             p.route.candidates.remove(eng)
@@ -208,7 +208,7 @@ class LifecycleMixin(FleetBase):
             excess -= min(excess, len(starting))
             if excess:
                 ready = sorted((i for i in serving if i.phase == READY),
-                               key=lambda i: (i.gen == p.gen, i.engine.inflight, -i.since, -i.seq))
+                               key=lambda i: (i.gen == p.gen, i.live_engine().inflight, -i.since, -i.seq))
                 for i in ready[:excess]:
                     self._drain(i)
         standby = [i for i in p.insts if i.phase == STANDBY]
@@ -233,5 +233,6 @@ class LifecycleMixin(FleetBase):
 
     def on_empty(self, rep: Replica, t_s: float) -> None:
         inst = rep.owner
+        assert inst is not None  # set when the fleet started the engine
         if inst.phase == DRAINING:
             self._retire(inst, "drained")

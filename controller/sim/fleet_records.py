@@ -79,6 +79,12 @@ class Inst:
         self.version = 0
         self.slow_version = 0
 
+    def live_engine(self) -> Replica:
+        """The engine of a ready or draining replica (it exists from ready until gone)."""
+        eng = self.engine
+        assert eng is not None, f"{self.rid} has no engine (phase {self.phase})"
+        return eng
+
 
 class PoolRT:
     """One pool at run time."""

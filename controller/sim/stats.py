@@ -71,14 +71,13 @@ class ReplicaStats:
     decode_time_s: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS_S))
     inference_time_s: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS_S))
     iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKENS_BUCKETS))
-    request_prompt_tokens: Histogram | None = None
-    request_generation_tokens: Histogram | None = None
+    # buckets depend on max_model_len, so built by __post_init__
+    request_prompt_tokens: Histogram = field(init=False)
+    request_generation_tokens: Histogram = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.request_prompt_tokens is None:
-            self.request_prompt_tokens = Histogram(token_buckets(self.max_model_len))
-        if self.request_generation_tokens is None:
-            self.request_generation_tokens = Histogram(token_buckets(self.max_model_len))
+        self.request_prompt_tokens = Histogram(token_buckets(self.max_model_len))
+        self.request_generation_tokens = Histogram(token_buckets(self.max_model_len))
 
 
 @dataclass
