@@ -36,6 +36,7 @@ from controller.sim.scenario import (
 from controller.types import PRIORITY_CLASSES
 
 log = logging.getLogger(__name__)
+_Step = tuple[Callable[[], None], Callable[[], None]]  # (apply, undo) of one part of a command
 
 
 class CommandInvalidError(ValueError):
@@ -227,7 +228,7 @@ class ControlPlane:
         return pb.Ack(status=pb.ACK_STATUS_INVALID, applied_generation=ch.generation, message=message)
 
     @staticmethod
-    def _apply_all_or_nothing(steps: list[tuple[Callable[[], None], Callable[[], None]]]) -> str:
+    def _apply_all_or_nothing(steps: list[_Step]) -> str:
         """Run (apply, undo) pairs in order; if the fleet rejects one, undo those done. Returns an error or ""."""
         done: list[Callable[[], None]] = []
         for apply, undo in steps:
@@ -294,10 +295,17 @@ class ControlPlane:
             routing[p.pool] = s
         admission = {a.priority_class: {"rate_limit_rps": a.rate_limit_rps, "queue_budget": a.queue_budget,
                                         "shed_frac": a.shed_fraction} for a in msg.admission}
-        steps = [(lambda p=p: self._apply_routing_settings({p: routing[p]}, {}),
-                  lambda p=p: self._apply_routing_settings({p: self.views.routing[p]}, {})) for p in routing]
-        steps += [(lambda c=c: self._apply_routing_settings({}, {c: admission[c]}),
-                   lambda c=c: self._apply_routing_settings({}, {c: self.views.admission[c]})) for c in admission]
+
+        def pool_step(p: str) -> _Step:
+            return (lambda: self._apply_routing_settings({p: routing[p]}, {}),
+                    lambda: self._apply_routing_settings({p: self.views.routing[p]}, {}))
+
+        def class_step(c: str) -> _Step:
+            return (lambda: self._apply_routing_settings({}, {c: admission[c]}),
+                    lambda: self._apply_routing_settings({}, {c: self.views.admission[c]}))
+
+        steps = [pool_step(p) for p in routing]
+        steps += [class_step(c) for c in admission]
         error = self._apply_all_or_nothing(steps)
         if not error:
             self.views.routing.update(routing)
@@ -344,9 +352,12 @@ class ControlPlane:
             if p.max_num_batched_tokens:
                 s["max_num_batched_tokens"] = p.max_num_batched_tokens
             scaling[p.pool] = s
-        error = self._apply_all_or_nothing(
-            [(lambda p=p: self._apply_scaling_settings({p: scaling[p]}),
-              lambda p=p: self._apply_scaling_settings({p: self.views.scaling[p]})) for p in scaling])
+
+        def pool_step(p: str) -> _Step:
+            return (lambda: self._apply_scaling_settings({p: scaling[p]}),
+                    lambda: self._apply_scaling_settings({p: self.views.scaling[p]}))
+
+        error = self._apply_all_or_nothing([pool_step(p) for p in scaling])
         if not error:
             self.views.scaling.update(scaling)
             log.info("autoscaler: applied generation %d (%s): %s", msg.meta.generation, msg.meta.decision_id,
@@ -380,6 +391,7 @@ class ControlPlane:
                 return []
             for ch in expired:
                 ch.fallback = True
+                assert ch.meta is not None  # `expired` keeps only channels with a command
                 log.warning("%s: generation %d (%s) expired at %.3f with no newer command; falling back to the "
                             "scenario's defaults", ch.name, ch.generation, ch.decision_id, ch.meta.valid_until_unix_s)
             if not self.router.live() and not self.autoscaler.live():

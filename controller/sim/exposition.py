@@ -240,8 +240,8 @@ class NodeCollector:
             fam = GaugeMetricFamily(name, doc, labels=DCGM_LABELS)
             for r in rows:
                 # like dcgm-exporter, an idle GPU has no pod/namespace/container labels at all
-                labels = {k: v for k, v in zip(DCGM_LABELS, r[0], strict=True) if v or k not in _K8S_LABELS}
-                fam.samples.append(Sample(name, labels, float(value(r))))
+                shown = {k: v for k, v in zip(DCGM_LABELS, r[0], strict=True) if v or k not in _K8S_LABELS}
+                fam.samples.append(Sample(name, shown, float(value(r))))
             yield fam
 
 

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -41,6 +41,9 @@ from controller.sim.control_plane import ControlPlane, GrpcEndpoint, serve_contr
 from controller.sim.exposition import NodeCollector, ReplicaCollector, RouterCollector
 from controller.sim.http_endpoint import HttpEndpoint, metrics_route
 from controller.sim.scenario import Scenario, ScenarioError, load_scenario
+
+if TYPE_CHECKING:
+    from controller.sim.fleet import Fleet
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +80,7 @@ class LiveFleet:
         self.clock: Clock = clock or WallClock()
         self.step_wall_s = step_wall_s
         self.lock = threading.RLock()
-        self.fleet = None
+        self.fleet: Fleet | None = None
         self.plane: ControlPlane | None = None
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -175,13 +178,19 @@ class LiveFleet:
 
     def summary(self) -> dict:
         with self.lock:
-            return self.fleet.summary().to_dict()
+            return self._running().summary().to_dict()
+
+    def _running(self) -> Fleet:
+        assert self.fleet is not None, "not started"
+        return self.fleet
 
     # ------------------------------------------------------------------ advance
 
     def _advance_loop(self) -> None:
         chunk_sim_s = self.step_wall_s * self.speed
         try:
+            fleet, plane = self._running(), self.plane
+            assert plane is not None, "not started"
             while not self._stop.is_set():
                 target = self._target_sim_s()
                 # Advance in chunks of one step's worth so the lock is never held long (scrapes, gRPC).
@@ -189,17 +198,17 @@ class LiveFleet:
                     with self.lock:
                         # Past the end of the trace the clock keeps running (an idle fleet that still
                         # obeys scaling commands), as a real fleet would.
-                        if self.fleet.done and not self._finished_logged:
+                        if fleet.done and not self._finished_logged:
                             self._finished_logged = True
-                            log.info("scenario finished at t=%.1f s (simulated); still serving", self.fleet.now_s)
-                        now = float(self.fleet.now_s)
+                            log.info("scenario finished at t=%.1f s (simulated); still serving", fleet.now_s)
+                        now = float(fleet.now_s)
                         if now >= target:
                             break
-                        self.fleet.run_until(min(target, now + chunk_sim_s))
-                        self.plane.check_deadlines()
+                        fleet.run_until(min(target, now + chunk_sim_s))
+                        plane.check_deadlines()
                     self._sync_targets()
                 with self.lock:
-                    self.plane.check_deadlines()
+                    plane.check_deadlines()
                 self._sync_targets()
                 self._stop.wait(self.step_wall_s)
         except BaseException as exc:  # surfaced through .error and the log
@@ -210,9 +219,10 @@ class LiveFleet:
 
     def _sync_targets(self) -> None:
         """Open a /metrics server for each replica whose engine came up, close those that went away."""
+        fleet = self._running()
         with self.lock:
-            replicas = {r.replica_id: r for r in self.fleet.replica_stats()}
-            nodes = {n.node_id: n for n in self.fleet.node_stats()}
+            replicas = {r.replica_id: r for r in fleet.replica_stats()}
+            nodes = {n.node_id: n for n in fleet.node_stats()}
         with self._targets_lock:
             gone_r = [rid for rid in self._replicas if rid not in replicas]
             new_r = [rid for rid in replicas if rid not in self._replicas]
@@ -242,13 +252,13 @@ class LiveFleet:
                 self._replicas[rid] = _Target(ep, labels)
             log.info("replica %s (%s) ready: %s", rid, stats.pool, ep.url("/metrics"))
         for nid in new_n:
-            stats = nodes[nid]
-            collector = NodeCollector(stats, self._replicas_on(nid), now_s=lambda: float(self.fleet.now_s))
+            node = nodes[nid]
+            collector = NodeCollector(node, self._replicas_on(nid), now_s=lambda: float(fleet.now_s))
             registry = CollectorRegistry(auto_describe=False)
             registry.register(collector)
             ep = HttpEndpoint(self.host, {"/metrics": metrics_route(registry, self.lock)}, nid)
-            pool = getattr(stats, "pool", "") or self._node_pool(nid)
-            labels = {"kind": "dcgm", "node": nid, **({"pool": pool} if pool else {})}
+            node_pool = getattr(node, "pool", "") or self._node_pool(nid)
+            labels = {"kind": "dcgm", "node": nid, **({"pool": node_pool} if node_pool else {})}
             with self._targets_lock:
                 self._nodes[nid] = _Target(ep, labels)
                 self._node_collectors[nid] = collector
@@ -256,7 +266,7 @@ class LiveFleet:
 
     def _replicas_on(self, node_id: str) -> Callable[[], list]:
         def replicas() -> list:
-            return [r for r in self.fleet.replica_stats() if r.node_id == node_id]  # called under the lock
+            return [r for r in self._running().replica_stats() if r.node_id == node_id]  # called under the lock
 
         return replicas
 
@@ -303,7 +313,7 @@ def cmd_sim(args) -> int:
         return 2
 
     stop = threading.Event()
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
 
     def on_signal(signum, frame) -> None:
         log.info("received %s; shutting down", signal.Signals(signum).name)
