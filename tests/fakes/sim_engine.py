@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from controller.sim.cache import PrefixCache
@@ -47,7 +48,7 @@ class Driver:
     heap: list = field(default_factory=list)
     seq: itertools.count = field(default_factory=itertools.count)
     now_s: float = 0.0
-    on_step: object = None  # callable(replica) after every processed event, for invariant checks
+    on_step: Callable[[Replica], None] | None = None  # after every processed event, for invariant checks
 
     def push(self, t_s: float, kind: int, a: object, b: object) -> None:
         heapq.heappush(self.heap, (t_s, next(self.seq), kind, a, b))
@@ -129,7 +130,7 @@ class NaiveEngine:
         self.caching = caching
         self.preemptions = 0
 
-    def run(self, reqs: list[tuple[float, int, int, int, int, tuple[int, ...]]]) -> tuple[dict, dict]:
+    def run(self, reqs: Sequence[tuple[float, int, int, int, int, tuple[int, ...]]]) -> tuple[dict, dict]:
         """reqs: (arrival_s, idx, prio, prompt, output, units). Returns (first_token, finished) by idx."""
         pending = sorted((_R(idx=i, prio=p, arrival_s=t, prompt=pr, output=o, units=u)
                           for t, i, p, pr, o, u in reqs), key=lambda r: (r.arrival_s, r.idx))

@@ -38,10 +38,7 @@ def workload(arrival_s: Sequence[float], prompt: Sequence[int] | int, output: Se
         return np.asarray([v] * n if np.isscalar(v) else list(v), dtype=dtype)
 
     prompt_a = arr(prompt, np.int64)
-    if hashes is None:
-        hashes_t = None
-    else:
-        hashes_t = tuple(tuple(h) for h in hashes)
+    hashes_t = None if hashes is None else tuple(tuple(h) for h in hashes)
     trace = Trace("test", np.asarray(arrival_s, dtype=np.float64), prompt_a, arr(output, np.int64), hashes_t,
                   hash_block_tokens)
     task = np.arange(n, dtype=np.int64) if task_id is None else np.asarray(task_id, dtype=np.int64)

@@ -109,9 +109,9 @@ CONFIGS = [("llama-3-8b", "a100-80gb", 1), ("llama-3-8b", "h100-80gb", 1), ("lla
 def test_decode_step_grows_with_context_and_batch(model, sku, tp):
     m = IterationModel.build(model, sku, tp)
     by_ctx = [m.step_time_s(0, 0.0, 32, 32 * ctx) for ctx in (16, 512, 2048, 8192, 32768)]
-    assert all(b > a for a, b in zip(by_ctx, by_ctx[1:])), by_ctx
+    assert all(b > a for a, b in zip(by_ctx, by_ctx[1:], strict=False)), by_ctx
     by_batch = [m.step_time_s(0, 0.0, b, b * 1000) for b in (1, 8, 64, 256)]
-    assert all(b > a for a, b in zip(by_batch, by_batch[1:])), by_batch
+    assert all(b > a for a, b in zip(by_batch, by_batch[1:], strict=False)), by_batch
 
 
 @pytest.mark.parametrize("model,sku,tp", CONFIGS)
@@ -119,12 +119,12 @@ def test_prefill_step_grows_with_chunk_times_context(model, sku, tp):
     m = IterationModel.build(model, sku, tp)
     chunk = 2048  # above the host floor for every config, so attention growth shows
     by_ctx = [m.step_time_s(chunk, chunk * (before + chunk / 2), 0, 0) for before in (0, 2048, 8192, 30000)]
-    assert all(b > a for a, b in zip(by_ctx, by_ctx[1:])), by_ctx
+    assert all(b > a for a, b in zip(by_ctx, by_ctx[1:], strict=False)), by_ctx
     by_chunk = [m.step_time_s(c, c * (4096 + c / 2), 0, 0) for c in (1024, 2048, 4096, 8192)]
-    assert all(b > a for a, b in zip(by_chunk, by_chunk[1:])), by_chunk
+    assert all(b > a for a, b in zip(by_chunk, by_chunk[1:], strict=False)), by_chunk
     # a short prefill is bounded below by the host floor, never cheaper than a longer one
     short = [m.step_time_s(c, c * c / 2, 0, 0) for c in (1, 16, 128, 512, 2048)]
-    assert all(b >= a for a, b in zip(short, short[1:])), short
+    assert all(b >= a for a, b in zip(short, short[1:], strict=False)), short
 
 
 def test_attention_terms_follow_the_formulas():

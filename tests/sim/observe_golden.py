@@ -24,7 +24,7 @@ from controller.bench.observe import SimObserver
 from controller.core.estimate import estimate
 from controller.sim.fleet import Fleet
 from controller.sim.scenario import load_scenario
-from controller.types import FleetObservation, Reading
+from controller.types import ClassObservation, FleetObservation, PoolObservation, Reading
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden") / "observe_demo_seed3.json"
@@ -46,11 +46,15 @@ def _reading(r: Reading) -> list:
 
 def record(obs: FleetObservation) -> dict:
     out: dict = {"at_s": _num(obs.at_s), "source": obs.source, "errors": list(obs.errors), "pools": {}, "classes": {}}
-    for name, holder in (("pools", obs.pools), ("classes", obs.classes)):
-        for key, o in sorted(holder.items()):
-            out[name][key] = {f: _reading(getattr(o, f)) for f in o.__dataclass_fields__
-                              if isinstance(getattr(o, f), Reading)}
+    for key, po in sorted(obs.pools.items()):
+        out["pools"][key] = _readings(po)
+    for key, co in sorted(obs.classes.items()):
+        out["classes"][key] = _readings(co)
     return out
+
+
+def _readings(o: PoolObservation | ClassObservation) -> dict:
+    return {f: _reading(getattr(o, f)) for f in o.__dataclass_fields__ if isinstance(getattr(o, f), Reading)}
 
 
 def _fingerprint(fleet: Fleet, digest) -> None:

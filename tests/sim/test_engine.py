@@ -205,7 +205,7 @@ def test_cache_evicts_least_recently_used_prompt_tail_first():
     drv = Driver()
     rep = make_replica(drv, kv_blocks=100, unit_tokens=64, max_batched_tokens=2048)
     prompt = {name: tuple(100 * k + u for u in range(10)) for k, name in enumerate("ABC")}
-    hits = []
+    hits: list[float] = []
     t = 0.0
     for name in ("A", "B", "C", "C", "A"):
         before = rep.stats.prefix_cache_hits

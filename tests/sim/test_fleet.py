@@ -7,6 +7,7 @@ traffic is spelled out per test (tests/fakes/sim_fleet.py).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -193,7 +194,7 @@ def test_engine_caps_roll_out_one_replica_at_a_time():
     f.run_until(41.0)
     st = f.pool_states()["p8"]
     assert (st.ready, st.starting, st.draining) == (2, 0, 0)
-    engines = [i.engine for i in f.pools["p8"].insts]
+    engines = [i.live_engine() for i in f.pools["p8"].insts]
     assert [(e.max_num_seqs, e.max_batched_tokens) for e in engines] == [(64, 4096), (64, 4096)]
 
 
@@ -414,10 +415,11 @@ def test_stats_views_follow_vllm_and_dcgm_shapes():
 
 def _real_trace_scenario(**over):
     path = shared_data_dir() / "traces" / "azure2023_conv.csv"
-    data = dict(trace=dict(path=str(path), duration_s=240.0, prefixes=dict(groups=8, prefix_tokens=512)),
-                pools=[pool(replicas=2, startup_cold_s=30.0)],
-                faults=[dict(kind="crash", pool="p8", rate_per_hour=20.0)],
-                tasks=dict(kind="workflow", steps_min=1, steps_max=3, think_time_s=2.0))
+    data: dict[str, Any] = dict(
+        trace=dict(path=str(path), duration_s=240.0, prefixes=dict(groups=8, prefix_tokens=512)),
+        pools=[pool(replicas=2, startup_cold_s=30.0)],
+        faults=[dict(kind="crash", pool="p8", rate_per_hour=20.0)],
+        tasks=dict(kind="workflow", steps_min=1, steps_max=3, think_time_s=2.0))
     data.update(over)
     return scenario(**data)
 

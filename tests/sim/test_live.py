@@ -35,7 +35,8 @@ class Rig:
         self.fleet = FakeFleet()
         self.plane = ControlPlane(self.fleet, threading.RLock(), self.clock, sim_to_unix=lambda t: T0 + t / 2)
         self.router_ep, self.autoscaler_ep = serve_control(self.plane, "127.0.0.1")
-        self.channels = [grpc.insecure_channel(self.router_ep.address), grpc.insecure_channel(self.autoscaler_ep.address)]
+        self.channels = [grpc.insecure_channel(self.router_ep.address),
+                         grpc.insecure_channel(self.autoscaler_ep.address)]
         self.router = pb_grpc.RouterControlStub(self.channels[0])
         self.autoscaler = pb_grpc.AutoscalerControlStub(self.channels[1])
 
@@ -58,7 +59,8 @@ def meta(gen: int, did: str | None = None, ttl_s: float = 60.0) -> pb.CommandMet
 
 
 def plan(gen: int, did: str | None = None, ttl_s: float = 60.0, **replicas: int) -> pb.ScalingPlan:
-    return pb.ScalingPlan(meta=meta(gen, did, ttl_s), pools=[pb.PoolScaling(pool=p, replicas=n) for p, n in replicas.items()])
+    return pb.ScalingPlan(meta=meta(gen, did, ttl_s),
+                          pools=[pb.PoolScaling(pool=p, replicas=n) for p, n in replicas.items()])
 
 
 def routing(gen: int, did: str | None = None, ttl_s: float = 60.0, shed: float = 0.0) -> pb.RoutingPolicy:
@@ -66,7 +68,8 @@ def routing(gen: int, did: str | None = None, ttl_s: float = 60.0, shed: float =
         meta=meta(gen, did, ttl_s),
         pools=[pb.PoolRouting(pool="small", traffic_weight=2.0, inflight_cap=8,
                               weights=pb.ScorerWeights(prefix=5.0, queue=1.0, kv_usage=0.5))],
-        admission=[pb.ClassAdmission(priority_class="sheddable", rate_limit_rps=3.0, queue_budget=7, shed_fraction=shed)],
+        admission=[pb.ClassAdmission(priority_class="sheddable", rate_limit_rps=3.0, queue_budget=7,
+                                     shed_fraction=shed)],
     )
 
 
@@ -245,7 +248,8 @@ def test_health_service_serving(rig):
         with grpc.insecure_channel(ep.address) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             for name in ("", svc):
-                resp = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+                # the stubs declare no RPCs on HealthStub
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)  # type: ignore[attr-defined]
                 assert resp.status == health_pb2.HealthCheckResponse.SERVING
 
 

@@ -30,7 +30,7 @@ def test_fast_path_matches_the_golden_recorded_before_the_optimisation(fast_run)
                     "reference paths agree (the other tests here)")
     golden = doc["ticks"]
     assert len(fast_run) == len(golden) == observe_golden.TICKS
-    for k, (got, want) in enumerate(zip(fast_run, golden)):
+    for k, (got, want) in enumerate(zip(fast_run, golden, strict=True)):
         assert got == want, f"tick {k + 1} (t = {(k + 1) * observe_golden.TICK_S:g} s) differs"
     # the comparison is not vacuous: rates, quantiles and classes were observed, and the crash shows
     h100_ready = [t["pools"]["llama8b-h100"]["replicas_ready"][0] for t in golden]
@@ -63,7 +63,7 @@ def test_fast_path_builds_every_read_series_the_collectors_export() -> None:
                                   ("router", obs._router_samples(), collect_families(RouterCollector(router)))):
         exported = {s.name for f in families for s in f.samples}
         assert set(built) == exported & read_sample_names(kind), kind
-        by_name = {}
+        by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
         for f in families:
             for s in f.samples:
                 by_name.setdefault(s.name, []).append((s.labels, s.value))

@@ -40,6 +40,7 @@ QUERIES = {
 
 
 def _read_lines(proc: subprocess.Popen, out: queue.Queue) -> None:
+    assert proc.stdout is not None  # started with stdout=PIPE
     for line in proc.stdout:
         out.put(line)
     out.put(None)

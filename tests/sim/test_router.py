@@ -46,7 +46,7 @@ PICK_CASES = [
 @pytest.mark.parametrize("label,inflight,cached,units,weights,want", PICK_CASES, ids=[c[0] for c in PICK_CASES])
 def test_pick_scores(label, inflight, cached, units, weights, want):
     reps = _replicas(len(inflight))
-    for rep, k, u in zip(reps, inflight, cached):
+    for rep, k, u in zip(reps, inflight, cached, strict=True):
         _load(rep, k)
         if u:
             _cache_units(rep, u)
@@ -66,7 +66,7 @@ def test_kv_usage_breaks_equal_queues():
 def test_queue_is_min_max_normalised():
     # in-flight 2, 5, 8 → penalties 0, 0.5, 1 (× queue weight); a prefix worth 1.2 offsets 0.5 but not 1
     reps = _replicas(3)
-    for rep, k in zip(reps, (2, 5, 8)):
+    for rep, k in zip(reps, (2, 5, 8), strict=True):
         _load(rep, k)
     units = tuple(range(10))
     _cache_units(reps[1], units[:4])  # 4 of 10 units → 0.4 × 3 = 1.2
@@ -138,7 +138,7 @@ def test_held_requests_leave_by_priority_then_fcfs_and_skip_stale():
     route.unhold(reqs[3])  # timed out while held
     reqs[3].state = 0
     order = []
-    while (r := route.pop_held()) is not None:
-        order.append(r.idx)
+    while (held := route.pop_held()) is not None:
+        order.append(held.idx)
     assert order == [2, 4, 1, 0, 5]
     assert route.n_held == 0

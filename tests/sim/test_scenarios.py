@@ -111,7 +111,7 @@ def test_crash_variant_hits_a_third_of_the_pool_at_peak_load(base):
         exclude={"name", "description", "faults"}
     )
     (fault,) = sc.faults
-    assert fault.kind == "crash" and fault.pool == sc.pools[0].name
+    assert fault.kind == "crash" and fault.pool == sc.pools[0].name and fault.at_s is not None
     starts, busy = _busy_replicas(sc, w, PEAK_WINDOW_S)
     after = starts >= WARMUP_S
     k = int(np.argmin(np.abs(starts - fault.at_s)))
@@ -130,7 +130,7 @@ def test_surge_variant_is_3x_within_a_minute_for_a_few_minutes(base):
     dump["trace"]["surge"] = None
     base_dump = base_sc.model_dump(exclude={"name", "description"})
     # The operator's cap may be raised for the surge (room for it); nothing else differs.
-    for pool, base_pool in zip(dump["pools"], base_dump["pools"]):
+    for pool, base_pool in zip(dump["pools"], base_dump["pools"], strict=True):
         assert pool.pop("max_replicas") >= base_pool.pop("max_replicas")
     assert dump == base_dump
     assert f"at {int(surge.at_s)} s" in (SCENARIOS / f"{base}-surge.yaml").read_text()
@@ -153,7 +153,7 @@ def test_demo_reacts_within_90_seconds():
     assert all(p.startup_warm_s <= 15 and p.startup_cold_s <= 60 for p in sc.pools)
     assert sc.trace.surge is not None and sc.trace.surge.factor >= 2 and 10 <= sc.trace.surge.at_s <= 30
     (crash,) = sc.faults
-    assert crash.kind == "crash" and 40 <= crash.at_s <= 90
+    assert crash.kind == "crash" and crash.at_s is not None and 40 <= crash.at_s <= 90
     assert w.trace.duration_s <= 330
 
 
@@ -177,9 +177,11 @@ pools:
         ("rate_scale: 2", "rate_scale: -1", "bad.yaml:4: trace.rate_scale: Input should be greater than 0"),
         ("sku: a100-80gb", "sku: v100", "bad.yaml:8: pools.0.sku:"),
         ("rate_scale: 2", "rate_scale: 2\n  surge: {at_s: 10, factor: 0.5}", "bad.yaml:5: trace.surge.factor:"),
-        ("rate_scale: 2", "rate_scale: 2\n  servegen: {start_day: 13, days: 2}", "bad.yaml:5: trace.servegen: Value error, start_day + days (13 + 2) must be <= 14"),
+        ("rate_scale: 2", "rate_scale: 2\n  servegen: {start_day: 13, days: 2}",
+         "bad.yaml:5: trace.servegen: Value error, start_day + days (13 + 2) must be <= 14"),
         ("rate_scale: 2", "rate_scale: 2\n  prefixes: {groups: 0}", "bad.yaml:5: trace.prefixes.groups:"),
-        ("  rate_scale: 2\n", "  rate_scale: 2\n  window: 5\n", "bad.yaml:5: trace.window: Extra inputs are not permitted"),
+        ("  rate_scale: 2\n", "  rate_scale: 2\n  window: 5\n",
+         "bad.yaml:5: trace.window: Extra inputs are not permitted"),
     ],
 )
 def test_malformed_scenarios_name_file_line_and_field(tmp_path, old, new, expected):
@@ -202,6 +204,7 @@ def test_trace_paths_resolve_against_the_scenario_file(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n1,20,3\n")
     path = tmp_path / "s.yaml"
-    path.write_text(GOOD.replace("../../shared/data/traces/azure2023_code.csv", "sub/t.csv").replace("rate_scale: 2", "rate_scale: 1"))
+    path.write_text(GOOD.replace("../../shared/data/traces/azure2023_code.csv", "sub/t.csv")
+                    .replace("rate_scale: 2", "rate_scale: 1"))
     w = build_workload(load_scenario(path), np.random.default_rng(0))
     assert w.trace.prompt_tokens.tolist() == [10, 20]

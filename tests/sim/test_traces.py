@@ -176,6 +176,7 @@ def test_generic_jsonl_and_csv_round_trip(tmp_path):
     assert tr.arrival_s.tolist() == [0.25, 1.5, 3.0]
     assert tr.prompt_tokens.tolist() == [40, 700, 1500]
     # Short hash lists are completed with fresh unique ids up to ceil(prompt / 512) blocks.
+    assert tr.block_hashes is not None
     assert tr.block_hashes[0] == (1,) and tr.block_hashes[1] == (1, 2)
     assert tr.block_hashes[2][0] == 1 and len(tr.block_hashes[2]) == 3 and min(tr.block_hashes[2][1:]) > 2
     out = tmp_path / "copy.jsonl"
@@ -214,22 +215,49 @@ ROW = "2023-11-16 18:00:00.0000000,10,1\n"
     ("name", "content", "expected"),
     [
         ("az.csv", AZ + ROW + "2023-11-16 18:00:01.0000000,10,x\n", ":3: GeneratedTokens: not an integer ('x')"),
-        ("az.csv", AZ + ROW + ROW + "2023-11-16 18:00:01.0000000,0,4\n", ":4: ContextTokens: must be an integer >= 1 (got 0)"),
-        ("az.csv", AZ + ROW + "2023-11-16 18:00:01.0000000,12,-3\n", ":3: GeneratedTokens: must be an integer >= 1 (got -3)"),
+        ("az.csv",
+         AZ + ROW + ROW + "2023-11-16 18:00:01.0000000,0,4\n",
+         ":4: ContextTokens: must be an integer >= 1 (got 0)"),
+        ("az.csv",
+         AZ + ROW + "2023-11-16 18:00:01.0000000,12,-3\n",
+         ":3: GeneratedTokens: must be an integer >= 1 (got -3)"),
         ("az.csv", AZ + "yesterday,10,1\n", ":2: TIMESTAMP: not a timestamp"),
         ("az.csv", AZ + ROW + "2023-11-16 18:00:01.0000000,10\n", ":3: expected 3 fields"),
         ("az.csv", AZ, "empty trace"),
         ("empty.csv", "", "empty trace"),
         ("az.csv", "TIMESTAMP,Context,GeneratedTokens\n" + ROW, ":1: unknown CSV trace header"),
-        ("mc.jsonl", '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]}\n{"timestamp": 5, "input_length": 600, "hash_ids": [0]}\n', ":2: output_length: missing"),
-        ("mc.jsonl", '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]}\n{"timestamp": 5, "input_length": 60\n', ":2: not valid JSON"),
-        ("mc.jsonl", '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1, 2]}\n', ":1: hash_ids: 3 blocks of 512 tokens exceed the 600-token prompt"),
-        ("mc.jsonl", '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]}\n{"timestamp": 1, "input_length": 6.5, "output_length": 2, "hash_ids": [0]}\n', ":2: input_length: not an integer (6.5)"),
-        ("mc.jsonl", '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": "ab"}\n', ":1: hash_ids: must be a list of integers >= 0"),
-        ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2, "tenant": "a"}\n', ":1: tenant: unknown field"),
-        ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2}\n{"arrival_s": -1, "prompt_tokens": 5, "output_tokens": 2}\n', ":2: arrival_s: must be a finite number >= 0 (got -1)"),
-        ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2, "hash_ids": [0]}\n{"arrival_s": 1, "prompt_tokens": 5, "output_tokens": 2}\n', ":2: hash_ids: present on some records and not others"),
-        ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": true}\n', ":1: output_tokens: not an integer (True)"),
+        ("mc.jsonl",
+         '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]}\n'
+         '{"timestamp": 5, "input_length": 600, "hash_ids": [0]}\n',
+         ":2: output_length: missing"),
+        ("mc.jsonl",
+         '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]}\n'
+         '{"timestamp": 5, "input_length": 60\n',
+         ":2: not valid JSON"),
+        ("mc.jsonl",
+         '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1, 2]}\n',
+         ":1: hash_ids: 3 blocks of 512 tokens exceed the 600-token prompt"),
+        ("mc.jsonl",
+         '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]}\n'
+         '{"timestamp": 1, "input_length": 6.5, "output_length": 2, "hash_ids": [0]}\n',
+         ":2: input_length: not an integer (6.5)"),
+        ("mc.jsonl",
+         '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": "ab"}\n',
+         ":1: hash_ids: must be a list of integers >= 0"),
+        ("g.jsonl",
+         '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2, "tenant": "a"}\n',
+         ":1: tenant: unknown field"),
+        ("g.jsonl",
+         '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2}\n'
+         '{"arrival_s": -1, "prompt_tokens": 5, "output_tokens": 2}\n',
+         ":2: arrival_s: must be a finite number >= 0 (got -1)"),
+        ("g.jsonl",
+         '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2, "hash_ids": [0]}\n'
+         '{"arrival_s": 1, "prompt_tokens": 5, "output_tokens": 2}\n',
+         ":2: hash_ids: present on some records and not others"),
+        ("g.jsonl",
+         '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": true}\n',
+         ":1: output_tokens: not an integer (True)"),
         ("g.csv", "arrival_s,prompt_tokens,output_tokens\n0,5,2\nsoon,5,2\n", ":3: arrival_s: not a number ('soon')"),
         ("sg.csv", "window_start_s,m-large_rate\n0,1.0\n600,2\n", "missing column(s)"),
     ],
@@ -251,11 +279,15 @@ def test_missing_trace_file_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        (TraceSpec(path="mooncake_conversation.jsonl", hash_block_tokens=256), "hash_block_tokens: Mooncake hash_ids cover 512-token blocks"),
-        (TraceSpec(path="mooncake_conversation.jsonl", prefixes=SyntheticPrefixSpec()), "trace.prefixes: the trace has its own hash_ids"),
-        (TraceSpec(path="azure2023_code.csv", prefixes=SyntheticPrefixSpec(prefix_tokens=256)), "prefix_tokens (256) is below trace.hash_block_tokens (512)"),
+        (TraceSpec(path="mooncake_conversation.jsonl", hash_block_tokens=256),
+         "hash_block_tokens: Mooncake hash_ids cover 512-token blocks"),
+        (TraceSpec(path="mooncake_conversation.jsonl", prefixes=SyntheticPrefixSpec()),
+         "trace.prefixes: the trace has its own hash_ids"),
+        (TraceSpec(path="azure2023_code.csv", prefixes=SyntheticPrefixSpec(prefix_tokens=256)),
+         "prefix_tokens (256) is below trace.hash_block_tokens (512)"),
         (TraceSpec(path="azure2023_code.csv", start_s=5000, duration_s=10), "window [5000, 5010) s holds no requests"),
-        (TraceSpec(path="azure2023_code.csv", servegen=ServeGenSpec()), "trace.servegen is set but the file is a 'azure' trace"),
+        (TraceSpec(path="azure2023_code.csv", servegen=ServeGenSpec()),
+         "trace.servegen is set but the file is a 'azure' trace"),
         (TraceSpec(path="azure2023_code.csv", format="mooncake"), ":1: not valid JSON"),
     ],
 )
@@ -307,6 +339,7 @@ def test_copies_keep_shared_blocks_and_get_fresh_private_ones():
     base = _trace([0.0, 1.0, 2.0], prompts=[1024, 1500, 1024], hashes=hashes)
     tr = scale_rate(base, 2.0, np.random.default_rng(0))
     assert len(tr) == 6
+    assert tr.block_hashes is not None
     ids = [b for h in tr.block_hashes for b in h]
     assert ids.count(2) == 1 and ids.count(3) == 1  # private content is never repeated
     for h in tr.block_hashes:
@@ -316,6 +349,7 @@ def test_copies_keep_shared_blocks_and_get_fresh_private_ones():
 
 def test_mooncake_rate_scale_keeps_hash_invariant(mooncake):
     tr = scale_rate(mooncake, 1.5, np.random.default_rng(2))
+    assert tr.block_hashes is not None
     n_blocks = np.array([len(h) for h in tr.block_hashes])
     assert np.array_equal(n_blocks, -(-tr.prompt_tokens // 512))
     assert 0.3 < _infinite_cache_block_hit(tr.block_hashes) < 0.5
@@ -356,6 +390,7 @@ def test_synthetic_prefixes():
     # Shared blocks = floor(min(1024, prompt) / 512): 0, 1, 1, 2, 2, 2; total = ceil(prompt / 512).
     shared = [0, 1, 1, 2, 2, 2]
     group_ids = range(4 * 2)
+    assert tr.block_hashes is not None
     for h, p, s in zip(tr.block_hashes, base.prompt_tokens, shared, strict=True):
         assert len(h) == math.ceil(p / 512)
         assert all(b in group_ids for b in h[:s])
@@ -369,7 +404,9 @@ def test_synthetic_prefixes():
 
 def test_synthetic_prefix_popularity_is_zipf():
     base = _load("azure2023_conv.csv")
-    tr = add_synthetic_prefixes(base, SyntheticPrefixSpec(groups=64, zipf_a=1.2, prefix_tokens=512), np.random.default_rng(0))
+    tr = add_synthetic_prefixes(base, SyntheticPrefixSpec(groups=64, zipf_a=1.2, prefix_tokens=512),
+                                np.random.default_rng(0))
+    assert tr.block_hashes is not None
     first = np.array([h[0] for h in tr.block_hashes if h and h[0] < 64])
     share = np.bincount(first, minlength=64) / len(first)
     weights = np.arange(1, 65) ** -1.2

@@ -81,7 +81,8 @@ def test_consecutive_tasks_covers_every_request():
     from controller.sim.scenario import TaskSpec
 
     for n in (1, 2, 5, 17):
-        task_id, step = consecutive_tasks(n, TaskSpec(kind="workflow", steps_min=2, steps_max=3), np.random.default_rng(n))
+        task_id, step = consecutive_tasks(n, TaskSpec(kind="workflow", steps_min=2, steps_max=3),
+                                          np.random.default_rng(n))
         assert len(task_id) == n and task_id[0] == 0 and step[0] == 0
         assert np.all(np.diff(task_id) >= 0)
 
@@ -147,20 +148,25 @@ def test_priorities_follow_class_shares(shares):
 
 def test_deterministic_and_streams_are_independent():
     tasks = "kind: workflow\n  steps_min: 1\n  steps_max: 4"
-    a = build_workload(_scenario("azure2023_code.csv", tasks, extra_trace="  rate_scale: 1.7"), np.random.default_rng(5))
-    b = build_workload(_scenario("azure2023_code.csv", tasks, extra_trace="  rate_scale: 1.7"), np.random.default_rng(5))
+    a = build_workload(_scenario("azure2023_code.csv", tasks, extra_trace="  rate_scale: 1.7"),
+                       np.random.default_rng(5))
+    b = build_workload(_scenario("azure2023_code.csv", tasks, extra_trace="  rate_scale: 1.7"),
+                       np.random.default_rng(5))
     for name in ("priority", "task_id", "step"):
         assert np.array_equal(getattr(a, name), getattr(b, name))
     assert np.array_equal(a.trace.arrival_s, b.trace.arrival_s)
     # Changing the class shares changes priorities but not the trace or the task grouping.
-    classes = "  critical: {share: 0.9, ttft_slo_s: 2, tpot_slo_s: 0.1}\n  standard: {share: 0.1, ttft_slo_s: 5, tpot_slo_s: 0.2}\n"
+    classes = ("  critical: {share: 0.9, ttft_slo_s: 2, tpot_slo_s: 0.1}\n"
+               "  standard: {share: 0.1, ttft_slo_s: 5, tpot_slo_s: 0.2}\n")
     c = build_workload(
-        _scenario("azure2023_code.csv", tasks, classes=classes, extra_trace="  rate_scale: 1.7"), np.random.default_rng(5)
+        _scenario("azure2023_code.csv", tasks, classes=classes, extra_trace="  rate_scale: 1.7"),
+        np.random.default_rng(5),
     )
     assert np.array_equal(a.trace.arrival_s, c.trace.arrival_s)
     assert np.array_equal(a.task_id, c.task_id)
     assert not np.array_equal(a.priority, c.priority)
-    d = build_workload(_scenario("azure2023_code.csv", tasks, extra_trace="  rate_scale: 1.7"), np.random.default_rng(6))
+    d = build_workload(_scenario("azure2023_code.csv", tasks, extra_trace="  rate_scale: 1.7"),
+                       np.random.default_rng(6))
     assert len(d) != len(a) or not np.array_equal(a.trace.arrival_s, d.trace.arrival_s)
 
 
