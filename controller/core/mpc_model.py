@@ -51,13 +51,12 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
-from scipy.special import ndtr
 
 from controller.core.coupling.cache_prior import router_affinity
+from controller.core.tails import PROMPT_LOG_SIGMA, ndtr_saturated
 from controller.perf.figures import EngineFigures, figures_for, figures_key
 from controller.types import PoolSpec
 
-PROMPT_LOG_SIGMA = 1.0  # spread of prompt lengths in log space (Azure 2023: ~1.0)
 _P50_OF_MEAN = math.exp(-PROMPT_LOG_SIGMA**2 / 2)  # median / mean of a log-normal: 0.61
 _P95_OF_MEAN = math.exp(1.6449 * PROMPT_LOG_SIGMA - PROMPT_LOG_SIGMA**2 / 2)  # p95 / mean: 3.14
 TPOT_P95_OF_MEAN = 1.2  # prior: request TPOT p95 / mean step time from batch-size variation
@@ -137,25 +136,6 @@ class PlanModel(Protocol):
 
 
 
-# z beyond which Φ(z) is exactly 1.0 in double precision (1 − Φ(9) = 1e-19, under half an ulp of 1;
-# checked on a grid of z from 9 to 1e300 and +inf).
-_NDTR_ONE_Z = 9.0
-
-
-def _ndtr_upper_saturated(x: np.ndarray) -> np.ndarray:
-    """Φ(x), the same values as scipy's ndtr, without evaluating it where it is exactly 1: ndtr costs
-    ~13 ns a value and most Halfin–Whitt β (= (1 − ρ)·√slots, tens of slots) lie beyond 9."""
-    x = np.asarray(x, dtype=float)
-    one = x > _NDTR_ONE_Z
-    n_one = int(np.count_nonzero(one))
-    if n_one < x.size // 8:  # few saturated: masking would cost more than it saves
-        return ndtr(x)
-    out = np.ones_like(x)
-    rest = ~one  # NaN included: ndtr keeps it NaN
-    out[rest] = ndtr(x[rest])
-    return out
-
-
 def _halfin_whitt_wait(util: np.ndarray, servers: np.ndarray, service_s: np.ndarray,
                        qs: tuple[float, ...]) -> tuple[np.ndarray, ...]:
     """q-quantiles of the wait in an M/M/c queue (Halfin–Whitt P(wait), exponential conditional wait).
@@ -168,7 +148,7 @@ def _halfin_whitt_wait(util: np.ndarray, servers: np.ndarray, service_s: np.ndar
     idle = 1.0 - u
     beta = idle * np.sqrt(c)
     phi = np.exp(-0.5 * beta * beta) / math.sqrt(2 * math.pi)
-    p_wait = 1.0 / (1.0 + beta * _ndtr_upper_saturated(beta) / np.maximum(phi, 1e-300))
+    p_wait = 1.0 / (1.0 + beta * ndtr_saturated(beta) / np.maximum(phi, 1e-300))
     p_wait = np.where(u <= 0.0, 0.0, p_wait)
     rate = c * idle / np.maximum(service_s, 1e-9)
     out = []

@@ -20,9 +20,10 @@ from scipy.special import ndtr
 from controller.core.mpc import ClassInput, MpcConfig, PlanProblem, PoolInput, plan_steps
 from controller.core.mpc.risk import sum_pools
 from controller.core.mpc.score import Evaluator
-from controller.core.mpc.tails import lognormal_exceed, lognormal_exceed_into, lognormal_exceed_ref, upper_tail
-from controller.core.mpc_model import LatencyQuery, QueueingPrior, _ndtr_upper_saturated
+from controller.core.mpc.tails import lognormal_exceed, lognormal_exceed_into, lognormal_exceed_ref
+from controller.core.mpc_model import LatencyQuery, QueueingPrior
 from controller.core.objective import resolve_weights
+from controller.core.tails import lognormal_quantile, ndtr_saturated, upper_tail
 from controller.perf.figures import EngineFigures
 
 FIG_70B = EngineFigures(32.688e-3, 0.2948e-3, 35.395e-9, 66.44e-6, 1554.0e-12, 484_800)
@@ -44,7 +45,13 @@ def test_saturated_normal_tails_equal_ndtr(saturated_share):
     rng = np.random.default_rng(1)
     z = _z(rng, 20_000, saturated_share)
     np.testing.assert_array_equal(upper_tail(z.copy()), 1.0 - ndtr(z))
-    np.testing.assert_array_equal(_ndtr_upper_saturated(z), ndtr(z))
+    np.testing.assert_array_equal(ndtr_saturated(z), ndtr(z))
+
+
+def test_lognormal_quantile_is_the_formula():
+    mean = np.array([1_000.0, 250.0])
+    np.testing.assert_allclose(lognormal_quantile(mean, 0.95), mean * np.exp(1.6448536269514722 - 0.5))
+    np.testing.assert_allclose(lognormal_quantile(mean, 0.5, sigma=0.5), mean * np.exp(-0.125))
 
 
 @pytest.mark.parametrize("tail", [0.5, 1.0, 5.0])

@@ -57,7 +57,7 @@ from controller.core.coupling.features import (
     latency_features,
     latency_shared_features,
 )
-from controller.core.coupling.latency_prior import PROMPT_LOG_SIGMA, LatencyInputs, LatencyPrior, latency_prior
+from controller.core.coupling.latency_prior import LatencyInputs, LatencyPrior, latency_prior
 from controller.core.coupling.models import (
     DEFAULT_REUSE_SHAPE,
     PREDICT_BLOCK,
@@ -71,7 +71,7 @@ from controller.core.coupling.state import STATE_FORMAT, coupling_from_state, co
 
 __all__ = [
     "ALL_TARGETS", "CACHE_FEATURE_NAMES", "DEFAULT_REUSE_SHAPE", "ITL_BUCKETS_S", "LATENCY_FEATURE_NAMES",
-    "LATENCY_TARGETS", "PREDICT_BLOCK", "PROMPT_LOG_SIGMA", "REUSE_TAU_S", "STATE_FORMAT", "TOKEN_GRID",
+    "LATENCY_TARGETS", "PREDICT_BLOCK", "REUSE_TAU_S", "STATE_FORMAT", "TOKEN_GRID",
     "TTFT_BUCKETS_S", "UPPER_TARGETS", "CacheInputs", "CachePrior", "Calibration", "Correction", "CouplingModels",
     "LatencyInputs", "LatencyPrior", "PhysicsTable", "PoolPhysics", "Prediction", "cache_features",
     "cache_prior", "coupling_from_state", "coupling_to_state", "infer_reuse_profile", "latency_features",

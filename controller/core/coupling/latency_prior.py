@@ -19,10 +19,8 @@ from scipy.special import ndtri
 from controller.core.coupling.buckets import ITL_BUCKETS, TTFT_BUCKETS, bucket_quantile, half_tanh
 from controller.core.coupling.numeric import as_rows, clamp, logit, sigmoid
 from controller.core.coupling.physics import TOKEN_GRID, PhysicsTable, interp_rows_slope, interp_seg
+from controller.core.tails import PROMPT_LOG_SIGMA
 
-# Spread of per-request prompt lengths in log space (Azure 2023 chat: 0.99; the ServeGen
-# synthesis uses 1.0). Used by the prior to turn a mean prompt into prompt quantiles.
-PROMPT_LOG_SIGMA = 1.0
 RHO_CLIP = 0.97  # the prior's queueing terms are evaluated at min(ρ, RHO_CLIP)
 FIXED_POINT_ITERS = 3  # Newton steps for the batch size of the latency prior (see latency_prior)
 EPS = 1e-9
@@ -32,13 +30,6 @@ DECODE_STEP_LOG_SIGMA = 0.15  # spread of decode-only step times within a window
 # own (p95/p50) spread × this factor (× a calibrated Calibration.ttft_tail_width). Chosen on the
 # training runs only (fit on one seed, scored on the other); the test runs played no part.
 TTFT_SPREAD_FACTOR = 1.1
-
-
-def _lognormal_quantile(mean: np.ndarray, q: np.ndarray | float, sigma: float = PROMPT_LOG_SIGMA) -> np.ndarray:
-    """Quantile q of a lognormal with the given mean and log-sd. Example: mean 1,000, σ 1, q 0.95 →
-    1,000 × exp(1.645 − 0.5) = 3,143."""
-    z = ndtri(np.clip(np.asarray(q, dtype=float), 1e-6, 1 - 1e-6))
-    return mean * np.exp(sigma * z - 0.5 * sigma * sigma)
 
 
 @dataclass(frozen=True)

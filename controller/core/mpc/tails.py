@@ -2,8 +2,8 @@
 
 `lognormal_exceed` is the formula (with the spread beyond the p95 bounded, see its docstring);
 `lognormal_exceed_into` the same operations written into caller-owned work arrays (the scorer
-runs it on ~60k rows twice per batch); `lognormal_exceed_ref` the formula as it reads, the
-tests' reference. `upper_tail` is 1 − Φ(z) with saturated values set directly.
+runs it on tens of thousands of rows twice per batch); `lognormal_exceed_ref` the formula as it
+reads, the tests' reference. 1 − Φ(z) is controller.core.tails.upper_tail.
 
 Must not: know about pools, plans or the search; allocate more than the formula needs.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtr
 
-from controller.core.mpc_model import PROMPT_LOG_SIGMA
+from controller.core.tails import PROMPT_LOG_SIGMA, upper_tail
 
 # log-spread of TTFT beyond its p95: the prompt-length spread (see lognormal_exceed)
 TTFT_TAIL_SIGMA = PROMPT_LOG_SIGMA
@@ -62,29 +62,6 @@ def lognormal_exceed(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray,
         over *= stretch
         z += over
     return upper_tail(z)
-
-
-# |z| beyond which 1 − Φ(z) is exactly 0 (z > 0) or exactly 1 (z < 0) in double precision: Φ(9)
-# misses 1 by 1e-19, under half an ulp of 1 (checked on a grid of z from 9 to 1e300, and ±inf).
-_TAIL_SATURATED_Z = 9.0
-
-
-def upper_tail(z: np.ndarray) -> np.ndarray:
-    """1 − Φ(z), overwriting z (an array). ndtr costs ~13 ns a value, several times any other step
-    of the score, and about half the planner's z lie beyond ±9 (a class far inside or far past its
-    SLO), where the answer is exactly 0 or 1: those are set directly, the same values ndtr gives."""
-    sat = np.abs(z) > _TAIL_SATURATED_Z  # NaN is not saturated: it goes through ndtr and stays NaN
-    n_sat = int(np.count_nonzero(sat))
-    if n_sat < z.size // 8:  # few saturated: masking would cost more than it saves
-        out = ndtr(z, out=z)
-        return np.subtract(1.0, out, out=out)
-    mid = ~sat
-    zm = z[mid]
-    low = z < 0.0
-    z[...] = 0.0
-    z[low] = 1.0
-    z[mid] = 1.0 - ndtr(zm)
-    return z
 
 
 def lognormal_exceed_ref(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray,
