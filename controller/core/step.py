@@ -25,6 +25,7 @@ import numpy as np
 from controller.core.breaker import BreakerConfig, BreakerState, advance_breaker, apply_breaker, breaker_reasons
 from controller.core.estimate import Estimate, estimate
 from controller.core.guards import GuardConfig, GuardState, apply_guards, pool_telemetry_status
+from controller.jsonsafe import json_safe
 from controller.types import (
     BreakerAction,
     BreakerSignals,
@@ -128,19 +129,7 @@ def _confidence(out: PolicyOutput) -> float | None:
 
 
 def _reason_dict(r: Reason) -> dict[str, Any]:
-    return {"code": r.code, "message": r.message, "pool": r.pool, "data": _jsonable(dict(r.data))}
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (np.floating, np.integer)):
-        return _jsonable(v.item())
-    return v
+    return {"code": r.code, "message": r.message, "pool": r.pool, "data": json_safe(dict(r.data))}
 
 
 def observation_summary(obs: FleetObservation) -> dict[str, Any]:
@@ -148,13 +137,13 @@ def observation_summary(obs: FleetObservation) -> dict[str, Any]:
     out: dict[str, Any] = {"at_s": obs.at_s, "source": obs.source, "errors": list(obs.errors), "pools": {}, "classes": {}}
     for name, p in obs.pools.items():
         out["pools"][name] = {
-            f: (_jsonable(getattr(p, f).value) if getattr(p, f).ok else getattr(p, f).status.value)
+            f: (json_safe(getattr(p, f).value) if getattr(p, f).ok else getattr(p, f).status.value)
             for f in ("replicas_ready", "replicas_starting", "arrival_rps", "running", "waiting", "kv_usage_frac",
                       "hit_rate", "ttft_p95_s", "tpot_p95_s", "gpu_util_frac")
         }
     for name, c in obs.classes.items():
         out["classes"][name] = {
-            f: (_jsonable(getattr(c, f).value) if getattr(c, f).ok else getattr(c, f).status.value)
+            f: (json_safe(getattr(c, f).value) if getattr(c, f).ok else getattr(c, f).status.value)
             for f in ("arrival_rps", "shed_rps", "queue_depth", "ttft_p95_s")
         }
     return out
@@ -252,12 +241,12 @@ class Controller:
         )
         changed = current is None or dict(current.pools) != dict(decision.pools) or dict(current.admission) != dict(decision.admission)
         diagnostics = {"observation": inputs, "policy": self.policy.name, "profile": profile,
-                       **{k: _jsonable(v) for k, v in out.diagnostics.items()}}
+                       **{k: json_safe(v) for k, v in out.diagnostics.items()}}
         if out.confidence is not None:
-            diagnostics["confidence"] = _jsonable(out.confidence)
+            diagnostics["confidence"] = json_safe(out.confidence)
         if self.breaker is not None:
-            diagnostics["breaker"] = _jsonable(bstate.status())
-            diagnostics["breaker_constraints"] = _jsonable({
+            diagnostics["breaker"] = json_safe(bstate.status())
+            diagnostics["breaker_constraints"] = json_safe({
                 "min_replicas": dict(action.min_replicas), "max_prefix_weight": dict(action.max_prefix_weight),
                 "protect_streams": action.protect_streams, "min_shed": dict(action.min_shed)})
         text = explain(decision, current, reasons, adjustments, telemetry, active, guarded.frozen, tick.mode)
