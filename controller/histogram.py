@@ -54,7 +54,7 @@ class Histogram:
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(float(b) for b in bounds)
-        if any(b2 <= b1 for b1, b2 in zip(self.bounds, self.bounds[1:])):
+        if any(b2 <= b1 for b1, b2 in zip(self.bounds, self.bounds[1:], strict=False)):
             raise ValueError("histogram bounds must be strictly ascending")
         self.counts = [0.0] * (len(self.bounds) + 1)
         self.sum = 0.0

@@ -78,6 +78,7 @@ from controller.types import (
     PolicyInput,
     PoolDecision,
     PoolSpec,
+    Reading,
     Reason,
 )
 
@@ -162,7 +163,7 @@ class BreakerState:
                 "replica_floors": dict(self.floors)}
 
 
-def _ok(r) -> float | None:
+def _ok(r: Reading) -> float | None:
     return float(r.value) if r.ok and math.isfinite(r.value) else None
 
 
@@ -259,7 +260,8 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
         if over:
             late.append(c)
             if c == PRIORITY_CLASSES[0]:
-                critical_late = critical_late or (slo is not None and ((ttft or 0) > slo.ttft_s or (tpot or 0) > slo.tpot_s))
+                critical_late = critical_late or (
+                    slo is not None and ((ttft or 0) > slo.ttft_s or (tpot or 0) > slo.tpot_s))
         if state.phase == CLOSED and not over:
             a = cfg.baseline_alpha
             if ttft is not None:
@@ -275,7 +277,8 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
     symptoms = bool(hit_drop or late or retry_rise)
     suspects = [n for n, w in watch.items() if w.loss_seen_s is not None and now_s - w.loss_seen_s < cfg.suspect_s]
 
-    phase, stage, since, tripped_at, trigger = state.phase, state.stage, state.since_s, state.tripped_at_s, state.trigger
+    phase, stage, since = state.phase, state.stage, state.since_s
+    tripped_at, trigger = state.tripped_at_s, state.trigger
     pools_hit, calm_since, late_since, trips = state.pools_hit, state.calm_since_s, state.late_since_s, state.trips
     # Overload, the same cascade without a crash: protected classes late while a pool's queue
     # grows (or clients retry), for `overload_ticks` ticks in a row.
@@ -358,16 +361,16 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
     action = BreakerAction()
     if phase != CLOSED:
         for name in pools_hit:
-            w = watch.get(name)
-            if w is not None and w.pre_loss_target > 0:
-                floors[name] = w.pre_loss_target
+            hit_watch = watch.get(name)
+            if hit_watch is not None and hit_watch.pre_loss_target > 0:
+                floors[name] = hit_watch.pre_loss_target
         cap_pw = cfg.spread_prefix_weight if phase == OPEN else cfg.ramp_prefix_weight
         shed: dict[str, float] = {}
         if stage >= 2:
             shed["sheddable"] = cfg.shed_stage3 if stage >= 3 else cfg.shed_stage2
         if stage >= 3 and critical_late:
             shed["standard"] = cfg.standard_shed_stage3
-        spread = {} if trigger.startswith("overload") else {n: cap_pw for n in pools_hit}  # no cache was lost
+        spread = {} if trigger.startswith("overload") else dict.fromkeys(pools_hit, cap_pw)  # no cache was lost
         action = BreakerAction(min_replicas=floors, max_prefix_weight=spread, protect_streams=stage >= 2,
                                min_shed=shed, pools=tuple(pools_hit))
     new = BreakerState(phase=phase, stage=stage, since_s=since, tripped_at_s=tripped_at, trigger=trigger,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from controller.types import (
     ClassAdmission,
@@ -126,11 +127,19 @@ def apply_guards(
 
     # 1. everything stale: hold the last safe decision as a whole.
     if observation.all_stale and current:
-        adjustments.append(Reason("guard_telemetry_frozen", "all telemetry is stale or missing: holding the last safe decision"))
+        adjustments.append(Reason("guard_telemetry_frozen",
+                                  "all telemetry is stale or missing: holding the last safe decision"))
         return GuardResult(dict(current), dict(admission), tuple(adjustments), True, state)
 
     out: dict[str, PoolDecision] = {}
     proposals = dict(state.proposals)
+
+    def adjust(pool: str, n: int, new_n: int, code: str, msg: str, **data: Any) -> int:
+        """Pool's replicas n → new_n, with a reason when that changes them."""
+        if new_n != n:
+            adjustments.append(Reason(code, msg, pool=pool, data={"from": n, "to": new_n, **data}))
+        return new_n
+
     for spec in fleet.pools:
         name = spec.name
         base = current.get(name)
@@ -138,20 +147,16 @@ def apply_guards(
         cur_n = base.replicas if base is not None else None
         n = want.replicas
 
-        def adjust(new_n: int, code: str, msg: str, **data) -> int:
-            if new_n != n:
-                adjustments.append(Reason(code, msg, pool=name, data={"from": n, "to": new_n, **data}))
-            return new_n
-
         # 2. never scale down on missing or partial data.
         status = pool_telemetry_status(observation.pools.get(name))
         if cur_n is not None and n < cur_n and status != "ok":
-            n = adjust(cur_n, "guard_missing_data_hold", f"telemetry {status}: not scaling down", telemetry=status)
+            n = adjust(name, n, cur_n, "guard_missing_data_hold", f"telemetry {status}: not scaling down",
+                       telemetry=status)
 
         # 2b. low model confidence: hold the last safe decision in the unsafe direction.
         if unsure and base is not None:
             if cur_n is not None and n < cur_n:
-                n = adjust(cur_n, "guard_low_confidence_hold",
+                n = adjust(name, n, cur_n, "guard_low_confidence_hold",
                            f"model confidence {confidence:.2f} < {config.min_confidence:g}: not scaling down",
                            confidence=confidence)
             levers = replace(base, replicas=want.replicas, warm_standby=max(want.warm_standby, base.warm_standby))
@@ -168,7 +173,7 @@ def apply_guards(
             draining = obs_p.replicas_draining.value if obs_p is not None and obs_p.replicas_draining.ok else 0.0
             room = max(0, config.max_concurrent_drains - int(round(draining)))
             if n < cur_n - room:
-                n = adjust(cur_n - room, "guard_drain_in_progress",
+                n = adjust(name, n, cur_n - room, "guard_drain_in_progress",
                            f"{int(round(draining))} replica(s) still draining: at most "
                            f"{config.max_concurrent_drains} leave at once", draining=draining)
 
@@ -176,33 +181,42 @@ def apply_guards(
         pool_ovr = [o for o in active if o.pool == name]
         if any(o.kind == "freeze" for o in pool_ovr) and base is not None:
             o = next(o for o in pool_ovr if o.kind == "freeze")
-            adjustments.append(Reason("guard_override_freeze", f"frozen by {o.author}: {o.reason or 'no reason given'}",
+            adjustments.append(Reason("guard_override_freeze",
+                                      f"frozen by {o.author}: {o.reason or 'no reason given'}",
                                       pool=name, data={"override_id": o.override_id}))
             out[name] = base
-            proposals[name] = tuple(p for p in proposals.get(name, ()) if now_s - p[0] < config.scale_down_stabilization_s)
+            proposals[name] = tuple(p for p in proposals.get(name, ())
+                                    if now_s - p[0] < config.scale_down_stabilization_s)
             continue
         for o in pool_ovr:
             v = int(round(o.value))
             if o.kind == "pin_replicas":
-                n = adjust(v, "guard_override_pin", f"pinned to {v} by {o.author}", override_id=o.override_id)
+                n = adjust(name, n, v, "guard_override_pin", f"pinned to {v} by {o.author}",
+                           override_id=o.override_id)
             elif o.kind == "min_replicas" and n < v:
-                n = adjust(v, "guard_override_min", f"floor {v} set by {o.author}", override_id=o.override_id)
+                n = adjust(name, n, v, "guard_override_min", f"floor {v} set by {o.author}",
+                           override_id=o.override_id)
             elif o.kind == "max_replicas" and n > v:
-                n = adjust(v, "guard_override_max", f"ceiling {v} set by {o.author}", override_id=o.override_id)
+                n = adjust(name, n, v, "guard_override_max", f"ceiling {v} set by {o.author}",
+                           override_id=o.override_id)
         pinned = any(o.kind == "pin_replicas" for o in pool_ovr)
 
         # 4. pool bounds (a pin may not leave them either).
         if n < spec.min_replicas:
-            n = adjust(spec.min_replicas, "guard_min_replicas", f"raised to the pool minimum {spec.min_replicas}")
+            n = adjust(name, n, spec.min_replicas, "guard_min_replicas",
+                       f"raised to the pool minimum {spec.min_replicas}")
         if n > spec.max_replicas:
-            n = adjust(spec.max_replicas, "guard_max_replicas", f"capped at the pool maximum {spec.max_replicas}")
+            n = adjust(name, n, spec.max_replicas, "guard_max_replicas",
+                       f"capped at the pool maximum {spec.max_replicas}")
 
         # 5. step limits (pins are operator intent and still step gradually).
         if cur_n is not None:
             if config.max_step_up is not None and n > cur_n + config.max_step_up:
-                n = adjust(cur_n + config.max_step_up, "guard_max_step_up", f"at most +{config.max_step_up} per tick")
+                n = adjust(name, n, cur_n + config.max_step_up, "guard_max_step_up",
+                           f"at most +{config.max_step_up} per tick")
             if config.max_step_down is not None and n < cur_n - config.max_step_down:
-                n = adjust(cur_n - config.max_step_down, "guard_max_step_down", f"at most -{config.max_step_down} per tick")
+                n = adjust(name, n, cur_n - config.max_step_down, "guard_max_step_down",
+                           f"at most -{config.max_step_down} per tick")
 
         # 6. scale-down stabilisation over the policy's proposals (not over pins).
         window = config.scale_down_stabilization_s
@@ -213,7 +227,7 @@ def apply_guards(
             highest = max(v for _, v in hist)
             floor = min(cur_n, highest)
             if n < floor:
-                n = adjust(floor, "guard_scale_down_stabilisation",
+                n = adjust(name, n, floor, "guard_scale_down_stabilisation",
                            f"highest proposal in the last {window:g} s is {highest}", window_s=window)
         out[name] = replace(want, replicas=n)
 
@@ -230,7 +244,8 @@ def apply_guards(
                 over = total - config.budget_usd_per_hour
                 cut = min(extra, math.ceil(over / prices[name] - 1e-9))
                 new_n = out[name].replicas - cut
-                adjustments.append(Reason("guard_budget_cap", f"scale-up trimmed to stay within ${config.budget_usd_per_hour:g}/h",
+                adjustments.append(Reason("guard_budget_cap",
+                                          f"scale-up trimmed to stay within ${config.budget_usd_per_hour:g}/h",
                                           pool=name, data={"from": out[name].replicas, "to": new_n}))
                 out[name] = replace(out[name], replicas=new_n)
                 total -= cut * prices[name]
@@ -243,6 +258,7 @@ def apply_guards(
         if o.kind == "admission" and o.priority_class:
             prev = adm.get(o.priority_class, ClassAdmission())
             adm[o.priority_class] = replace(prev, shed_frac=min(1.0, max(0.0, o.value)))
-            adjustments.append(Reason("guard_override_admission", f"{o.priority_class} shed fraction forced to {o.value:g} by {o.author}",
+            adjustments.append(Reason("guard_override_admission",
+                                      f"{o.priority_class} shed fraction forced to {o.value:g} by {o.author}",
                                       data={"override_id": o.override_id, "class": o.priority_class}))
     return GuardResult(out, adm, tuple(adjustments), False, GuardState(proposals))

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -191,7 +191,8 @@ class QueueingPrior:
             "e": np.array([x.e_s_per_attn_work for x in f]), "kv": np.array([x.kv_tokens for x in f]),
             "prefill_only": np.array([r == "prefill" for r in self.roles]),
             "decode_only": np.array([r == "decode" for r in self.roles]),
-            "k_ttft": np.array(self.ttft_correction, dtype=float), "k_tpot": np.array(self.tpot_correction, dtype=float),
+            "k_ttft": np.array(self.ttft_correction, dtype=float),
+            "k_tpot": np.array(self.tpot_correction, dtype=float),
             "burst": np.array(self.burst, dtype=float),
         }
         object.__setattr__(self, "_arr", arr)
@@ -232,9 +233,9 @@ class QueueingPrior:
         lam = np.maximum(q.rps_per_replica, 0.0)
         P = np.maximum(q.prompt_tokens, 1.0)
         hit = np.clip(q.hit_rate, 0.0, 0.99)
-        O = np.maximum(q.output_tokens, 1.0)
+        O = np.maximum(q.output_tokens, 1.0)  # noqa: E741  O: output tokens, the formulas' symbol
         if pre_only.any():
-            O = np.where(pre_only, 1.0, O)
+            O = np.where(pre_only, 1.0, O)  # noqa: E741  O: output tokens, the formulas' symbol
         u = P * (1.0 - hit)
         if dec_only.any():
             u = np.where(dec_only, 0.0, u)
@@ -272,7 +273,8 @@ class QueueingPrior:
 
         def prefill_s(uq: np.ndarray) -> np.ndarray:
             steps = np.ceil(uq / budget)
-            return steps * t + d * uq + e * uq * (ph + 0.5 * uq)
+            res: np.ndarray = steps * t + d * uq + e * uq * (ph + 0.5 * uq)
+            return res
 
         u50 = u * _P50_OF_MEAN
         u95 = u * _P95_OF_MEAN
@@ -284,13 +286,14 @@ class QueueingPrior:
         # bursty arrivals. Example (8B, A100): 3 req/s per replica, 1,350 uncached tokens,
         # burst 1 s → 4,050-token chunks → 11 ms + 65 µs × 4,050 = 0.28 s per step; a
         # 1,024-token budget caps it at 0.08 s.
-        t_dec = a + beta * batch
+        t_dec: np.ndarray = a + beta * batch
 
         def tpot_burst_of(burst: np.ndarray) -> np.ndarray:
             if not burst.any():  # no burst anywhere: the chunk is 0 and the burst step is the decode step
                 return t_dec
             chunk = np.minimum(budget, burst * lam_eff * u)
-            return t_dec + d * chunk + e * chunk * (ph + 0.5 * chunk)
+            res: np.ndarray = t_dec + d * chunk + e * chunk * (ph + 0.5 * chunk)
+            return res
 
         ttft50 = (0.5 * t + prefill_s(u50) + 0.7 * w_pk + w50) * np.sqrt(k_ttft)
         ttft95 = (TTFT_P95_FACTOR * (0.95 * t + prefill_s(u95)) + 3.0 * w_pk + w95) * k_ttft
@@ -305,7 +308,8 @@ class QueueingPrior:
         tpot95_smooth = t * TPOT_P95_OF_MEAN + 1.645 * spread
 
         def tpot95_of(burst: np.ndarray) -> np.ndarray:
-            return np.maximum(tpot95_smooth, tpot_burst_of(burst)) * k_tpot
+            res: np.ndarray = np.maximum(tpot95_smooth, tpot_burst_of(burst)) * k_tpot
+            return res
 
         tpot95 = tpot95_of(burst)
         # A request's TPOT is the mean of its steps, and no step carries more prefill than the
@@ -450,7 +454,8 @@ class LearnedPlanModel:
         x = LatencyInputs.build(n, physics_index=rows, arrival_rps_per_replica=flat["rps_per_replica"],
                                 prompt_tokens=flat["prompt_tokens"], output_tokens=flat["output_tokens"],
                                 hit_rate=flat["hit_rate"], inflight_cap=flat["inflight_cap"],
-                                max_num_seqs=flat["max_num_seqs"], max_num_batched_tokens=flat["max_num_batched_tokens"])
+                                max_num_seqs=flat["max_num_seqs"],
+                                max_num_batched_tokens=flat["max_num_batched_tokens"])
         out, prior, conf = self.models.predict_latency(x)  # type: ignore[attr-defined]
         A = self.fallback._arr
         i = flat["pool_index"].astype(np.intp)
@@ -458,6 +463,7 @@ class LearnedPlanModel:
         # per-request TPOT (with its corrections and burst term) from the fallback, see the docstring
         own = self.fallback.latency(LatencyQuery(**flat))
         wait = prior.router_wait_p95_s
+        assert own.tpot_max_s is not None  # QueueingPrior.latency always bounds TPOT
         ans = LatencyAnswer(
             ttft_p50_s=(out["ttft_p50_s"] + 0.5 * wait) * np.sqrt(k_ttft),
             ttft_p95_s=(out["ttft_p95_s"] + wait) * k_ttft,
@@ -466,8 +472,9 @@ class LearnedPlanModel:
             confidence=np.asarray(conf, dtype=float) * np.ones(n),
             slot_wait_p50_s=0.5 * wait * np.sqrt(k_ttft), slot_wait_p95_s=wait * k_ttft,
             tpot_max_s=np.maximum(own.tpot_max_s, own.tpot_p95_s))
-        return LatencyAnswer(**{f: (None if getattr(ans, f) is None else np.reshape(getattr(ans, f), shape))
-                                for f in LatencyAnswer.__dataclass_fields__})
+        reshaped: dict[str, Any] = {f: (None if getattr(ans, f) is None else np.reshape(getattr(ans, f), shape))
+                                    for f in LatencyAnswer.__dataclass_fields__}
+        return LatencyAnswer(**reshaped)
 
     def burst_for(self, q: LatencyQuery, tpot_p95_s: float, hi: float = 200.0) -> float:
         return self.fallback.burst_for(q, tpot_p95_s, hi)
@@ -482,4 +489,5 @@ class LearnedPlanModel:
                 idx.append(int(models.physics_index(figures_key(p))))  # type: ignore[attr-defined]
             except (KeyError, ValueError) as e:
                 raise KeyError(f"learned models have no physics for pool {p.name} ({figures_key(p)}): {e}") from None
-        return LearnedPlanModel(models=models, physics_index=tuple(idx), fallback=fallback or QueueingPrior.for_pools(pools))
+        return LearnedPlanModel(models=models, physics_index=tuple(idx),
+                                fallback=fallback or QueueingPrior.for_pools(pools))

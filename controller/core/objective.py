@@ -14,10 +14,11 @@ critical requests late pays ×(1 + 40 × 0.01 × share_critical); with a 20 % cr
 share that is ×1.08, i.e. worth $0.00032 per success of extra GPUs to avoid.
 
 On top of the ratio, a chance constraint per class: the share of its requests predicted
-late *or shed* under the planned load quantile (balanced: p60) may exceed `risk_tolerance[k]` only at a steep
-price (`risk_weight` × `risk_priority[k]` × cost per success per point of excess), per class
-and not weighted by the class's traffic share (each class has its own attainment target). This is what keeps critical and
-standard at ≥ 99 % while the ratio alone would trade a few late requests for GPUs.
+late *or shed* under the planned load quantile (balanced: p60) may exceed `risk_tolerance[k]` only at
+a steep price (`risk_weight` × `risk_priority[k]` × cost per success per point of excess), per class
+and not weighted by the class's traffic share (each class has its own attainment target). This is
+what holds each class to its attainment target where the ratio alone would trade a few late
+requests for GPUs.
 
 Workflow context: a request of a class whose tasks have `steps_per_task[k]` steps on
 average carries the work already sunk in its earlier steps, so losing it (late or shed)

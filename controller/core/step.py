@@ -134,7 +134,8 @@ def _reason_dict(r: Reason) -> dict[str, Any]:
 
 def observation_summary(obs: FleetObservation) -> dict[str, Any]:
     """The inputs a decision was made from, compact and JSON-ready."""
-    out: dict[str, Any] = {"at_s": obs.at_s, "source": obs.source, "errors": list(obs.errors), "pools": {}, "classes": {}}
+    out: dict[str, Any] = {"at_s": obs.at_s, "source": obs.source, "errors": list(obs.errors),
+                           "pools": {}, "classes": {}}
     for name, p in obs.pools.items():
         out["pools"][name] = {
             f: (json_safe(getattr(p, f).value) if getattr(p, f).ok else getattr(p, f).status.value)
@@ -172,7 +173,8 @@ class Controller:
         for o in overrides:
             if o.kind in ("slo_ttft", "slo_tpot") and o.priority_class in slos:
                 s = slos[o.priority_class]
-                slos[o.priority_class] = SloSpec(ttft_s=o.value, tpot_s=s.tpot_s) if o.kind == "slo_ttft" else SloSpec(s.ttft_s, o.value)
+                slos[o.priority_class] = (SloSpec(ttft_s=o.value, tpot_s=s.tpot_s) if o.kind == "slo_ttft"
+                                          else SloSpec(s.ttft_s, o.value))
         return replace(self.fleet, slos=slos)
 
     def _observed_current(self, obs: FleetObservation, prior: Decision | None) -> Decision | None:
@@ -189,7 +191,8 @@ class Controller:
             pools[spec.name] = replace(base, replicas=n) if base else PoolDecision(replicas=n)
         if not pools:
             return prior
-        return Decision(decision_id=prior.decision_id if prior else "observed", generation=prior.generation if prior else 0,
+        return Decision(decision_id=prior.decision_id if prior else "observed",
+                        generation=prior.generation if prior else 0,
                         at_s=obs.at_s, valid_until_s=obs.at_s, pools=pools,
                         admission=prior.admission if prior else {})
 
@@ -236,10 +239,12 @@ class Controller:
             at_s=now_s,
             valid_until_s=now_s + self.decision_validity_s,
             pools=dict(guarded.pools),
-            admission={c: a for c, a in guarded.admission.items() if a != ClassAdmission()} if guarded.admission else {},
+            admission=({c: a for c, a in guarded.admission.items() if a != ClassAdmission()}
+                       if guarded.admission else {}),
             reasons=reasons + adjustments,
         )
-        changed = current is None or dict(current.pools) != dict(decision.pools) or dict(current.admission) != dict(decision.admission)
+        changed = (current is None or dict(current.pools) != dict(decision.pools)
+                   or dict(current.admission) != dict(decision.admission))
         diagnostics = {"observation": inputs, "policy": self.policy.name, "profile": profile,
                        **{k: json_safe(v) for k, v in out.diagnostics.items()}}
         if out.confidence is not None:
@@ -286,9 +291,11 @@ def explain(decision: Decision, current: Decision | None, reasons: tuple[Reason,
         if r.pool is None:
             lines.append(f"  {r.code}: {r.message}")
     if decision.admission:
-        lines.append("  admission: " + ", ".join(f"{c} shed {a.shed_frac:.0%}" + (f" rate≤{a.rate_limit_rps:g}/s" if a.rate_limit_rps else "")
-                                               for c, a in decision.admission.items()))
+        lines.append("  admission: " + ", ".join(
+            f"{c} shed {a.shed_frac:.0%}" + (f" rate≤{a.rate_limit_rps:g}/s" if a.rate_limit_rps else "")
+            for c, a in decision.admission.items()))
     if overrides:
-        lines.append("  overrides: " + ", ".join(f"{o.kind}{'(' + o.pool + ')' if o.pool else ''}={o.text or o.value:g} by {o.author}"
-                                               if not o.text else f"{o.kind}={o.text} by {o.author}" for o in overrides))
+        lines.append("  overrides: " + ", ".join(
+            f"{o.kind}{'(' + o.pool + ')' if o.pool else ''}={o.text or o.value:g} by {o.author}"
+            if not o.text else f"{o.kind}={o.text} by {o.author}" for o in overrides))
     return "\n".join(lines)

@@ -8,6 +8,7 @@ Must not: know about pools or models; arrays and CDFs in, quantiles out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,11 +61,13 @@ def _bucket_index(buckets: _Buckets, x: np.ndarray) -> np.ndarray:
     table = buckets.index_table
     u = (np.log(np.maximum(x, 1e-300)) - _BUCKET_GRID_LO) * _BUCKET_GRID_PER_E
     np.clip(u, 0.0, _BUCKET_GRID_N - 1, out=u)
-    return np.take(table, u.astype(np.intp))
+    res: np.ndarray = np.take(table, u.astype(np.intp))
+    return res
 
 
-def bucket_quantile(q: float, buckets: _Buckets | np.ndarray, guess: np.ndarray, cdf_log, *,
-                     walk: bool = True) -> np.ndarray:
+def bucket_quantile(q: float, buckets: _Buckets | np.ndarray, guess: np.ndarray,
+                    cdf_log: Callable[[np.ndarray, np.ndarray | None], np.ndarray], *,
+                    walk: bool = True) -> np.ndarray:
     """What Prometheus' histogram_quantile returns for quantile q of a distribution observed into
     buckets with upper `bounds`: linear interpolation inside the bucket where the CDF crosses q.
     `cdf_log(log_b, rows)` is the CDF at log bounds for the given rows (log 0 = −inf → 0).

@@ -86,7 +86,8 @@ def router_affinity(prefix_weight: np.ndarray, load_weight: np.ndarray) -> np.nd
     replaying Mooncake conversations on 4 replicas, sent 0.78 of requests to a best-prefix replica
     beyond chance at the defaults (docs/BENCHMARKS.md, "One affinity formula").
     """
-    return 1.0 - np.exp(-np.maximum(prefix_weight, 0.0) / np.maximum(0.5 * load_weight, 0.1))
+    res: np.ndarray = 1.0 - np.exp(-np.maximum(prefix_weight, 0.0) / np.maximum(0.5 * load_weight, 0.1))
+    return res
 
 
 def cache_prior(table: PhysicsTable, x: CacheInputs) -> CachePrior:
@@ -114,7 +115,7 @@ def cache_prior(table: PhysicsTable, x: CacheInputs) -> CachePrior:
     k = x.physics_index
     R = np.maximum(x.replicas, 1.0)
     P = np.maximum(x.prompt_tokens, 1.0)
-    O = np.maximum(x.output_tokens, 1.0)
+    O = np.maximum(x.output_tokens, 1.0)  # noqa: E741  O: output tokens, the formulas' symbol
     prof_tab = np.clip(x.reuse_hit_at, 0.0, 1.0)  # (profiles, K), cumulative in τ
     dh_tab = np.maximum(np.diff(prof_tab, axis=1, prepend=0.0), 0.0)  # per bin
     h_inf = prof_tab[x.reuse_index, -1]
@@ -146,7 +147,8 @@ _RET_T = 10.0 ** (_RET_LOG10_LO + np.arange(_RET_POINTS) / _RET_PER_DECADE)
 def _retention_table(dh_tab: np.ndarray) -> np.ndarray:
     """(profiles × _RET_POINTS) raveled: g_p(T) = Σ_k Δh_pk · T/(T + τ_k) on _RET_T."""
     frac = _RET_T[None, :] / (_RET_T[None, :] + _REUSE_BIN_TAU_S[:, None])  # (K, points)
-    return (dh_tab @ frac).ravel()
+    res: np.ndarray = (dh_tab @ frac).ravel()
+    return res
 
 
 def _read_retention(g_flat: np.ndarray, profile: np.ndarray, T: np.ndarray) -> np.ndarray:
@@ -156,10 +158,12 @@ def _read_retention(g_flat: np.ndarray, profile: np.ndarray, T: np.ndarray) -> n
     i = u.astype(np.intp)
     idx = profile * _RET_POINTS + i
     y0 = np.take(g_flat, idx)
-    return y0 + (u - i) * (np.take(g_flat, idx + 1) - y0)
+    res: np.ndarray = y0 + (u - i) * (np.take(g_flat, idx + 1) - y0)
+    return res
 
 
 # representative reuse time of each profile bin: geometric middle of (τ_{k−1}, τ_k]; the first
 # bin (0, 5 s] → 2.5 s, the last (1 h, ∞) → 4 h
-_REUSE_BIN_TAU_S = np.array([2.5] + [math.sqrt(REUSE_TAU_S[i - 1] * REUSE_TAU_S[i]) for i in range(1, len(REUSE_TAU_S) - 1)]
+_REUSE_BIN_TAU_S = np.array([2.5]
+                            + [math.sqrt(REUSE_TAU_S[i - 1] * REUSE_TAU_S[i]) for i in range(1, len(REUSE_TAU_S) - 1)]
                             + [4 * 3600.0])

@@ -29,7 +29,8 @@ def _coverage(X: np.ndarray, lo: np.ndarray, hi: np.ndarray, scale: np.ndarray) 
     d *= 1.0 / scale
     s = np.einsum("ij,ij->i", d, d)
     s *= -0.5
-    return np.exp(s, out=s)
+    res: np.ndarray = np.exp(s, out=s)
+    return res
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = Tru
     dseg, pseg = table.decode_seg, table.prefill_seg
     lam = np.maximum(x.arrival_rps_per_replica, 1e-6)
     P = np.maximum(x.prompt_tokens, 1.0)
-    O = np.maximum(x.output_tokens, 1.0)
+    O = np.maximum(x.output_tokens, 1.0)  # noqa: E741  O: output tokens, the formulas' symbol
     hit = clamp(x.hit_rate, 0.0, 0.999)
     Pu = np.maximum(P * (1.0 - hit), 1.0)
     M = np.where(x.max_num_batched_tokens > 0, x.max_num_batched_tokens, table.max_num_batched_tokens[k])
@@ -139,13 +139,15 @@ def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = Tru
     attn_tok = attn_s * (P * hit + 0.5 * Pu)  # attention per prefill token (context before + half its own)
 
     def decode_step(b: np.ndarray) -> np.ndarray:
-        return interp_seg(dseg, base, b) + ctx_cost * b
+        res: np.ndarray = interp_seg(dseg, base, b) + ctx_cost * b
+        return res
 
     def chunk_cost(c: np.ndarray, b: np.ndarray) -> np.ndarray:
         # marginal time of c prefill tokens added to a step that decodes b sequences:
         # step(c prefill + b decode) − step(b decode). Example (Llama-3-70B TP4 H100): 1,000
         # tokens into a 256-sequence decode step: 175 ms − 103 ms = 72 ms.
-        return np.maximum(interp_seg(pseg, base, c + b) + seq_s * b - interp_seg(dseg, base, b), 0.0)
+        res: np.ndarray = np.maximum(interp_seg(pseg, base, c + b) + seq_s * b - interp_seg(dseg, base, b), 0.0)
+        return res
 
     # Little's law fixed point B = λ·O·τ_d(1 + B)/(1 − f_p): Newton steps on the step-time
     # table's local segment τ_d(1 + B) ≈ a + s·(1 + B), which solve it exactly within a segment:
@@ -173,7 +175,8 @@ def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = Tru
     def chunk_at(c: np.ndarray) -> np.ndarray:
         y = interp_seg(pseg, base, c + batch)
         y += mixed_base
-        return np.maximum(y, 0.0, out=y)
+        res: np.ndarray = np.maximum(y, 0.0, out=y)
+        return res
 
     cost_pf = n_chunks * chunk_at(chunk) + attn_req
     f_p = np.minimum(lam * cost_pf, 0.95)
@@ -182,7 +185,8 @@ def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = Tru
     # capacity: the batch at its cap (router cap included) and at the engine's own limit
     def capacity_at(b: np.ndarray) -> np.ndarray:
         per_req_s = n_chunks * chunk_cost(chunk, b) + attn_req + O * decode_step(b) / b
-        return 1.0 / np.maximum(per_req_s, EPS)
+        res: np.ndarray = 1.0 / np.maximum(per_req_s, EPS)
+        return res
 
     capacity_engine = capacity_at(b_engine)
     capacity = capacity_at(b_max) if any_cap else capacity_engine
@@ -202,7 +206,8 @@ def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = Tru
         qq = clamp(1.0 - tail / pi, 0.02, 0.98)
         z = (np.log(qq) - np.log1p(-qq)) * (PROMPT_LOG_SIGMA / 1.702)
         c_q = np.minimum(Pu * np.exp(z - sig2), M)
-        return tau_d + w * (chunk_at(c_q) + attn_tok * c_q)
+        res: np.ndarray = tau_d + w * (chunk_at(c_q) + attn_tok * c_q)
+        return res
 
     # TTFT quantiles
     full_step = tau_d + chunk_at(M)
@@ -274,7 +279,8 @@ def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = Tru
                 c_ += d_
                 return c_
             d_ = half_tanh((lb - mu_d[rows]) * inv_sd_d)
-            return pi32[rows] * (half_tanh((lb - mu_c[rows]) * inv_sd_c[rows]) - d_) + d_
+            res: np.ndarray = pi32[rows] * (half_tanh((lb - mu_c[rows]) * inv_sd_c[rows]) - d_) + d_
+            return res
 
         # p95s only: they are what SLOs are checked on, and each read costs ~0.5 ms per 16k rows
         # (bulk predict has a budget); the p50s stay the distributions' own medians.
@@ -294,7 +300,8 @@ def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = Tru
         rho_c = np.minimum(rho, RHO_CLIP)
         queued = capped & (rho > rho_engine * 1.0001)
         w_mean = rho_c ** np.sqrt(2.0 * (b_max + 1.0)) / (b_max * (1.0 - rho_c)) * residence
-        router_wait95 = np.where(queued, w_mean / np.maximum(rho_c, 1e-3) * np.log(np.maximum(rho_c, 1e-3) / 0.05).clip(0),
+        router_wait95 = np.where(queued,
+                                 w_mean / np.maximum(rho_c, 1e-3) * np.log(np.maximum(rho_c, 1e-3) / 0.05).clip(0),
                                  0.0)
     else:
         router_wait95 = np.zeros_like(lam)

@@ -29,6 +29,8 @@ from controller.core.coupling.latency_prior import LatencyInputs, LatencyPrior, 
 from controller.core.coupling.numeric import as_rows, clamp, logit, sigmoid, stack_columns
 from controller.core.coupling.physics import Calibration, PhysicsTable, PoolPhysics
 
+# CouplingModels._latency_plan's stacked corrections (see its docstring)
+_LatencyPlan = tuple[list[str], list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]
 
 @dataclass(frozen=True)
 class Prediction:
@@ -99,7 +101,7 @@ class CouplingModels:
         hit = np.where(prior.inf_hit < 1e-3, 0.0, np.minimum(hit, prior.inf_hit))
         return hit, w
 
-    def _latency_plan(self) -> tuple[list[str], list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]:
+    def _latency_plan(self) -> _LatencyPlan:
         """The latency corrections stacked for one matrix product (cached on the instance).
 
         Returns (column names, base target of each column, first-feature coefficients (m,),
@@ -107,7 +109,7 @@ class CouplingModels:
         whose training ranges give the coverage). Columns without an estimator have zero
         coefficients, i.e. the prior.
         """
-        cached = self.__dict__.get("_plan")
+        cached: _LatencyPlan | None = self.__dict__.get("_plan")
         if cached is not None:
             return cached
         names: list[str] = []
@@ -229,7 +231,8 @@ class CouplingModels:
             tpot_p95_upper_s=lat["tpot_p95_s@upper"], gpu_busy_frac=lat["gpu_busy_frac"],
             capacity_rps_per_replica=prior.capacity_rps, router_wait_p95_s=prior.router_wait_p95_s,
             utilisation=prior.rho,
-            confidence=np.where(cache.reuse_hit_at[:, -1][cache.reuse_index] < 1e-3, conf_l, np.minimum(conf_c, conf_l)),
+            confidence=np.where(cache.reuse_hit_at[:, -1][cache.reuse_index] < 1e-3,
+                                conf_l, np.minimum(conf_c, conf_l)),
         )
 
     def sustainable_rps(self, x: LatencyInputs, ttft_p95_slo_s: Any, tpot_p95_slo_s: Any, *,
@@ -303,4 +306,5 @@ def infer_reuse_profile(models: CouplingModels, x: CacheInputs, observed_hit: np
         lo = np.where(low, mid, lo)
         hi = np.where(low, hi, mid)
     h_inf = np.where(np.isfinite(obs), 0.5 * (lo + hi), 0.0)
-    return h_inf[:, None] * shape[None, :]
+    res: np.ndarray = h_inf[:, None] * shape[None, :]
+    return res

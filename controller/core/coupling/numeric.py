@@ -27,7 +27,8 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 def clamp(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
     """np.clip without its Python-level dispatch (it runs a few hundred times per bulk predict)."""
-    return np.minimum(np.maximum(x, lo), hi)
+    res: np.ndarray = np.minimum(np.maximum(x, lo), hi)
+    return res
 
 
 def stack_columns(cols: Sequence[np.ndarray]) -> np.ndarray:
@@ -41,4 +42,5 @@ def stack_columns(cols: Sequence[np.ndarray]) -> np.ndarray:
 
 def logit(p: np.ndarray) -> np.ndarray:
     p = clamp(p, 1e-4, 1 - 1e-4)
-    return np.log(p) - np.log1p(-p)
+    res: np.ndarray = np.log(p) - np.log1p(-p)
+    return res

@@ -150,7 +150,7 @@ def interp_seg(seg: tuple[np.ndarray, np.ndarray], base: np.ndarray, x: np.ndarr
     e -= 1
     np.minimum(e, len(TOKEN_GRID) - 2, out=e)
     idx = base + e
-    y = np.take(seg[1], idx)
+    y: np.ndarray = np.take(seg[1], idx)
     y *= x
     y += np.take(seg[0], idx)
     return y
@@ -171,7 +171,7 @@ def interp_rows(flat: np.ndarray, base: np.ndarray, x: np.ndarray) -> np.ndarray
     frac -= 1.0
     idx = base + e
     y0 = np.take(flat, idx)
-    d = np.take(flat, idx + 1)
+    d: np.ndarray = np.take(flat, idx + 1)
     d -= y0
     d *= frac
     d += y0

@@ -39,7 +39,10 @@ def seasonal_naive(t_s: np.ndarray, y: np.ndarray, step_s: float, horizon_s: flo
     return t0[ok], yb[ok], fc[ok]
 
 
-def rolling_backtest(t_s: np.ndarray, y: np.ndarray, *, config: ForecastConfig = ForecastConfig(),
+_DEFAULT_CONFIG = ForecastConfig()  # frozen, so one shared default instance is safe
+
+
+def rolling_backtest(t_s: np.ndarray, y: np.ndarray, *, config: ForecastConfig = _DEFAULT_CONFIG,
                      horizon_s: float = 600.0, start_s: float | None = None, refit_every_s: float = DAY_S,
                      history_for_predict_s: float = 4 * 3600.0, name: str = "y",
                      period_s: float = DAY_S) -> dict[str, float]:
@@ -69,8 +72,9 @@ def rolling_backtest(t_s: np.ndarray, y: np.ndarray, *, config: ForecastConfig =
         if now >= next_refit or i + 1 >= 1.25 * fitted_bins:
             model = fit_series(name, t0[: i + 1] + 0.5 * config.step_s, yb[: i + 1], config)
             next_refit = now + refit_every_s
-            fitted_bins = i + 1
+            fitted_bins = int(i) + 1
         lo = max(0, i + 1 - hist_bins)
+        assert model is not None  # fitted at the first origin: fitted_bins starts at 0
         fm = ForecasterModel(config, {name: model})
         # the target bin starts h bins after the origin bin; its centre is now + (h − 0.5)·step
         f = fm.predict({name: (t0[lo: i + 1] + 0.5 * config.step_s, yb[lo: i + 1])}, now,

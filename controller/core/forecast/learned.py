@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from scipy.signal import lfilter
@@ -130,7 +131,8 @@ class Forecast:
         from scipy.special import ndtri
 
         lo, hi = np.log(np.maximum(self.p50[name], 1e-12)), np.log(np.maximum(self.p90[name], 1e-12))
-        return np.exp(lo + (hi - lo) * float(ndtri(q)) / z[0.9])
+        res: np.ndarray = np.exp(lo + (hi - lo) * float(ndtri(q)) / z[0.9])
+        return res
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,8 @@ class ForecasterModel:
 # --------------------------------------------------------------------------- binning
 
 
-def bin_series(t_s: np.ndarray, y: np.ndarray, step_s: float, end_s: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def bin_series(t_s: np.ndarray, y: np.ndarray, step_s: float,
+               end_s: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Average (t, y) points into bins [k·step, (k+1)·step) aligned to multiples of step_s.
 
     Returns (bin start times, mean per bin; NaN where a bin has no finite point). Only bins that
@@ -290,7 +293,7 @@ def _smooth(kind: str, z: np.ndarray, alpha: float, beta: float, phi: float) -> 
 
 
 def _ahead(kind: str, L: np.ndarray | float, T: np.ndarray | float, phi: float, mean_z: float,
-           h: np.ndarray | float) -> np.ndarray | float:
+           h: np.ndarray | float | np.integer[Any]) -> np.ndarray | float:
     """Deseasonalised forecast h steps ahead from level L (and trend T)."""
     if kind == "naive":
         return L
@@ -351,7 +354,7 @@ def fit_series(name: str, t_s: np.ndarray, y: np.ndarray, config: ForecastConfig
             for phi in config.holt_dampings:
                 cands.append(("holt", a, b, phi, 0.0))
     scores: list[tuple[float, int]] = []
-    cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    cache: dict[tuple[str, float, float, float], tuple[np.ndarray, np.ndarray]] = {}
     for i, (kind, a, b, phi, _hl) in enumerate(cands):
         if ok.sum() < config.min_scored:
             break
@@ -438,7 +441,8 @@ def _predict_series(m: SeriesModel, t: np.ndarray, y: np.ndarray, now_s: float, 
         r = m.resid_q.get(q)
         if not r:
             return np.full(len(H), default)
-        return np.interp(H, hs, np.asarray(r))
+        res: np.ndarray = np.interp(H, hs, np.asarray(r))
+        return res
 
     p50 = np.maximum(yhat * band(0.5, 1.0), 0.0)
     p90 = np.maximum(yhat * band(0.9, math.exp(config.default_log_spread)), p50)

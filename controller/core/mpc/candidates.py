@@ -35,7 +35,7 @@ class Candidates:
 
     @property
     def n(self) -> int:
-        return self.repl.shape[0]
+        return int(self.repl.shape[0])
 
     def take(self, idx: np.ndarray) -> Candidates:
         return Candidates(*(getattr(self, f)[idx] for f in CAND_FIELDS))

@@ -142,6 +142,7 @@ class Latency:
         # (Computed in place in the work arrays: "a" holds cum_in → frac → σ_k → the factor → t95,
         # "c" t50; "b" holds the wait, then scratch.)
         if lat.slot_wait_p95_s is not None:
+            assert lat.slot_wait_p50_s is not None  # the models set both slot waits or neither
             sw50 = np.reshape(lat.slot_wait_p50_s, shape)
             sw95 = np.reshape(lat.slot_wait_p95_s, shape)
             rho = np.minimum(pool_rps / m_all, 0.98)

@@ -66,7 +66,8 @@ def delay_ladder(level: np.ndarray, classes: Sequence[ClassInput]) -> np.ndarray
         out[..., k] = np.clip(level - rank, 0.0, 1.0)
     floor = np.array([c.min_shed for c in classes])
     ceil = np.array([max(c.max_shed, c.min_shed) for c in classes])
-    return np.minimum(np.maximum(out, floor), ceil)
+    res: np.ndarray = np.minimum(np.maximum(out, floor), ceil)
+    return res
 
 
 def ladder_level(shed: np.ndarray) -> float:

@@ -199,7 +199,7 @@ def cross_entropy(s: Search) -> None:
     if s.left() > 0 and s.best is not None:
         b = to_vec(s.best, names)
         probes = []
-        for col, (kind, _) in enumerate(names):
+        for col in range(len(names)):
             for v in (lo[col], hi[col], 0.5 * (lo[col] + hi[col])):
                 x = b.copy()
                 x[col] = v
@@ -300,7 +300,7 @@ def settle(s: Search, tolerance: float = 0.003) -> None:
     if not trials:
         return
     J, _ = ev.score(Candidates.concat(trials))
-    ok = [t for t, v in zip(trials, J) if v <= s.best_J * (1.0 + tolerance)]
+    ok = [t for t, v in zip(trials, J, strict=True) if v <= s.best_J * (1.0 + tolerance)]
     if not ok:
         return
     combo = best.tile(1)

@@ -72,7 +72,8 @@ def lognormal_exceed_ref(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray,
     z = np.log(np.maximum(bound, 1e-9) / m) / sigma
     if tail_sigma is not None and float(np.max(sigma, initial=0.0)) > tail_sigma:
         z = z + np.maximum(z - 1.6449, 0.0) * np.maximum(sigma * (1.0 / tail_sigma) - 1.0, 0.0)
-    return 1.0 - ndtr(z)
+    res: np.ndarray = 1.0 - ndtr(z)
+    return res
 
 
 def lognormal_exceed_into(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray, tail_sigma: float, *,

@@ -80,7 +80,7 @@ class Traffic:
         meaningful and a plan's weights from drifting towards 0 tick after tick (the router
         splits evenly when a hop's weights are all 0). Example: A100 0.06 on 2 replicas, H100
         0.94 on 5 → 0.16 and 1.0 per replica."""
-        out = np.maximum(absolute, 0.0) / self.ready_step0[None, :]
+        out: np.ndarray = np.maximum(absolute, 0.0) / self.ready_step0[None, :]
         for _, m in self.hop_masks:
             if m.sum() > 1:
                 top = out[:, m].max(axis=1, keepdims=True)

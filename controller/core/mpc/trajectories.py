@@ -55,7 +55,8 @@ def need_per_step(ev: Evaluator, base: Candidates, j: int) -> np.ndarray:
         idx = np.flatnonzero(ok[:, h])
         if len(idx):
             need[h] = int(levels[idx[0]])
-    return np.clip(need, p.lo, p.hi + 1)
+    res: np.ndarray = np.clip(need, p.lo, p.hi + 1)
+    return res
 
 
 def replica_templates(ev: Evaluator, base: Candidates, j: int, need: np.ndarray, span: int) -> np.ndarray:
