@@ -142,7 +142,8 @@ def window_profile(reuse_tokens: np.ndarray, arrival_s: np.ndarray, prompt_token
 DISPERSION_TICKS = 8  # consecutive observations used for the dispersion (2 minutes at 15 s)
 
 
-def arrival_dispersion(t_s: Sequence[float], rate_rps: Sequence[float], window_s: float) -> float:
+def arrival_dispersion(t_s: Sequence[float] | np.ndarray, rate_rps: Sequence[float] | np.ndarray,
+                       window_s: float) -> float:
     """Index of dispersion D = Var(N)/E(N) of arrival counts per tick, from consecutive windowed rates.
 
     Telemetry gives the rate over a sliding window w at ticks τ apart. The difference of two

@@ -119,7 +119,8 @@ class ReuseEstimate:
 class PlanModel(Protocol):
     """What the planner asks, in bulk. Implementations: QueueingPrior, LearnedPlanModel."""
 
-    pools: tuple[str, ...]
+    @property
+    def pools(self) -> tuple[str, ...]: ...  # read-only: the implementations are frozen dataclasses
 
     def latency(self, q: LatencyQuery) -> LatencyAnswer: ...
 

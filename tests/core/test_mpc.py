@@ -9,7 +9,9 @@ budget and determinism of the solver.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,9 +45,9 @@ CFG = MpcConfig(max_evaluations=1500)
 
 
 def pool(name: str = "a", j: int = 0, **kw) -> PoolInput:
-    base = dict(name=name, model_index=j, group="g", role="mixed", usd_per_hour=49.16, lo=1, hi=16, target=4,
-                ready=4, startup_warm_s=60.0, startup_cold_s=300.0, prompt_tokens=1100.0, output_tokens=210.0,
-                hit_rate=0.3, reuse_inf_hit=0.3, reuse_working_set=20_000.0)
+    base: dict[str, Any] = dict(name=name, model_index=j, group="g", role="mixed", usd_per_hour=49.16, lo=1, hi=16,
+                                target=4, ready=4, startup_warm_s=60.0, startup_cold_s=300.0, prompt_tokens=1100.0,
+                                output_tokens=210.0, hit_rate=0.3, reuse_inf_hit=0.3, reuse_working_set=20_000.0)
     base.update(kw)
     return PoolInput(**base)
 
@@ -88,7 +90,7 @@ class Row:
     label: str
     pools: list
     total: object
-    check: object  # callable(result) -> bool
+    check: Callable[[Any], bool]  # the plan's result -> pass
     profile: str = "balanced"
     note: str = ""
 
@@ -354,14 +356,17 @@ def test_tpot_bound_is_one_full_prefill_chunk_per_step():
     q = _q(rps_per_replica=3.0, prompt_tokens=2048.0, output_tokens=28.0, max_num_batched_tokens=np.array([1024.0, 4096.0]))
     smooth = QueueingPrior.for_pools([SPEC_8B]).latency(q)
     bursty = QueueingPrior.for_pools([SPEC_8B]).with_corrections([1.0], [1.0], 0.0, burst=[4.0]).latency(q)
+    assert smooth.tpot_max_s is not None and bursty.tpot_max_s is not None
     for a in (smooth, bursty):
+        assert a.tpot_max_s is not None
         assert np.all(a.tpot_max_s >= a.tpot_p95_s)
         assert a.tpot_max_s[1] > a.tpot_max_s[0]  # a bigger chunk, a longer step
     assert np.all(smooth.tpot_max_s > 1.5 * smooth.tpot_p95_s)  # smooth arrivals: the p95 is far below it
     assert bursty.tpot_max_s[0] == pytest.approx(bursty.tpot_p95_s[0], rel=0.1)  # bursts fill the chunk
     assert 0.08 < bursty.tpot_max_s[0] < 0.11  # ~80 ms for a 1,024-token chunk on an 8B A100, plus decode
     dec = PoolSpec("d", "llama-3-8b", "a100-80gb", gpus_per_replica=1, role="decode")
-    assert np.isinf(QueueingPrior.for_pools([dec]).latency(_q(rps_per_replica=3.0)).tpot_max_s).all()
+    dec_max = QueueingPrior.for_pools([dec]).latency(_q(rps_per_replica=3.0)).tpot_max_s
+    assert dec_max is not None and np.isinf(dec_max).all()
 
 
 class _WithoutTpotBound:
@@ -429,10 +434,13 @@ def test_figures_table_and_roofline_fallback():
 def test_profiles_and_explicit_weights():
     assert set(PROFILES) == {"cost", "balanced", "latency", "throughput"}
     w = resolve_weights("cost", {"violation_weight": {"critical": 99.0}, "risk_weight": 5})
-    assert w.violation_weight["critical"] == 99.0 and w.violation_weight["standard"] == PROFILES["cost"].violation_weight["standard"]
+    assert w.violation_weight["critical"] == 99.0
+    assert w.violation_weight["standard"] == PROFILES["cost"].violation_weight["standard"]
     assert w.risk_weight == 5.0
-    for bad, msg in [({"nope": 1}, "unknown field"), ({"risk_tolerance": {"gold": 0.1}}, "unknown class"),
-                     ({"plan_quantile": 0.3}, "plan_quantile"), ({"risk_weight": "x"}, "must be a number")]:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"nope": 1}, "unknown field"), ({"risk_tolerance": {"gold": 0.1}}, "unknown class"),
+        ({"plan_quantile": 0.3}, "plan_quantile"), ({"risk_weight": "x"}, "must be a number")]
+    for bad, msg in cases:
         with pytest.raises(ValueError, match=msg):
             resolve_weights("balanced", bad)
     with pytest.raises(ValueError, match="unknown objective profile"):

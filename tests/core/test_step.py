@@ -24,6 +24,7 @@ def test_generation_and_ids_increase_and_validity_is_set():
     s = c.initial_state(generation=41)
     s, r1 = c.step(s, tick(10))
     s, r2 = c.step(s, tick(25))
+    assert r1.decision is not None and r2.decision is not None
     assert (r1.decision.generation, r2.decision.generation) == (42, 43)
     assert r1.decision.decision_id == "d-00000042"
     assert r2.decision.valid_until_s == 25 + 90
@@ -58,7 +59,9 @@ def test_shadow_starts_from_the_observed_fleet():
     s = c.initial_state()
     s, _ = c.step(s, tick(0, mode=Mode.ACTIVE))
     s, _ = c.step(s, tick(15, mode=Mode.SHADOW, ready=6, starting=1))
-    assert pol.seen[-1].current.pools["a"].replicas == 7
+    current = pol.seen[-1].current
+    assert current is not None
+    assert current.pools["a"].replicas == 7
 
 
 def test_slo_and_profile_overrides_reach_the_policy_and_expire():
@@ -89,6 +92,7 @@ def test_record_is_json_ready_and_explains_guards():
     pol = ScriptedPolicy({"a": 1})
     c2 = Controller(FLEET, pol, guards=GuardConfig(max_step_down=2))
     _, r2 = c2.step(s2, tick(30))
+    assert r2.decision is not None
     assert r2.decision.pools["a"].replicas == 6
     assert any(g["code"] == "guard_max_step_down" for g in r2.record()["guard_adjustments"])
     assert "guardrail guard_max_step_down" in r2.explanation
@@ -108,7 +112,14 @@ def test_summary_line_says_what_moved_when_replicas_did_not():
     head = explain(dec, cur, (), (), {"a": "ok"}, (), False, Mode.ACTIVE).splitlines()[0]
     assert head == "d-2 (active) no change"
     up = Decision("d-3", 3, 30.0, 90.0, pools={"a": PoolDecision(replicas=4)})
-    assert explain(up, cur, moved, (), {"a": "ok"}, (), False, Mode.ACTIVE).splitlines()[0] == "d-3 (active) scale a 3→4"
+    head = explain(up, cur, moved, (), {"a": "ok"}, (), False, Mode.ACTIVE).splitlines()[0]
+    assert head == "d-3 (active) scale a 3→4"
+
+
+class _DeclaringPolicy(ScriptedPolicy):
+    """A scripted policy that may declare the breaker it runs under (undeclared until set)."""
+
+    breaker_config: BreakerConfig | None
 
 
 def _crash_run(policy):
@@ -125,7 +136,7 @@ def _crash_run(policy):
     ("a policy that declares a config runs under it", BreakerConfig(shed_stage2=0.25)),
 ])
 def test_the_breaker_runs_in_step_for_every_policy(label, config):
-    pol = ScriptedPolicy({"a": 8})
+    pol = _DeclaringPolicy({"a": 8})
     if config != "undeclared":
         pol.breaker_config = config
     _, r = _crash_run(pol)
@@ -145,12 +156,13 @@ def test_the_breaker_floor_is_applied_to_a_proposal_below_it():
         s, _ = c.step(s, tick(15.0 * k, ready=8, hit_rate=0.5))
     pol.replicas = {"a": 3}
     _, r = c.step(s, tick(195.0, ready=4, hit_rate=0.1))
+    assert r.decision is not None
     assert r.decision.pools["a"].replicas == 8
     assert "guard_breaker_floor" in {a.code for a in r.guard_adjustments}
 
 
 def test_a_policy_that_opts_out_runs_without_the_breaker():
-    pol = ScriptedPolicy({"a": 8})
+    pol = _DeclaringPolicy({"a": 8})
     pol.breaker_config = None
     _, r = _crash_run(pol)
     assert "breaker" not in r.diagnostics and not pol.seen[-1].breaker.active

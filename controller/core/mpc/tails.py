@@ -24,7 +24,7 @@ TTFT_TAIL_SIGMA = PROMPT_LOG_SIGMA
 TPOT_TAIL_SIGMA = 0.5
 
 
-def lognormal_exceed(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray,
+def lognormal_exceed(p50: np.ndarray | float, p95: np.ndarray | float, bound: np.ndarray | float,
                      tail_sigma: float | None = None) -> np.ndarray:
     """P(X > bound) for a log-normal through (p50, p95). p50 2 s, p95 4 s, bound 4 s → 0.05.
 
@@ -64,7 +64,7 @@ def lognormal_exceed(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray,
     return upper_tail(z)
 
 
-def lognormal_exceed_ref(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray,
+def lognormal_exceed_ref(p50: np.ndarray | float, p95: np.ndarray | float, bound: np.ndarray | float,
                          tail_sigma: float | None = None) -> np.ndarray:
     """lognormal_exceed as the formula reads, without scratch arrays (scalars; the test's reference)."""
     m = np.maximum(p50, 1e-6)
