@@ -143,11 +143,13 @@ def test_two_pools_are_watched_separately():
     for t in (15.0, 30.0):
         o = obs(t, 8)
         o = FleetObservation(at_s=t, pools={"a": o.pools["a"], "b": replace(o.pools["a"], pool="b")}, classes=o.classes)
-        s, a, _ = update_breaker(s, CFG, now_s=t, observation=o, fleet=fl, targets={"a": 8, "b": 8}, lost={"a": 0, "b": 0})
+        s, a, _ = update_breaker(s, CFG, now_s=t, observation=o, fleet=fl, targets={"a": 8, "b": 8},
+                                 lost={"a": 0, "b": 0})
     o = obs(45.0, 8)
     crash_b = replace(o.pools["a"], pool="b", replicas_ready=Reading(4.0), replicas_starting=Reading(4.0))
     o = FleetObservation(at_s=45.0, pools={"a": o.pools["a"], "b": crash_b}, classes=o.classes)
-    s, a, _ = update_breaker(s, CFG, now_s=45.0, observation=o, fleet=fl, targets={"a": 8, "b": 8}, lost={"a": 0, "b": 4})
+    s, a, _ = update_breaker(s, CFG, now_s=45.0, observation=o, fleet=fl, targets={"a": 8, "b": 8},
+                             lost={"a": 0, "b": 4})
     assert s.phase == "open" and s.pools_hit == ("b",) and a.min_replicas == {"b": 8}
 
 
@@ -167,12 +169,12 @@ def test_open_breaker_holds_until_the_lost_replicas_are_back():
     s, a, _ = step(s, t + 15, obs(t + 15, 5, starting=3, hit=0.15, ttft=3.0, tpot=0.14), lost=3)
     t += 15
     phases = []
-    for k in range(12):  # 3 minutes of calm, replacements still starting
+    for _ in range(12):  # 3 minutes of calm, replacements still starting
         t += 15
         s, a, _ = step(s, t, obs(t, 5, starting=3), lost=0)
         phases.append((s.phase, s.stage))
     assert set(phases) == {("open", 2)} and a.min_shed.get("sheddable", 0.0) >= 0.5
-    for k in range(16):  # replacements ready: relaxes in steps, then closes
+    for _ in range(16):  # replacements ready: relaxes in steps, then closes
         t += 15
         s, a, _ = step(s, t, obs(t, 8), lost=0)
     assert s.phase == "closed"
@@ -253,4 +255,5 @@ def test_apply_breaker_holds_a_proposal_to_the_constraints(label, proposal, admi
 
 def test_closed_breaker_changes_nothing():
     prop = {"a": PoolDecision(2, prefix_weight=5.0)}
-    assert apply_breaker(BreakerAction(), fleet=FLEET, pools=prop, admission={}, overrides=(), now_s=0.0) == (prop, {}, ())
+    kept = apply_breaker(BreakerAction(), fleet=FLEET, pools=prop, admission={}, overrides=(), now_s=0.0)
+    assert kept == (prop, {}, ())

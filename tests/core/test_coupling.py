@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 
-import controller.core.coupling as C
+import controller.core.coupling as coupling
 import controller.core.coupling.models as coupling_models
-import controller.learning.fit as F
+import controller.learning.fit as learning_fit
 from controller.core.coupling import (
     REUSE_TAU_S,
     TOKEN_GRID,
@@ -55,7 +55,7 @@ def lat(n=1, **kw):
 
 
 def test_latency_prior_rises_with_load_until_saturation():
-    table = C.PhysicsTable([physics()])
+    table = coupling.PhysicsTable([physics()])
     loads = np.array([0.2, 1.0, 2.0, 4.0, 6.0])
     p = latency_prior(table, lat(5, arrival_rps_per_replica=loads))
     assert np.all(np.diff(p.rho) > 0)
@@ -73,7 +73,7 @@ def test_latency_prior_rises_with_load_until_saturation():
     ("faster GPU → lower TPOT", {"physics_index": 1}, "tpot_p50_s", -1),
 ])
 def test_latency_prior_directions(label, change, field, direction):
-    table = C.PhysicsTable([physics(), physics("fast/gpu/tp1", speed=2.0)])
+    table = coupling.PhysicsTable([physics(), physics("fast/gpu/tp1", speed=2.0)])
     base = latency_prior(table, lat(1, hit_rate=0.5))
     changed = latency_prior(table, lat(1, **{"hit_rate": 0.5, **change}))
     assert direction * (getattr(changed, field)[0] - getattr(base, field)[0]) > 0, label
@@ -87,7 +87,7 @@ def cache_rows(n=1, **kw):
 
 
 def test_cache_prior_couplings():
-    table = C.PhysicsTable([physics()])
+    table = coupling.PhysicsTable([physics()])
     # no affinity: doubling replicas spreads each conversation over more caches → fewer hits
     r = cache_prior(table, cache_rows(2, replicas=np.array([4, 8]), prefix_weight=0.0)).hit_rate
     assert r[1] < r[0]
@@ -121,14 +121,14 @@ def test_cache_inputs_check_profile_index():
 def synthetic_data(rng: np.random.Generator, n: int) -> TrainingData:
     """A 'true' fleet the prior does not know: 40 % slower steps, half the queueing, and TTFTs
     stretched by (1 + hit rate), with 5 % noise. What calibration and correction have to learn."""
-    table = C.PhysicsTable([physics()])
-    truth = C.PhysicsTable([physics()], {physics().key: Calibration(1.4, 0.5)})
+    table = coupling.PhysicsTable([physics()])
+    truth = coupling.PhysicsTable([physics()], {physics().key: Calibration(1.4, 0.5)})
     x = lat(n, arrival_rps_per_replica=rng.uniform(0.2, 3.0, n), prompt_tokens=rng.uniform(300, 3000, n),
             output_tokens=rng.uniform(50, 400, n), hit_rate=rng.uniform(0, 0.6, n))
     p = latency_prior(truth, x)
     noise = np.exp(rng.normal(0, 0.05, n))
     targets = {t: getattr(p, t) * noise * ((1.0 + x.hit_rate) if t.startswith("ttft") else 1.0)
-               for t in C.LATENCY_TARGETS}
+               for t in coupling.LATENCY_TARGETS}
     targets["gpu_busy_frac"] = np.clip(p.gpu_busy_frac * noise, 0, 1)
     cache = cache_rows(n, replicas=rng.integers(1, 9, n), arrival_rps=rng.uniform(1, 20, n),
                        prefix_weight=rng.choice([0.0, 1.0, 3.0, 8.0], n))
@@ -244,7 +244,7 @@ def test_infer_reuse_profile_reproduces_the_observed_hit_rate():
     models = CouplingModels.prior_only([physics()])
     x = cache_rows(3, replicas=np.array([2, 4, 8]))
     observed = np.array([0.05, 0.2, np.nan])
-    prof = C.infer_reuse_profile(models, x, observed)
+    prof = coupling.infer_reuse_profile(models, x, observed)
     again = CacheInputs.build(3, physics_index=0, replicas=x.replicas, arrival_rps=x.arrival_rps,
                               prompt_tokens=x.prompt_tokens, output_tokens=x.output_tokens, reuse_hit_at=prof,
                               reuse_index=np.arange(3), prefix_weight=x.prefix_weight)
@@ -265,7 +265,7 @@ def test_bucket_quantile_equals_histogram_quantile_of_the_same_distribution(medi
 
     from controller.histogram import histogram_quantile
 
-    bounds = C.TTFT_BUCKETS_S
+    bounds = coupling.TTFT_BUCKETS_S
 
     def cdf(log_b, rows):
         return ndtr((log_b - math.log(median_s)) / log_sd)  # the normal CDF in log space: a lognormal
@@ -284,8 +284,8 @@ def test_bucketed_itl_prior_reads_a_decode_only_pool_as_the_telemetry_does():
     the true quantiles; the raw prior says ~17 ms for both."""
     ph = physics(speed=0.6)  # decode steps ≈ 17 ms
     x = LatencyInputs.build(1, physics_index=0, arrival_rps_per_replica=0.02, prompt_tokens=300.0, output_tokens=300.0)
-    raw = latency_prior(C.PhysicsTable([ph]), x, bucketed=False)
-    seen = latency_prior(C.PhysicsTable([ph]), x)
+    raw = latency_prior(coupling.PhysicsTable([ph]), x, bucketed=False)
+    seen = latency_prior(coupling.PhysicsTable([ph]), x)
     assert 0.01 < raw.tpot_p95_s[0] < 0.025
     assert seen.tpot_p95_s[0] == pytest.approx(0.01 + 0.015 * 0.95, rel=0.03)
     assert seen.tpot_p50_s[0] == pytest.approx(0.0175, rel=0.03)
@@ -297,7 +297,7 @@ def test_engine_queue_marks_saturated_rows():
     x = LatencyInputs.build(n, physics_index=0, arrival_rps_per_replica=1.0, prompt_tokens=500.0, output_tokens=100.0)
     cache = CacheInputs.build(n, physics_index=0, replicas=2.0, arrival_rps=2.0, prompt_tokens=500.0,
                               output_tokens=100.0, reuse_hit_at=np.zeros(len(REUSE_TAU_S)))
-    data = TrainingData(x, cache, {t: np.ones(n) for t in C.ALL_TARGETS}, np.arange(n, dtype=float),
+    data = TrainingData(x, cache, {t: np.ones(n) for t in coupling.ALL_TARGETS}, np.arange(n, dtype=float),
                         np.ones(n, dtype=bool), {"waiting_per_replica": np.array([0.0, 0.9, 1.0, np.nan])})
     assert engine_not_saturated(data).tolist() == [True, True, False, True]
 
@@ -316,8 +316,8 @@ def test_calibration_tail_width_round_trips_and_old_states_load():
 def test_wider_ttft_tail_raises_the_p95_not_the_median():
     ph = physics()
     x = lat(arrival_rps_per_replica=1.0)
-    base = latency_prior(C.PhysicsTable([ph]), x)
-    wide = latency_prior(C.PhysicsTable([ph], {ph.key: Calibration(ttft_tail_width=1.5)}), x)
+    base = latency_prior(coupling.PhysicsTable([ph]), x)
+    wide = latency_prior(coupling.PhysicsTable([ph], {ph.key: Calibration(ttft_tail_width=1.5)}), x)
     assert wide.ttft_p95_s[0] > base.ttft_p95_s[0]
     assert wide.ttft_p50_s[0] == base.ttft_p50_s[0]
 
@@ -330,10 +330,10 @@ def test_correction_gate_keeps_signal_and_drops_noise(cv_loss):
     t = np.arange(n, dtype=float)
     cfg = CorrectionConfig(cv_loss=cv_loss)
     signal = 0.6 * X[:, 0] + 0.02 * rng.normal(size=n)
-    kept = F._fit_correction("ttft_p95_s", X, signal, 0.5, cfg, np.random.default_rng(0), t)
+    kept = learning_fit._fit_correction("ttft_p95_s", X, signal, 0.5, cfg, np.random.default_rng(0), t)
     assert kept.estimator is not None
     noise = 0.3 * rng.standard_t(2, size=n)
-    dropped = F._fit_correction("ttft_p95_s", X, noise, 0.5, cfg, np.random.default_rng(0), t)
+    dropped = learning_fit._fit_correction("ttft_p95_s", X, noise, 0.5, cfg, np.random.default_rng(0), t)
     assert dropped.estimator is None
 
 
@@ -346,8 +346,8 @@ def test_ape_gate_refuses_a_correction_that_pays_in_log_space_but_overshoots():
     X = np.column_stack([np.ones(n), np.arange(n) % 2]).astype(float)
     r = np.where(np.arange(n) % 3 == 2, 0.0, math.log(2.0))
     t = np.arange(n, dtype=float)
-    pin = F._fit_correction("x", X, r, 0.5, CorrectionConfig(cv_loss="pinball"), np.random.default_rng(0), t)
-    ape = F._fit_correction("x", X, r, 0.5, CorrectionConfig(cv_loss="ape"), np.random.default_rng(0), t)
+    pin = learning_fit._fit_correction("x", X, r, 0.5, CorrectionConfig(cv_loss="pinball"), np.random.default_rng(0), t)
+    ape = learning_fit._fit_correction("x", X, r, 0.5, CorrectionConfig(cv_loss="ape"), np.random.default_rng(0), t)
     assert pin.estimator is not None
     assert ape.estimator is None
 
@@ -355,12 +355,13 @@ def test_ape_gate_refuses_a_correction_that_pays_in_log_space_but_overshoots():
 def test_cv_folds_leave_whole_runs_out_else_time_blocks():
     t = np.arange(12, dtype=float)
     runs = np.repeat([0.0, 1.0, 2.0, 3.0], 3)
-    folds = F._cv_folds(t, runs, 3)
+    folds = learning_fit._cv_folds(t, runs, 3)
     assert sorted(np.concatenate(folds).tolist()) == list(range(12))
     for f in folds:  # no run is split between a fold and its training part
         assert set(np.unique(runs[f])).isdisjoint(set(runs) - set(np.unique(runs[f])))
-    assert [f.tolist() for f in F._cv_folds(t, None, 3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-    assert [f.tolist() for f in F._cv_folds(t, np.zeros(12), 3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    in_order = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert [f.tolist() for f in learning_fit._cv_folds(t, None, 3)] == in_order
+    assert [f.tolist() for f in learning_fit._cv_folds(t, np.zeros(12), 3)] == in_order
 
 
 @pytest.mark.parametrize(("label", "prefix_w", "load_w", "expected"), [

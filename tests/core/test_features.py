@@ -79,7 +79,7 @@ def test_request_reuse_follows_the_docstring_example():
     arrival = np.array([0.0, 20.0])
     prompt = np.array([1100, 1300])
     reuse = request_reuse(arrival, prompt, [(7, 8, 99), (7, 8, 9)], 512)
-    row = dict(zip(REUSE_TAU_S, reuse[1]))
+    row = dict(zip(REUSE_TAU_S, reuse[1], strict=True))
     assert row[5.0] == 0 and row[15.0] == 0 and row[30.0] == 1024 and row[np.inf] == 1024
     prof = window_profile(reuse, arrival, prompt, 0.0, 30.0)
     assert prof.inf_hit == pytest.approx(1024 / 2400)

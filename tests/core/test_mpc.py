@@ -110,7 +110,8 @@ ROWS = [
         [pool(hi=5)], 40.0, lambda r: max(r.plan.pools["a"].replicas) <= 5),
     Row("latency profile keeps more headroom than cost",
         [pool(target=8, ready=8)], 22.0,
-        lambda r: r.plan.pools["a"].replicas[0] >= plan([pool(target=8, ready=8)], 22.0, "cost").plan.pools["a"].replicas[0],
+        lambda r: (r.plan.pools["a"].replicas[0]
+                   >= plan([pool(target=8, ready=8)], 22.0, "cost").plan.pools["a"].replicas[0]),
         profile="latency"),
 ]
 
@@ -215,7 +216,8 @@ def test_injected_timer_bounds_the_search():
     pools = [pool("a", 0)]
     H = plan_steps(CFG, pools)
     prob = PlanProblem(pools=tuple(pools), classes=classes(np.full(H, 20.0)), weights=resolve_weights("balanced"))
-    r = solve(prob, QueueingPrior.for_pools([SPEC]), MpcConfig(time_budget_s=0.2), np.random.default_rng(0), timer=timer)
+    r = solve(prob, QueueingPrior.for_pools([SPEC]), MpcConfig(time_budget_s=0.2), np.random.default_rng(0),
+              timer=timer)
     assert r.budget_exhausted and r.plan.pools["a"].replicas
 
 
@@ -340,9 +342,11 @@ def test_burst_term_makes_the_batch_budget_a_lever():
     m = QueueingPrior.for_pools([SPEC]).with_corrections([1.0], [1.0], 0.5, burst=[2.0])
     a = m.latency(_q(rps_per_replica=3.0, max_num_batched_tokens=np.array([8192.0, 1024.0])))
     assert a.tpot_p95_s[1] < a.tpot_p95_s[0]
-    smooth = QueueingPrior.for_pools([SPEC]).latency(_q(rps_per_replica=3.0, max_num_batched_tokens=np.array([8192.0, 1024.0])))
+    smooth = QueueingPrior.for_pools([SPEC]).latency(
+        _q(rps_per_replica=3.0, max_num_batched_tokens=np.array([8192.0, 1024.0])))
     assert smooth.tpot_p95_s[1] == pytest.approx(smooth.tpot_p95_s[0], rel=0.02)
-    assert QueueingPrior.for_pools([SPEC]).burst_for(_q(rps_per_replica=3.0), float(a.tpot_p95_s[0])) == pytest.approx(2.0, rel=0.05)
+    burst = QueueingPrior.for_pools([SPEC]).burst_for(_q(rps_per_replica=3.0), float(a.tpot_p95_s[0]))
+    assert burst == pytest.approx(2.0, rel=0.05)
 
 
 SPEC_8B = PoolSpec("p", "llama-3-8b", "a100-80gb", gpus_per_replica=1, usd_per_replica_hour=4.1, min_replicas=1,
@@ -353,7 +357,8 @@ def test_tpot_bound_is_one_full_prefill_chunk_per_step():
     """No step carries more prefill than the batch-token budget, so a request's TPOT (the mean of its
     steps) is bounded by a full-chunk step; under bursts the p95 sits at that bound (the simulator's
     azure-code run: p95 0.092 s, max 0.101 s with 1,024-token chunks)."""
-    q = _q(rps_per_replica=3.0, prompt_tokens=2048.0, output_tokens=28.0, max_num_batched_tokens=np.array([1024.0, 4096.0]))
+    q = _q(rps_per_replica=3.0, prompt_tokens=2048.0, output_tokens=28.0,
+           max_num_batched_tokens=np.array([1024.0, 4096.0]))
     smooth = QueueingPrior.for_pools([SPEC_8B]).latency(q)
     bursty = QueueingPrior.for_pools([SPEC_8B]).with_corrections([1.0], [1.0], 0.0, burst=[4.0]).latency(q)
     assert smooth.tpot_max_s is not None and bursty.tpot_max_s is not None
@@ -400,7 +405,7 @@ def test_tpot_risk_under_bursts_is_cut_at_the_full_chunk_bound(rps):
     tol = resolve_weights("balanced").risk_tolerance["critical"]
     assert max(bounded.terms["pools"]["a"]["tpot_p95_s_p90"]) > 0.085  # the p95 is near the SLO
     terms = bounded.terms["pools"]["a"]  # the bound is shown with the plan (`governor explain --json`)
-    assert all(b >= p95 for b, p95 in zip(terms["tpot_bound_s_p90"], terms["tpot_p95_s_p90"]))
+    assert all(b >= p95 for b, p95 in zip(terms["tpot_bound_s_p90"], terms["tpot_p95_s_p90"], strict=True))
     assert max(terms["tpot_bound_s_p90"]) < 0.1 and unbounded.terms["pools"]["a"]["tpot_bound_s_p90"] is None
     late_b = bounded.terms["late_or_shed_frac_p90"]["critical"]
     late_u = unbounded.terms["late_or_shed_frac_p90"]["critical"]

@@ -150,7 +150,8 @@ def _problem(K: int = 3) -> PlanProblem:
     cls = tuple(ClassInput(n, 2.5 * (k + 1), 0.1 * (k + 1), tuple(np.linspace(8.0, 30.0, H) / K),
                            tuple(np.linspace(9.0, 36.0, H) / K), shed_now=0.1 * k, backlog=3.0)
                 for k, n in enumerate(names))
-    return PlanProblem(pools=pools, classes=cls, weights=resolve_weights("balanced"), group_share={"g0": 0.6, "g1": 0.4})
+    return PlanProblem(pools=pools, classes=cls, weights=resolve_weights("balanced"),
+                       group_share={"g0": 0.6, "g1": 0.4})
 
 
 def _evaluator(K: int = 3) -> Evaluator:
@@ -230,7 +231,7 @@ def test_replica_dynamics_equal_the_rules_pool_by_pool(vary):
     c = _candidates(ev, np.random.default_rng(len(vary)), 9, vary)
     got = ev.dynamics.run(c.repl, c.standby)
     want = _dynamics_reference(ev, c.repl, c.standby)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
 
 
