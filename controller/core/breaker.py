@@ -210,9 +210,9 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
                 losses = losses + ((now_s, drop),)
         lost_n = sum(n for _, n in losses)
         # A crash leaves the target as it was: the size the pool should have. While the pool is still
-        # scaling up, the replicas that were serving are the base the loss is measured against:
-        # on servegen-diurnal-crash 3 of 7 serving replicas went (43 %) with the target at 11
-        # (27 % of it), the breaker stayed closed, and critical was late once the load returned.
+        # scaling up, the replicas that were serving are the base the loss is measured against
+        # (measured against the target, losing 3 of 7 serving replicas with the target at 11 is
+        # 27 %, not 43 %: not "big", though the pool lost almost half of what served).
         # (Only for "big": detection keeps the target as its base, and one replica is never big, so a
         # small bursty pool whose accounting misses one start does not trip it.)
         ref = max(target, 1)
@@ -341,7 +341,7 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
             calm_since = calm_since if calm_since is not None else now_s
             # Calm while shedding is not stable: the open stages hold until the replicas lost are
             # back (ready again at the size that served before the loss), or the calm is only the
-            # shedding's doing (servegen-diurnal-crash closed with 4 of 7 back and overloaded).
+            # shedding's doing (closing then would drop the shed onto a pool still short of replicas).
             waiting_for = [n for n in pools_hit if n in watch and watch[n].pre_loss_ready > 0
                            and (watch[n].last_ready or 0) < min(watch[n].pre_loss_ready,
                                                                  watch[n].pre_loss_target or watch[n].pre_loss_ready)]

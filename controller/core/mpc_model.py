@@ -316,9 +316,8 @@ class QueueingPrior:
         # A request's TPOT is the mean of its steps, and no step carries more prefill than the
         # batch-token budget: with the batch at its p95 (Poisson: mean + 1.645·√mean), one full chunk
         # per step bounds it. Under bursts the p95 sits at that bound, so the tail beyond the p95 is
-        # cut there (Azure code, 8B A100, 1,024-token budget: p95 TPOT read 0.097 s in every burst
-        # and no critical request exceeded the 0.1 s SLO, while an uncut log-normal tail put 3 % of
-        # them over it at any replica count). Decode-only pools run no prefill: no bound from this.
+        # cut there (an uncut log-normal tail would put requests past a bound no step can exceed).
+        # Decode-only pools run no prefill: no bound from this.
         t_hi = a + beta * (batch + 1.645 * np.sqrt(batch))
         tpot_max = np.maximum((t_hi + d * budget + e * budget * (ph + 0.5 * budget)) * k_tpot, tpot95)
         if dec_only.any():
@@ -401,19 +400,17 @@ class QueueingPrior:
 
 @dataclass(frozen=True)
 class LearnedPlanModel:
-    """PlanModel over the learned coupling models (controller/core/coupling.py, issue 5).
+    """PlanModel over the learned coupling models (controller/core/coupling/).
 
     TTFT quantiles come from `CouplingModels.predict_latency` (calibrated queueing prior +
     quantile-regression correction); the router wait behind an in-flight cap is added to TTFT as
     that module's notes say. TPOT comes from the fallback: the coupling models predict what the
     pool's telemetry reads, the per-token inter-token latency (vLLM's `inter_token_latency_seconds`),
-    which chunked-prefill steps inflate (70B on H100 at 4 req/s per replica: 0.149 s against 0.087 s),
-    while a TPOT SLO judges each request's mean TPOT, the statistic the fallback models; planning on
-    the former bought replicas for a tail the SLO does not check (azure-conv: 41 GPU-h against 29).
-    The sustainable rate, utilisation and batch come from the fallback too, so the in-flight cap
-    is judged on one model's TPOT, batch and capacity: with the batch and capacity of one model
-    and the TPOT of the other the cap flapped on and off tick by tick (servegen-diurnal seed 2 at
-    the evening peak, critical 96.97 % → 99.20 % with one model). The cache model and the
+    which chunked-prefill steps inflate, while a TPOT SLO judges each request's mean TPOT, the
+    statistic the fallback models; planning on the former would buy replicas for a tail the SLO
+    does not check. The sustainable rate, utilisation and batch come from the fallback too, so the
+    in-flight cap is judged on one model's TPOT, batch and capacity: with the batch and capacity of
+    one model and the TPOT of the other the cap can flap on and off tick by tick. The cache model and the
     planner's own online corrections and burst term stay with the `QueueingPrior` passed as
     `fallback` (the coupling cache model needs a reuse profile the telemetry does not carry),
     and the policy's correction factors multiply the learned quantiles only by the part the

@@ -59,8 +59,7 @@ class ObjectiveWeights:
     shed_weight: Mapping[str, float] = field(default_factory=lambda: _per_class(400.0, 40.0, 3.0))
     # Chance constraint: allowed violation fraction per class under the planned load quantile (plan_quantile).
     # Critical and standard both at ≥ 99 % (the acceptance target) with a margin for model error:
-    # 0.6 % and 0.8 %. Tighter (0.4 %) bought replicas the bench did not need: on azure-conv
-    # 0.4 % held 10-13 replicas at the peak where 8 met 99.5 %.
+    # 0.6 % and 0.8 %; a tighter tolerance buys replicas the target does not need.
     risk_tolerance: Mapping[str, float] = field(default_factory=lambda: _per_class(0.006, 0.008, 0.03))
     # Price of exceeding the tolerance: × cost per success per unit of excess fraction, × the
     # class's priority (critical is protected first, sheddable last).
@@ -73,8 +72,7 @@ class ObjectiveWeights:
     # Forecast quantile the chance constraint is checked at (0.5 … 0.95; the policy interpolates
     # between the forecaster's p50 and p90 assuming a normal spread: q = 0.6 → p50 + 0.2 × (p90 − p50)).
     # Balanced plans at 0.6: the p95 corrections already carry the model's error, and the
-    # scale-down window keeps what a burst needed; 0.75 cost 8 % more GPU-hours on azure-conv
-    # for no attainment.
+    # scale-down window keeps what a burst needed; a higher quantile counts that margin twice.
     plan_quantile: float = 0.6
     # Mean steps per task of each class (workflow context); 1 = single requests.
     steps_per_task: Mapping[str, float] = field(default_factory=lambda: _per_class(1.0, 1.0, 1.0))

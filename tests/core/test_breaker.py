@@ -211,9 +211,8 @@ def test_lagging_p95_does_not_hold_the_shedding_once_the_fleet_carries_its_load(
 
 def test_an_overload_trip_is_not_relaxed_by_the_carried_judgement():
     """After an overload trip the calm may be the shedding's doing: the need the caller compares with
-    counts only the admitted load. So a stale p95 still counts there, told carried or not (on
-    azure-code, relaxing an overload trip early admitted the next burst's sheddable traffic and the
-    bursty hold then kept a replica more: +9 % on seeds 1 and 2)."""
+    counts only the admitted load. So a stale p95 still counts there, told carried or not (relaxing
+    an overload trip early admits the next burst's sheddable traffic)."""
     s, t = healthy()
     for _ in range(2):
         t += 15

@@ -157,7 +157,7 @@ def test_capacity_short_moves_before_it_delays():
 def test_batch_cap_change_resweeps_the_replicas(total, target):
     """Bursty arrivals make max_num_batched_tokens worth a rolling restart; the replicas of that plan are
     the ones the new caps need (the same as a plan made with the new caps in force), not the ones bought
-    under the old caps. Without the sweep after the change these rows kept 3, 5 and 7 replicas."""
+    under the old caps."""
     def solve_burst(p: PoolInput):
         H = plan_steps(CFG, [p])
         prob = PlanProblem(pools=(p,), classes=classes(np.full(H, total)), weights=resolve_weights("balanced"))
@@ -355,8 +355,7 @@ SPEC_8B = PoolSpec("p", "llama-3-8b", "a100-80gb", gpus_per_replica=1, usd_per_r
 
 def test_tpot_bound_is_one_full_prefill_chunk_per_step():
     """No step carries more prefill than the batch-token budget, so a request's TPOT (the mean of its
-    steps) is bounded by a full-chunk step; under bursts the p95 sits at that bound (the simulator's
-    azure-code run: p95 0.092 s, max 0.101 s with 1,024-token chunks)."""
+    steps) is bounded by a full-chunk step; under bursts the p95 sits at that bound."""
     q = _q(rps_per_replica=3.0, prompt_tokens=2048.0, output_tokens=28.0,
            max_num_batched_tokens=np.array([1024.0, 4096.0]))
     smooth = QueueingPrior.for_pools([SPEC_8B]).latency(q)
@@ -509,7 +508,7 @@ def _exceed_beyond_p95(p95: float, bound: float, sigma: float) -> float:
 
 
 @pytest.mark.parametrize("label,p50,p95,bound,tail,expect", [
-    # mooncake-conv TTFT (simulated, 3 replicas): p50 0.32 s, p95 3.43 s; 0.22 % beyond 3 × p95
+    # a wide TTFT (p50 0.32 s, p95 3.43 s: cache hits and short prompts mixed with long uncached ones)
     ("wide TTFT, 3 x p95: the prompt tail (σ 1), not the fit (σ 1.44)", 0.324, 3.429, 3 * 3.429, 1.0,
      _exceed_beyond_p95(3.429, 3 * 3.429, 1.0)),
     ("wide TTFT below the p95: the fitted curve", 0.324, 3.429, 2.0, 1.0, None),

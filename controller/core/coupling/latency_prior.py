@@ -282,7 +282,7 @@ def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = Tru
             res: np.ndarray = pi32[rows] * (half_tanh((lb - mu_c[rows]) * inv_sd_c[rows]) - d_) + d_
             return res
 
-        # p95s only: they are what SLOs are checked on, and each read costs ~0.5 ms per 16k rows
+        # p95s only: they are what SLOs are checked on, and each read costs a pass over the rows
         # (bulk predict has a budget); the p50s stay the distributions' own medians.
         ttft50b, tpot50b = ttft50, tpot50
         ttft95b = bucket_quantile(0.95, TTFT_BUCKETS, ttft95, ttft_cdf)

@@ -260,8 +260,8 @@ class CouplingModels:
 
 
 # Rows per block of a bulk predict: the prior's few hundred temporaries of a block stay within what
-# the allocator keeps (see controller/runtime/allocator.py; 65,536 rows ≈ 30 MB of them). 100,000
-# rows (10,000 plans × 10 pools): 16,384-row blocks 51 ms, 65,536 47 ms, unblocked 45 ms (+45 MB).
+# the allocator keeps (see controller/runtime/allocator.py; 65,536 rows ≈ 30 MB of them), and a
+# block is large enough that numpy's per-call overhead is small against its arithmetic.
 PREDICT_BLOCK = 65536
 
 

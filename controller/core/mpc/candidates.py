@@ -75,7 +75,7 @@ def incumbent(prob: PlanProblem, H: int, tw_per_replica: np.ndarray) -> Candidat
 class WorkArrays:
     """Work arrays reused from one `score` call to the next, by key (contents undefined on return).
 
-    The large per-class arrays are ~0.5 MB; fresh ones cost page faults (~17 % of a tick),
+    The large per-class arrays are ~0.5 MB; fresh ones cost page faults on every tick,
     reused ones do not. Nothing `score` returns may be one of these."""
 
     def __init__(self) -> None:

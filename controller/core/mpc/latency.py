@@ -98,8 +98,7 @@ class Latency:
                                      self.ws, np.zeros(P))
         relax = self.relax
         # a batch-cap change is a rolling restart: every replica comes back with an empty cache, so
-        # the hit rate refills from zero (on mooncake-conv, 2,048 → 1,024 tokens took it from 0.43
-        # to 0.05, and the change lost money the restart's GPU cost alone did not show)
+        # the hit rate refills from zero (a cost the restart's GPU time alone does not show)
         restart = (cand.mbt != self.incumbent.mbt) | (cand.mns != self.incumbent.mns)  # (C,P)
         if restart.any():
             hit_from = np.where(restart, 0.0, self.hit0[None, :])[:, None, None, :]

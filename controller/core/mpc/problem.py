@@ -27,17 +27,14 @@ Timer = Callable[[], float]
 class MpcConfig:
     horizon_steps: int = 10
     step_s: float = 30.0
-    # Budget without a timer: candidate plans × pools scored per tick. 4,000 was set at ≈ 200 ms of CPU
-    # on one core for 10 pools (400 plans) on the machine of the first measurements; the same plans
-    # later took ≈ 90 ms there and take ≈ 230 ms on a 2-core AVX2 EPYC (`governor bench planner`,
-    # docs/BENCHMARKS.md). For 10 pools that is about 40 % of the whole search; a single pool gets
-    # 4,000 plans, far more than its search needs.
+    # Budget without a timer: candidate plans × pools scored per tick, sized so a 10-pool fleet
+    # (400 plans) plans within a tick's CPU share on one core (`governor bench planner` measures it;
+    # docs/BENCHMARKS.md); a single pool gets 4,000 plans, far more than its search needs.
     max_evaluations: int = 4000
     # With a timer: the whole tick (from `started_s`, see solve) ends within time_budget_s. A batch
     # is cut to the candidates that fit at what batches have cost so far (`_BatchCost`); the search
     # leaves room for `_settle`'s rows at that cost, and time_reserve_s for what follows the solver
-    # (the chosen plan scored in detail, its terms, the policy's decision and reasons: 7-10 ms of a
-    # 10-pool tick on a 2-core AVX2 EPYC).
+    # (the chosen plan scored in detail, its terms, the policy's decision and reasons).
     time_budget_s: float = 0.2
     time_reserve_s: float = 0.015
     ce_iterations: int = 4
@@ -168,9 +165,8 @@ def applied_router_weights(problem: PlanProblem, plan: Plan, applied: Mapping[st
     The planner sets a pool's router weight to its weight per replica × the replicas its plan
     serves in the first step. When the policy applies another target (a scale-down held by
     stabilisation, a guard), those replicas serve too, and the next plan reads the weight per
-    replica back by dividing by them: left as planned, a held pool's weight shrank each tick
-    (the demo's A100 pool, planned at 1 replica and held at 2, went 0.30 → 0.00 of the traffic
-    in eight ticks while both its replicas were paid for). So the weight is scaled by serving
+    replica back by dividing by them: left as planned, a held pool's weight would shrink each tick
+    while all its replicas are paid for. So the weight is scaled by serving
     (applied) / serving (planned) and the hop renormalised. Serving = the target, at most the
     replicas ready or due within half a step, at least 1. Pools alone on their hop keep theirs.
     Example: A100 planned 1, applied 2 (2 ready), H100 5 → A100's weight doubles before renormalising.

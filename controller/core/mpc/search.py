@@ -235,8 +235,8 @@ def batch_caps(s: Search, needs: list[np.ndarray] | None = None) -> None:
     """The slow lever: engine batch caps, tried on the best plan; adopted only for a clear gain
     (`batch_cap_gain`), since each change is a rolling restart and the model is not exact.
     Once a pool's caps change, its replicas are swept again under them: the replicas the best
-    plan bought under the old caps are not what the new caps need (on mooncake-conv 2,048 →
-    1,024 tokens came with 5 → 8 replicas in one plan, where 4 served the next tick)."""
+    plan bought under the old caps are not what the new caps need (a smaller batch budget changes
+    each replica's capacity)."""
     ev = s.ev
     for j, p in enumerate(ev.prob.pools):
         if not p.batch_review or p.frozen or s.left() <= 0 or s.best is None:

@@ -18,9 +18,8 @@ from controller.core.tails import PROMPT_LOG_SIGMA, upper_tail
 # log-spread of TTFT beyond its p95: the prompt-length spread (see lognormal_exceed)
 TTFT_TAIL_SIGMA = PROMPT_LOG_SIGMA
 # log-spread of a request's TPOT beyond its p95: a request's TPOT averages the steps of its whole
-# life, so its tail is thin whatever widens the p50→p95 (bursts, corrections). Simulated runs,
-# P(TPOT > 2 × p95): mooncake-conv 0.12 %, azure-conv 0.014 %, servegen-diurnal 0.0015 %, which
-# σ = 0.5, 0.35, 0.27 from the p95 reproduce; 0.5 is the widest of them.
+# life, so its tail is thin whatever widens the p50→p95 (bursts, corrections); 0.5 is the widest
+# spread beyond the p95 the simulated workloads show (docs/BENCHMARKS.md).
 TPOT_TAIL_SIGMA = 0.5
 
 
@@ -33,8 +32,8 @@ def lognormal_exceed(p50: np.ndarray | float, p95: np.ndarray | float, bound: np
     there. Why, for TTFT: a wide p50→p95 ratio comes from mixing cache hits and short prompts
     with long uncached ones; beyond the p95 what is left is the request's own prefill of a long
     prompt, whose length spreads with σ ≈ 1 (PROMPT_LOG_SIGMA) and is capped by the context.
-    Example (mooncake-conv, 3 replicas, simulated): TTFT p50 0.32 s, p95 3.43 s → fitted σ 1.44
-    puts 0.80 % beyond 3 × p95; the run had 0.22 %, and σ = 1 from the p95 gives 0.30 %.
+    Example: TTFT p50 0.32 s, p95 3.43 s → fitted σ 1.44 puts 0.80 % beyond 3 × p95; σ = 1 from
+    the p95 puts 0.30 % there.
     """
     # (the same operations as the formula reads, done in place on scratch arrays: the planner
     # scores this twice per batch on ~60k rows, where allocation costs as much as arithmetic)
@@ -53,7 +52,7 @@ def lognormal_exceed(p50: np.ndarray | float, p95: np.ndarray | float, bound: np
     if tail_sigma is not None and float(sigma.max(initial=0.0)) > tail_sigma:
         # beyond the p95 (z > 1.6449) stretch z by σ / σ_tail where the fit is wider than the tail:
         # z = 1.6449 + ln(bound / p95) / σ_tail, written on the fitted z (no second log). Only when
-        # some row needs it: the planner scores this twice per batch (~0.5 ms each on 58k rows).
+        # some row needs it: the planner scores this twice per batch.
         stretch = sigma * (1.0 / tail_sigma)
         stretch -= 1.0
         np.maximum(stretch, 0.0, out=stretch)

@@ -44,9 +44,8 @@ class Traffic:
         # splits a group's traffic by the absolute pool weights until the next decision, while the
         # model splits it by weight per replica × replicas ready: the absolute weight is per replica
         # × this count, so the first step is scored with the split the router will apply. Per
-        # replica × replicas ready *now* gave a pool whose replicas were landing this step too little
-        # traffic and its neighbour too much: on the demo, after an H100 crash (1 ready, 4 landing)
-        # the A100 pool got 50 % of a surge the plan gave it 16 % of, and its queue went 150 → 440.
+        # replica × replicas ready *now* would give a pool whose replicas are landing this step too
+        # little traffic and its neighbour too much.
         self.ready_step0 = np.maximum(np.array([serving_first_step(p, step_s) for p in pools], dtype=float), 1.0)
         roles = [p.role for p in pools]
         self.first_hop = np.array([r != "decode" for r in roles])
