@@ -136,9 +136,9 @@ def test_capacity_short_delays_in_lever_order(total):
     assert s["sheddable"] > 0.0, (total, s)
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: far past capacity (60-120 rps where 30 already needs shedding) the "
-                   "planner finds shedding nothing as good as shedding sheddable; issue 15 (robust planner)")
-def test_capacity_far_short_still_sheds_sheddable():
+@pytest.mark.xfail(strict=True, reason="known defect: far past capacity (60-120 rps where 30 already needs "
+                   "shedding) the planner finds shedding nothing as good as shedding sheddable; issue 15")
+def test_capacity_far_short_still_sheds_sheddable() -> None:
     for total in (60.0, 120.0):
         r = plan([pool("a", 0, lo=4, hi=4), pool("b", 1, lo=2, hi=2, target=2, ready=2)], total)
         assert r.plan.shed["sheddable"] > 0.0, (total, r.plan.shed)
