@@ -84,7 +84,7 @@ class _Labels:
         key = (names, values)
         d = self._plain.get(key)
         if d is None:
-            d = self._plain[key] = dict(zip(names, values))
+            d = self._plain[key] = dict(zip(names, values, strict=False))
         return d
 
     def buckets(self, names: tuple[str, ...], values: tuple[str, ...], bounds: tuple[float, ...]) -> list[dict]:
@@ -95,14 +95,14 @@ class _Labels:
             les = self._le.get(bounds)
             if les is None:
                 les = self._le[bounds] = [floatToGoString(b) for b in bounds] + ["+Inf"]
-            got = self._buckets[key] = [dict([*zip(names, values), ("le", le)]) for le in les]
+            got = self._buckets[key] = [dict([*zip(names, values, strict=False), ("le", le)]) for le in les]
         return got
 
 
 def _add_buckets(out: list, labels: list[dict], hist) -> None:
     """Cumulative bucket samples exactly as `exposition._add_histogram` computes them."""
     running = 0.0
-    for lab, n in zip(labels[:-1], hist.counts):  # the finite buckets
+    for lab, n in zip(labels[:-1], hist.counts, strict=False):  # the finite buckets
         running += n
         out.append(_Sample(lab, running))
     out.append(_Sample(labels[-1], float(hist.count)))  # +Inf: the collector uses the total count

@@ -35,6 +35,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from controller.bench.oracle import (
@@ -177,7 +178,7 @@ def _auto_params(policy: str, ctx: BenchContext | None, scenario: Scenario | Non
     if ctx is None:
         pools = [p.name for p in scenario.pools] if scenario is not None else []
         if "replicas" in accepted:
-            out["replicas"] = {p: 1 for p in pools}
+            out["replicas"] = dict.fromkeys(pools, 1)
         if "capacity" in accepted:
             out["capacity"] = {p: ReplicaCapacity(rps=1.0) for p in pools}
         return out
@@ -310,8 +311,9 @@ class _Bar:
         self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.progress.__exit__(exc_type, exc, tb)
 
     def task(self, label: str) -> Progress:
         task_id = self.progress.add_task(label, total=1.0, sim="")
@@ -431,8 +433,11 @@ def _bench_seeds(args: argparse.Namespace, prog: str, scenario: Scenario, labels
     try:
         with _Bar(enabled=not getattr(args, "quiet", False)) as bar:
             for seed in seeds:
+                def seed_task(label: str, s: int = seed) -> Progress:
+                    return bar.task(f"{label} (seed {s})")
+
                 report, runs, _ = run_bench(scenario, labels, seed=seed, tick_s=tick_s, cache_dir=out_dir / ".cache",
-                                            progress=lambda label, s=seed: bar.task(f"{label} (seed {s})"),
+                                            progress=seed_task,
                                             scenario_file=str(args.scenario),
                                             profile=getattr(args, "profile", "balanced"))
                 path = out_dir / f"{scenario.name}-seed{seed}.json"

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -216,7 +217,7 @@ class SimRecorder:
             obs = replace(obs, pools=pools)
         prof = self._profile(now_s)
         return ObservationRecord(at_s=now_s, observation=obs, settings=dict(self.settings),
-                                 reuse={p: prof for p in self.settings})
+                                 reuse=dict.fromkeys(self.settings, prof))
 
 
 def record_run(spec: RunSpec, *, scenario=None, tick_s: float = 15.0, window_s: float | None = None,
@@ -244,7 +245,7 @@ def record_run(spec: RunSpec, *, scenario=None, tick_s: float = 15.0, window_s: 
             for pool in rec.settings:
                 s = rec.settings[pool]
                 p = sc.pool(pool)
-                upd = {}
+                upd: dict[str, Any] = {}
                 if ex.replicas:
                     upd["replicas"] = int(np.clip(rng.choice(ex.replicas), p.min_replicas, p.max_replicas))
                 if ex.prefix_weights:
@@ -287,9 +288,9 @@ def default_suite(seed: int = 0) -> tuple[tuple[RunSpec, ...], tuple[RunSpec, ..
     def ex_test(reps: tuple[int, ...], affinity: bool = True) -> Excitation:
         return Excitation(TEST_SEGMENT_S, replicas=reps, prefix_weights=(0.0, 2.0, 5.0) if affinity else ())
 
-    train = []
+    runs: list[RunSpec] = []
     for base in (11, 31):
-        train += [
+        runs += [
             RunSpec("scenarios/mooncake-conv.yaml", f"mooncake-train-{base}", seed=base, start_s=0.0, duration_s=2100.0,
                     time_scale=1.0, initial_replicas=4, excitation=ex_train(300.0, (2, 4, 6, 8), caps=False)),
             RunSpec("scenarios/azure-conv.yaml", f"azure-conv-train-{base}", seed=base + 1, start_s=0.0,
@@ -300,7 +301,7 @@ def default_suite(seed: int = 0) -> tuple[tuple[RunSpec, ...], tuple[RunSpec, ..
                     servegen_start_day=0.0 if base == 11 else 1.0, initial_replicas=5,
                     excitation=ex_train(240.0, (3, 5, 8), affinity=False)),
         ]
-    test = (
+    test: tuple[RunSpec, ...] = (
         RunSpec("scenarios/mooncake-conv.yaml", "mooncake-test", seed=21, start_s=2100.0, duration_s=1437.0,
                 time_scale=1.0, initial_replicas=3, window_s=TEST_WINDOW_S, excitation=ex_test((3, 5, 7))),
         RunSpec("scenarios/azure-conv.yaml", "azure-conv-test", seed=22, start_s=1800.0, duration_s=1700.0,
@@ -311,7 +312,7 @@ def default_suite(seed: int = 0) -> tuple[tuple[RunSpec, ...], tuple[RunSpec, ..
                 servegen_start_day=3.0, initial_replicas=6, window_s=TEST_WINDOW_S,
                 excitation=ex_test((4, 6, 10), affinity=False)),
     )
-    train = tuple(train)
+    train = tuple(runs)
     if seed:
         train = tuple(replace(s, seed=s.seed + 1000 * seed) for s in train)
         test = tuple(replace(s, seed=s.seed + 1000 * seed) for s in test)
@@ -356,9 +357,9 @@ def record_many(specs: Sequence[RunSpec], *, workers: int | None = None,
     with ProcessPoolExecutor(max_workers=n) as pool:
         futs = {pool.submit(_work, s): i for i, s in enumerate(specs)}
         for fut, i in futs.items():
-            results[i] = _back(fut.result())
+            rec = results[i] = _back(fut.result())
             if progress:
-                progress(f"recorded {specs[i].label}: {len(results[i].records)} ticks")
+                progress(f"recorded {specs[i].label}: {len(rec.records)} ticks")
     return [r for r in results if r is not None]
 
 
@@ -379,7 +380,7 @@ def record_cached(specs: Sequence[RunSpec], cache_dir: str | None, *,
     if todo:
         if progress:
             progress(f"simulating {len(todo)} runs")
-        for i, r in zip(todo, record_many([specs[i] for i in todo], progress=progress)):
+        for i, r in zip(todo, record_many([specs[i] for i in todo], progress=progress), strict=True):
             recs[i] = r
             if cache_dir:
                 Path(cache_dir).mkdir(parents=True, exist_ok=True)

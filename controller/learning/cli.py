@@ -167,7 +167,8 @@ def cmd_fit(args) -> int:
     if not args.files:
         return error("fit: give one or more recordings (made by `governor record`), or --defaults")
     t0 = time.perf_counter()
-    train_parts, hold_parts, all_parts, series = [], [], [], {}
+    train_parts, hold_parts, all_parts = [], [], []
+    series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for path in args.files:
         try:
             header, physics, records = read_recording(Path(path))

@@ -182,8 +182,10 @@ class HpaPolicy:
             pools[spec.name] = pool_decision(n, self.routing)
             reasons.extend(pool_reasons)
             diag[spec.name] = pool_diag
-        new_state = HpaState(last_sync_s=now if due else state.last_sync_s, pools=memory)
-        next_sync = (now if due else state.last_sync_s) + self.sync_period_s
+        # not due implies a previous sync (due is True while last_sync_s is None)
+        synced_s = state.last_sync_s if not due and state.last_sync_s is not None else now
+        new_state = HpaState(last_sync_s=synced_s, pools=memory)
+        next_sync = synced_s + self.sync_period_s
         return new_state, PolicyOutput(pools=pools, reasons=tuple(reasons),
                                        diagnostics={"pools": diag, "metric": self.metric, "target": self.target,
                                                     "synced": due, "next_sync_s": next_sync})

@@ -50,7 +50,7 @@ def policy_params(name: str) -> dict[str, Any]:
     return {p.name: p.default for p in sig.parameters.values() if p.name != "self"}
 
 
-def _lookup(name: str) -> type:
+def _lookup(name: str) -> type[Any]:
     classes = _policy_classes()
     if name not in POLICY_NAMES or name not in classes:
         raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(POLICY_NAMES)}")

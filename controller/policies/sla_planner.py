@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -133,7 +133,7 @@ class ReplicaCapacity:
         for f in ("profile_ttft_s", "profile_tpot_s"):
             if len(getattr(self, f)) not in (0, n):
                 raise ValueError(f"capacity.{f} has {len(getattr(self, f))} points, profile_rps has {n}")
-        if any(b <= a for a, b in zip(self.profile_rps, self.profile_rps[1:])):
+        if any(b <= a for a, b in zip(self.profile_rps, self.profile_rps[1:], strict=False)):
             raise ValueError("capacity.profile_rps must be strictly ascending")
         for f in ("profile_rps", "profile_ttft_s", "profile_tpot_s"):
             if any(not (math.isfinite(x) and x >= 0) for x in getattr(self, f)):
@@ -150,7 +150,8 @@ class ReplicaCapacity:
         unknown = set(v) - allowed
         if unknown:
             raise ValueError(f"capacity: unknown field(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-        kw = {k: (tuple(float(x) for x in val) if k.startswith("profile_") else float(val)) for k, val in v.items()}
+        kw: dict[str, Any] = {k: (tuple(float(x) for x in val) if k.startswith("profile_") else float(val))
+                              for k, val in v.items()}
         return cls(**kw)
 
     def _interp(self, lats: tuple[float, ...], rps: float) -> float | None:
@@ -403,7 +404,8 @@ class SlaPlannerPolicy:
         prompt, gen = _mean(iv.get("prompt", ())), _mean(iv.get("gen", ()))
         h_prompt = (mem.history_prompt + (prompt,))[-w:] if prompt is not None else mem.history_prompt
         h_gen = (mem.history_gen + (gen,))[-w:] if gen is not None else mem.history_gen
-        fc_rps = forecast_next(h_rps, self.forecaster)
+        # h_rps ends with this interval's rps: never empty, so the forecast is never None
+        fc_rps = cast(float, forecast_next(h_rps, self.forecaster))
         fc_prompt = forecast_next(h_prompt, self.forecaster) if prompt is not None else None
         fc_gen = forecast_next(h_gen, self.forecaster) if gen is not None else None
 

@@ -218,7 +218,7 @@ class Daemon:
         if self.actuator is not None:
             ok, detail = self.actuator.health()
             components.append(ComponentStatus("actuator:grpc", ok, detail, self.last_tick_s if ok else 0.0))
-        d = rep.result.decision if rep else None
+        decision = rep.result.decision if rep else None
         details: list[tuple[str, str]] = []
         if self.learning is not None:
             ls = self.learning.status()
@@ -243,7 +243,7 @@ class Daemon:
                     details.append((f"breaker.{key}", str(breaker[key])))
         return StatusView(
             mode=self.mode, profile=self.profile, policy=self.controller.policy.name,
-            last_tick_s=self.last_tick_s, last_decision_id=d.decision_id if d else "",
+            last_tick_s=self.last_tick_s, last_decision_id=decision.decision_id if decision else "",
             generation=self.state.generation, components=tuple(components), pools=tuple(pools),
             telemetry_frozen=bool(rep and rep.result.frozen), details=tuple(details),
         )

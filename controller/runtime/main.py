@@ -27,11 +27,11 @@ from controller.core.guards import GuardConfig
 from controller.core.step import Controller
 from controller.obs.logs import setup_logging
 from controller.obs.metrics import DaemonMetrics
+from controller.paths import PROJECT_ROOT
 from controller.policies.registry import POLICY_NAMES, build_policy
 from controller.runtime.daemon import Daemon, TickReport
 from controller.runtime.learning import Learning
 from controller.runtime.loop import TickLoop
-from controller.paths import PROJECT_ROOT
 from controller.telemetry import build_source
 from controller.transport import ClientTls, TlsConfig
 from controller.types import Mode

@@ -21,7 +21,7 @@ def test_idle_pool_goes_to_zero_and_comes_back_when_traffic_returns():
     # replica that serves nothing for ten of its twenty steps; the activation rule starts one
     sc = scenario([pool(replicas=2, min_replicas=0, max_replicas=4, startup_warm_s=60.0, startup_cold_s=COLD_S)],
                   duration_s=back_at + AGAIN_S + 300.0)
-    wl = workload(np.concatenate([first, again]), prompt=800, output=120, priority=1)
+    wl = workload(list(np.concatenate([first, again])), prompt=800, output=120, priority=1)
     run = run_closed_loop(sc, MpcPolicy(max_evaluations=600), seed=1, tick_s=15.0, workload=wl)
     ready = {round(p["t_s"]): p["pools"]["p8"]["replicas_ready"] for p in run.timeline}
     idle = [r for t, r in ready.items() if BUSY_S + 600.0 <= t < back_at]

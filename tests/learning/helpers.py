@@ -73,7 +73,7 @@ def synthetic_records(n_ticks: int, *, seed: int = 0, time_scale: float = 1.3, w
         classes = {c: ClassObservation(priority_class=c, arrival_rps=Reading(total * s))
                    for c, s in (("critical", 0.2), ("standard", 0.6), ("sheddable", 0.2))}
         obs = FleetObservation(at_s=t, pools=obs_pools, classes=classes, source="synthetic")
-        out.append(ObservationRecord(at_s=t, observation=obs, settings=dict(settings), reuse={p: PROFILE for p in pools}))
+        out.append(ObservationRecord(at_s=t, observation=obs, settings=dict(settings), reuse=dict.fromkeys(pools, PROFILE)))
     return out
 
 

@@ -12,7 +12,7 @@ from controller.clock import VirtualClock
 from controller.core.coupling import CouplingModels, LatencyInputs
 from controller.learning.fit import CorrectionConfig, fit_coupling
 from controller.learning.history import HistoryBuffer
-from controller.learning.refit import ModelSet, ModelSlot, RefitConfig, RefitJob
+from controller.learning.refit import ModelSet, ModelSlot, RefitConfig, RefitJob, RefitOutcome
 from controller.learning.store import ModelStore
 from controller.learning.training_data import build_training_data
 from tests.fixtures.prometheus import wait_until
@@ -29,7 +29,7 @@ def history_of(records) -> HistoryBuffer:
 def test_a_better_candidate_is_swapped_in_and_stored(tmp_path):
     records = synthetic_records(400, seed=2)
     slot = ModelSlot(ModelSet(coupling=CouplingModels.prior_only([toy_physics()])))
-    outcomes = []
+    outcomes: list[RefitOutcome] = []
     job = RefitJob(history_of(records), slot, physics_by_pool(), clock=VirtualClock(records[-1].at_s),
                    store=ModelStore(tmp_path), on_outcome=outcomes.append)
     out = job.run_once()
@@ -87,7 +87,7 @@ def test_a_refit_never_blocks_a_tick():
     records = synthetic_records(300, seed=5)
     history = GatedHistory(records[:200])
     slot = ModelSlot(ModelSet(coupling=CouplingModels.prior_only([toy_physics()])))
-    done = []
+    done: list[RefitOutcome] = []
     job = RefitJob(history, slot, physics_by_pool(), clock=VirtualClock(records[199].at_s),
                    config=RefitConfig(interval_s=3600.0), on_outcome=done.append)
     job.start(first_run_after_s=0.0)

@@ -59,7 +59,7 @@ def test_scale_down_limit_100_percent_is_no_limit():
 
 
 def test_windows_and_slope():
-    s = ()
+    s: tuple[tuple[float, float], ...] = ()
     for t, v in ((15.0, 40.0), (30.0, 60.0), (45.0, 80.0), (60.0, 100.0)):
         s = push_sample(s, t, v, keep_s=60.0)
     assert window_mean(s, 60.0, 60.0) == 70.0 and window_mean(s, 60.0, 6.0) == 100.0
@@ -78,6 +78,8 @@ def test_current_target_sources():
 def test_floor_and_slo():
     assert replica_floor(spec(min_replicas=0)) == 1 and replica_floor(spec(min_replicas=0), allow_zero=True) == 0
     fl = fleet()
-    assert tightest_slo(fl).ttft_s == 2.0 and tightest_slo(fl, "standard").ttft_s == 5.0
+    tight, standard = tightest_slo(fl), tightest_slo(fl, "standard")
+    assert tight is not None and standard is not None
+    assert tight.ttft_s == 2.0 and standard.ttft_s == 5.0
     with pytest.raises(ValueError, match="not in the fleet"):
         tightest_slo(fl, "gold")

@@ -28,7 +28,7 @@ from tests.policies.builders import fleet, inp, obs_row, spec
 
 FL = fleet(spec("p", model="llama-3-70b", sku="h100-80gb", gpus_per_replica=4, usd_per_replica_hour=49.16,
                 min_replicas=1, max_replicas=16, startup_warm_s=60.0, startup_cold_s=300.0))
-FAST = dict(max_evaluations=300)
+FAST: dict[str, Any] = {"max_evaluations": 300}  # the MpcPolicy keywords every test shares
 
 
 def pool_signals(rps: float, ready: int, *, starting: int = 0, hit: float = 0.3, tpot: float | None = None,
@@ -69,12 +69,14 @@ def loop(pol, series, start: int = 4, profile: str = "balanced"):
 
 def test_registry_builds_mpc_and_checks_its_parameters():
     pol = build_policy("mpc", FL, {"weights": {"risk_weight": 50}, "planner": {"terminal_steps": 2}})
+    assert isinstance(pol, MpcPolicy)
     assert pol.name == "mpc" and pol.config.terminal_steps == 2
-    for params, msg in [({"weights": {"bogus": 1}}, "unknown field"), ({"planner": {"nope": 1}}, "unknown field"),
+    cases: list[tuple[dict[str, Any], str]] = [({"weights": {"bogus": 1}}, "unknown field"), ({"planner": {"nope": 1}}, "unknown field"),
                         ({"breaker": {"loss_frac": 3}}, "loss_frac"), ({"scale_down_stabilization_s": -1}, "must be"),
                         ({"engine_figures": {"p": {"a_s": 0}}}, "missing field"),
                         ({"planning_model": "magic"}, "planning_model must be one of prior, learned"),
-                        ({"planning_model": "learned"}, "needs the learned coupling models")]:
+                        ({"planning_model": "learned"}, "needs the learned coupling models")]
+    for params, msg in cases:
         with pytest.raises(ValueError, match=msg):
             build_policy("mpc", FL, params)
 
@@ -155,6 +157,7 @@ def test_low_confidence_guard_holds_through_the_controller():
     for t in (15.0, 30.0, 45.0):
         obs = FleetObservation(at_s=t, pools={"p": obs_row("p", **pool_signals(5.0, 10))})
         st, res = ctl.step(st, TickInput(now_s=t, observation=obs))
+        assert res.decision is not None
         assert res.decision.pools["p"].replicas == 10
         seen |= {r.code for r in res.guard_adjustments}
     assert "guard_low_confidence_hold" in seen
@@ -195,7 +198,7 @@ def test_bursty_demand_holds_replicas_between_bursts():
     so the policy keeps the burst's replicas through the gaps when the bursty window is on, and lets
     them go within the base window when it is off."""
     series = ([(40.0, None)] * 2 + [(3.0, None)] * 10) * 5
-    kw = dict(scale_down_stabilization_s=60.0, min_history_s=60.0, warmup_s=0.0, **FAST)
+    kw: dict[str, Any] = dict(scale_down_stabilization_s=60.0, min_history_s=60.0, warmup_s=0.0, **FAST)
     _, on, _ = loop(MpcPolicy(bursty_down_window_s=300.0, **kw), series, start=6)
     _, off, _ = loop(MpcPolicy(bursty_down_window_s=60.0, **kw), series, start=6)
     gaps = [k for k in range(24, len(series)) if k % 12 >= 6]  # late in each gap, after the first two cycles
@@ -211,7 +214,8 @@ def test_ttft_correction_learns_from_the_pool_not_the_worst_class():
     the TTFT correction follows the pool's p95 (what the model predicts), so critical is not planned
     as if it waited like sheddable."""
     pol = MpcPolicy(min_history_s=0.0, warmup_s=0.0, **FAST)
-    state, current = pol.initial_state(), {"p": 8}
+    state = pol.initial_state()
+    current: dict[str, int] | Decision = {"p": 8}
     classes = {c: ClassObservation(priority_class=c, arrival_rps=Reading(20.0 * s), retry_rps=Reading(0.0),
                                    shed_rps=Reading(0.0), ttft_p95_s=Reading(t), tpot_p95_s=Reading(0.06))
                for c, s, t in (("critical", 0.2, 0.3), ("standard", 0.6, 0.5), ("sheddable", 0.2, 14.0))}
@@ -229,7 +233,8 @@ def _corrections_at_8_replicas(ticks: int, signals, classes=None) -> dict:
     """The pool's learned corrections after `ticks` ticks of telemetry signals(k) (and class readings
     classes(k)), the fleet held at 8 replicas whatever the policy decides."""
     pol = MpcPolicy(min_history_s=0.0, warmup_s=0.0, **FAST)
-    state, current = pol.initial_state(), {"p": 8}
+    state = pol.initial_state()
+    current: dict[str, int] | Decision = {"p": 8}
     for k in range(ticks):
         t = 15.0 * (k + 1)
         i = inp(t, {"p": signals(k)}, fl=FL, current=current)
@@ -396,10 +401,11 @@ def test_scale_reasons_name_what_bought_the_replicas(label, cur, final, need, lo
 
     pol = MpcPolicy(**FAST)
     spec = FL.pools[0]
-    result = SimpleNamespace(terms={"pools": {"p": {"need_by_step_p90": need, "hit_rate": [0.3, 0.3, 0.3]}},
+    # stand-ins with only the fields pool_reasons reads (Any: they are not the real dataclasses)
+    result: Any = SimpleNamespace(terms={"pools": {"p": {"need_by_step_p90": need, "hit_rate": [0.3, 0.3, 0.3]}},
                                     "late_or_shed_frac_p90": {"critical": 0.001, "standard": 0.01, "sheddable": 0.337}})
-    pin = SimpleNamespace(lo=lo, hi=16, frozen=False, max_num_seqs=256, max_num_batched_tokens=8192)
-    pp = SimpleNamespace(prefix_weight=3.0, inflight_cap=0, traffic_weight=1.0, standby=0, max_num_seqs=256,
+    pin: Any = SimpleNamespace(lo=lo, hi=16, frozen=False, max_num_seqs=256, max_num_batched_tokens=8192)
+    pp: Any = SimpleNamespace(prefix_weight=3.0, inflight_cap=0, traffic_weight=1.0, standby=0, max_num_seqs=256,
                          max_num_batched_tokens=8192)
     out = pool_reasons(spec, pin, cur, final, pp, None, result, pol.config.step_s)
     msgs = [r.message for r in out if r.code.startswith("mpc_scale")]
@@ -454,6 +460,7 @@ def test_learned_planning_reads_the_model_source_every_tick_and_picks_up_a_swap(
     """planning_model learned: each tick plans on what the source returns now (the daemon's model
     slot), so a refit that passed the validation gate is planned on from the next tick."""
     from controller.core.coupling import CouplingModels
+    from controller.core.mpc_model import LearnedPlanModel
     from controller.learning.physics import physics_for_pool_spec
 
     physics = [physics_for_pool_spec(p) for p in FL.pools]
@@ -474,6 +481,7 @@ def test_learned_planning_reads_the_model_source_every_tick_and_picks_up_a_swap(
     assert pol._plan_model(FL, pol._prior(FL))[0] is first  # same models: the adapter is reused
     current["models"] = CouplingModels.prior_only(physics)  # a swap
     second = pol._plan_model(FL, pol._prior(FL))[0]
+    assert isinstance(second, LearnedPlanModel)
     assert second is not first and second.models is current["models"]
     # the default plans on the prior and never asks for models
     _, outs, _ = loop(MpcPolicy(**FAST), [(20.0, None)] * 2)
@@ -526,5 +534,5 @@ def test_activation_starts_one_replica_for_a_group_serving_nothing(label, pools,
     from controller.policies.mpc.problem import activate
 
     out = activate(list(pools), arrivals, demand or held > 0)  # the policy's demand: a rate or requests held
-    assert {p.name for p, q in zip(pools, out) if q.lo > p.lo} == raised, label
-    assert all(q.lo <= 1 and q.hi == p.hi for p, q in zip(pools, out)), label
+    assert {p.name for p, q in zip(pools, out, strict=True) if q.lo > p.lo} == raised, label
+    assert all(q.lo <= 1 and q.hi == p.hi for p, q in zip(pools, out, strict=True)), label

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ def test_every_module_docstring_names_its_source_and_what_it_must_not_do(name):
     assert "no I/O" in doc or "must not do I/O" in doc, name
 
 
-PARAMS = {"static": {"replicas": {"p": 3}}, "sla-planner": {"capacity": {"p": ReplicaCapacity(rps=2.0)},
+PARAMS: dict[str, dict[str, Any]] = {"static": {"replicas": {"p": 3}}, "sla-planner": {"capacity": {"p": ReplicaCapacity(rps=2.0)},
                                                             "adjustment_interval_s": 30.0}}
 
 

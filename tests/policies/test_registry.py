@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from controller.policies import POLICY_NAMES, ReplicaCapacity, build_policy, policy_params
+from controller.policies.hpa import HpaPolicy
 from tests.policies.builders import decide, fleet, inp, spec
 
 FL = fleet(spec("a"), spec("b"))
-MINIMAL = {
+MINIMAL: dict[str, dict[str, Any]] = {
     "static": {"replicas": {"a": 2, "b": 3}},
     "hpa": {},
     "kpa": {},
@@ -56,6 +59,7 @@ def test_build_policy_errors(label, name, params, fragment):
 def test_params_pass_through_and_routing_mapping_is_accepted():
     pol = build_policy("hpa", FL, {"metric": "queue_per_replica", "target": 3,
                                    "routing": {"prefix_weight": 0, "queue_weight": 2, "kv_weight": 1}})
+    assert isinstance(pol, HpaPolicy)
     assert pol.metric == "queue_per_replica" and pol.target == 3.0
     assert pol.routing.queue_weight == 2.0
 

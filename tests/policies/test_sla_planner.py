@@ -77,7 +77,7 @@ FC_ROWS = [
 def test_forecast_next(label, history, method, expected):
     got = forecast_next(history, method)
     if expected is None:
-        assert got >= 0.0
+        assert got is not None and got >= 0.0
     else:
         assert got == pytest.approx(expected, abs=1e-6), label
 

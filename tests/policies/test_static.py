@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller.policies.static import StaticPolicy
+from controller.types import Policy
 from tests.policies.builders import codes, decide, fleet, inp, spec
 
 # label, configured, pool bounds (min, max), current in force, expected, codes (subset)
@@ -20,7 +21,7 @@ ROWS = [
 
 @pytest.mark.parametrize("label,configured,bounds,current,expected,expected_codes", ROWS, ids=[r[0] for r in ROWS])
 def test_static_rows(label, configured, bounds, current, expected, expected_codes):
-    pol = StaticPolicy({"p": configured})
+    pol: Policy = StaticPolicy({"p": configured})  # through the Protocol, as the Controller holds it
     fl = fleet(spec(min_replicas=bounds[0], max_replicas=bounds[1]))
     _, out = decide(pol, pol.initial_state(),
                     inp(0.0, {"p": dict(ready=None)}, fl=fl, current=None if current is None else {"p": current}))
@@ -44,6 +45,6 @@ def test_static_validates_counts():
     with pytest.raises(ValueError, match=r"replicas\['p'\]"):
         StaticPolicy({"p": -1})
     with pytest.raises(ValueError, match=r"replicas\['p'\]"):
-        StaticPolicy({"p": 2.5})
+        StaticPolicy({"p": 2.5})  # type: ignore[dict-item]  # a fractional count on purpose: it must be refused
     with pytest.raises(ValueError, match="non-empty"):
         StaticPolicy({})

@@ -7,7 +7,9 @@ import logging
 from controller.clock import WallClock
 from controller.config import Settings
 from controller.core.coupling import CouplingModels
+from controller.core.mpc_model import LearnedPlanModel
 from controller.learning.physics import physics_for_pool_spec
+from controller.policies.mpc import MpcPolicy
 from controller.runtime.learning import Learning
 from controller.runtime.main import build_controller
 from tests.policies.builders import decide, inp
@@ -22,6 +24,7 @@ def test_learned_planning_reads_the_daemons_model_slot(tmp_path):
     fleet = settings.fleet_spec()
     learning = Learning(fleet, tmp_path, clock=WallClock(), logger=logging.getLogger("test"))
     policy = build_controller(settings, learning).policy
+    assert isinstance(policy, MpcPolicy) and policy.coupling_source is not None
     assert learning.slot.get().source == "shipped"
     assert policy.coupling_source() is learning.slot.get().coupling
     # the shipped models know the pool's engine: the planner plans on them, not the prior
@@ -34,6 +37,7 @@ def test_learned_planning_reads_the_daemons_model_slot(tmp_path):
                                                                         gen=12.0 * 210, hit_rate=0.3, tpot=0.04,
                                                                         ttft=0.4, waiting=0.0, running=40, kv=0.3)},
                                                 fl=fleet, current={"chat": 2}))
+    assert out is not None
     assert out.diagnostics["model"]["kind"] == "LearnedPlanModel"
     model = out.diagnostics["model"]
     assert model["planning_model"] == "learned" and "learned_unusable" not in model
@@ -41,13 +45,15 @@ def test_learned_planning_reads_the_daemons_model_slot(tmp_path):
     refit = CouplingModels.prior_only([physics_for_pool_spec(p) for p in fleet.pools])
     learning.slot.swap(coupling=refit)
     assert policy.coupling_source() is refit
-    assert policy._plan_model(fleet, policy._prior(fleet))[0].models is refit
+    swapped = policy._plan_model(fleet, policy._prior(fleet))[0]
+    assert isinstance(swapped, LearnedPlanModel) and swapped.models is refit
 
 
 def test_the_default_planning_model_is_the_prior(tmp_path):
     settings = Settings(policy="mpc", state_dir=str(tmp_path), pools=POOLS)
     learning = Learning(settings.fleet_spec(), tmp_path, clock=WallClock(), logger=logging.getLogger("test"))
     policy = build_controller(settings, learning).policy
+    assert isinstance(policy, MpcPolicy)
     assert policy.planning_model == "prior" and policy.coupling_source is None
 
 

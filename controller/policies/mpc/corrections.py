@@ -43,10 +43,10 @@ def learn(mem: dict[str, MpcPoolMemory], inp: PolicyInput, prior: PlanModel, j_o
     diag: dict[str, Any] = {}
     first_hop = [p for p in fleet.pools if p.role != "decode"]
     single = len(first_hop) == 1 and len({p.group for p in fleet.pools}) == 1
-    cls_ttft = [value(c.ttft_p95_s) for c in obs.classes.values()]
-    cls_tpot = [value(c.tpot_p95_s) for c in obs.classes.values()]
-    cls_ttft = max((x for x in cls_ttft if x is not None), default=None)
-    cls_tpot = max((x for x in cls_tpot if x is not None), default=None)
+    ttft_seen = [value(c.ttft_p95_s) for c in obs.classes.values()]
+    tpot_seen = [value(c.tpot_p95_s) for c in obs.classes.values()]
+    cls_ttft = max((x for x in ttft_seen if x is not None), default=None)
+    cls_tpot = max((x for x in tpot_seen if x is not None), default=None)
     for spec in fleet.pools:
         m = mem[spec.name]
         po = obs.pools.get(spec.name)
@@ -147,7 +147,7 @@ def confidence(mem: Mapping[str, MpcPoolMemory]) -> float:
     vals = []
     for m in mem.values():
         seen = min(1.0, m.samples / 8.0)
-        vals.append((0.3 * (1 - seen) + seen * math.exp(-m.err)))
+        vals.append(0.3 * (1 - seen) + seen * math.exp(-m.err))
     return float(min(vals))
 
 

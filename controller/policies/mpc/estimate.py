@@ -102,8 +102,8 @@ def demand(obs: FleetObservation) -> tuple[float | None, dict[str, float]]:
         return total, {c: v / total for c, v in per.items()}
     if per:
         return 0.0, {}
-    served = [value(p.arrival_rps) for p in obs.pools.values()]
-    served = [s for s in served if s is not None]
+    read = [value(p.arrival_rps) for p in obs.pools.values()]
+    served = [s for s in read if s is not None]
     if served:
         return float(sum(served)), {}
     return None, {}
@@ -122,7 +122,7 @@ def update_history(state: MpcState, obs: FleetObservation, fleet: FleetSpec, now
     # at 20 s) the forecast stayed at the 34 req/s read at 30 s until 75 s while 63 req/s arrived.
     warming = now - first_s < warmup_s
     if demand_now is not None and (not warming or not t_hist or demand_now > d_hist[-1]):
-        keep = [(t, d) for t, d in zip(t_hist, d_hist) if now - t < HISTORY_KEEP_S and t < now]
+        keep = [(t, d) for t, d in zip(t_hist, d_hist, strict=True) if now - t < HISTORY_KEEP_S and t < now]
         if warming:
             keep = []
         t_hist = tuple(t for t, _ in keep) + (now,)

@@ -49,7 +49,7 @@ def down_window_s(t_hist: tuple[float, ...], d_hist: tuple[float, ...], now: flo
     """
     if bursty_s <= base_s:
         return base_s
-    ys = [d for t, d in zip(t_hist, d_hist) if now - t < BURST_WINDOW_S]
+    ys = [d for t, d in zip(t_hist, d_hist, strict=True) if now - t < BURST_WINDOW_S]
     if len(ys) < 4:
         return base_s
     y = np.array(ys, dtype=float)
@@ -72,7 +72,7 @@ def first_step(fleet: FleetSpec, problem: PlanProblem, result: PlanResult, mem: 
     new_mem: dict[str, MpcPoolMemory] = {}
     reasons: list[Reason] = []
     explain: list[Applied] = []
-    for spec, pin in zip(fleet.pools, problem.pools):
+    for spec, pin in zip(fleet.pools, problem.pools, strict=True):
         pp = result.plan.pools[spec.name]
         m = mem[spec.name]
         want = pp.replicas[0]

@@ -50,11 +50,11 @@ from typing import Any
 import numpy as np
 
 from controller.core.breaker import BreakerConfig
-from controller.core.mpc import MpcConfig, plan_steps, solve
 from controller.core.forecast import PriorForecaster
+from controller.core.mpc import MpcConfig, plan_steps, solve
 from controller.core.mpc_model import LearnedPlanModel, PlanModel, QueueingPrior
-from controller.perf.figures import EngineFigures
 from controller.core.objective import resolve_weights
+from controller.perf.figures import EngineFigures
 from controller.policies.common import check_positive, reason
 from controller.policies.mpc.corrections import confidence, learn, seed_from_capacity
 from controller.policies.mpc.estimate import MpcPoolMemory, MpcState, accounted, carried, update_history

@@ -20,8 +20,8 @@ from dataclasses import replace
 import numpy as np
 from scipy.special import ndtri
 
-from controller.core.mpc import ClassInput, PlanProblem, PoolInput
 from controller.core.forecast import LoadForecast
+from controller.core.mpc import ClassInput, PlanProblem, PoolInput
 from controller.core.mpc_model import LatencyQuery, PlanModel
 from controller.core.objective import ObjectiveWeights
 from controller.policies.common import value

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from controller.core.mpc import PlanProblem, PlanResult, PoolInput, PoolPlan
 from controller.core.forecast import LoadForecast
+from controller.core.mpc import PlanProblem, PlanResult, PoolInput, PoolPlan
 from controller.core.mpc_model import PlanModel
 from controller.policies.common import reason
 from controller.types import PRIORITY_CLASSES, BreakerAction, PoolDecision, PoolSpec, Reason
