@@ -3,9 +3,10 @@
 OLD and NEW are `--out` folders of `bench all` or `bench policies` (or two JSON files).
 Every `*.json` report in OLD is matched by name in NEW and compared value by value,
 leaving out what measures the machine rather than the policies: keys that hold wall
-times, speed-ups and memory, the scenario file's path and the profile cache's key (`WALL_KEYS`). Floats compare exactly unless `--rel-tol`
-is given. This is the check that a change meant to keep behaviour (a refactor, a
-move of code) kept it: the bench replays are deterministic for a seed.
+times, speed-ups and memory, the scenario file's path and the profile cache's key
+(`WALL_KEYS`). Floats compare exactly unless `--rel-tol` is given. This is the check that a
+change meant to keep behaviour (a refactor, a move of code) kept it: the bench replays are
+deterministic for a seed.
 
 Exit codes: 0 identical, 1 differences (each named by file and JSON path, up to
 `--max-diffs`), 2 bad input (a folder missing, a report missing on one side, bad JSON).

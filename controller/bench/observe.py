@@ -124,7 +124,8 @@ class SimObserver:
     def _node(self, stats) -> NodeCollector:
         c = self._nodes.get(stats.node_id)
         if c is None:
-            c = self._nodes[stats.node_id] = NodeCollector(stats, self.fleet.replica_stats, now_s=lambda: self.fleet.now_s)
+            c = self._nodes[stats.node_id] = NodeCollector(stats, self.fleet.replica_stats,
+                                                           now_s=lambda: self.fleet.now_s)
         return c
 
     # ------------------------------------------------------------------ the fast path

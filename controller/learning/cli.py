@@ -215,7 +215,7 @@ def _shipped_default_series(store: ModelStore):
     try:
         fc, _ = store.load_forecaster()
         return fc.default
-    except Exception:
+    except Exception:  # noqa: BLE001  # any unreadable shipped forecaster: no series to carry over
         return None
 
 

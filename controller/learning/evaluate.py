@@ -79,7 +79,8 @@ def evaluate(models: CouplingModels, data: TrainingData, *, max_rho: float = 0.9
             logq[t] = math.nan
     m = valid_latency_rows(data, "gpu_busy_frac") & below
     rows["gpu_busy_frac"] = int(m.sum())
-    busy_mae = float(np.mean(np.abs(pred["gpu_busy_frac"][m] - data.targets["gpu_busy_frac"][m]))) if m.any() else math.nan
+    busy_mae = (float(np.mean(np.abs(pred["gpu_busy_frac"][m] - data.targets["gpu_busy_frac"][m])))
+                if m.any() else math.nan)
     m = valid_cache_rows(data)
     rows["hit_rate"] = int(m.sum())
     if m.any():

@@ -241,7 +241,7 @@ def calibrate(data: TrainingData, physics: Sequence[PoolPhysics], config: Correc
 
         lim = math.log(5.0)
 
-        def solve(mask: np.ndarray) -> Calibration:
+        def solve(mask: np.ndarray, sub: TrainingData = sub, lim: float = lim) -> Calibration:
             part = sub.subset(mask)
             ys_p = {t: part.targets[t] for t in CALIBRATION_TARGETS}
             oks_p = {t: valid_latency_rows(part, t) for t in CALIBRATION_TARGETS}
@@ -250,7 +250,7 @@ def calibrate(data: TrainingData, physics: Sequence[PoolPhysics], config: Correc
                                 diff_step=1e-3)
             return Calibration(float(np.exp(res.x[0])), float(np.exp(res.x[1])))
 
-        def with_tail(part: TrainingData, cal: Calibration) -> Calibration:
+        def with_tail(part: TrainingData, cal: Calibration, ph: PoolPhysics = ph) -> Calibration:
             """The TTFT tail width (grid) that minimises the p95's absolute percentage error."""
             ok = valid_latency_rows(part, "ttft_p95_s")
             if not ok.any():
@@ -265,10 +265,10 @@ def calibrate(data: TrainingData, physics: Sequence[PoolPhysics], config: Correc
                     best, best_loss = c, loss
             return best
 
-        def solve_full(mask: np.ndarray) -> Calibration:
+        def solve_full(mask: np.ndarray, sub: TrainingData = sub) -> Calibration:
             return with_tail(sub.subset(mask), solve(mask))
 
-        def solve_tail(mask: np.ndarray) -> Calibration:
+        def solve_tail(mask: np.ndarray, sub: TrainingData = sub) -> Calibration:
             return with_tail(sub.subset(mask), Calibration())
 
         # the full calibration, else the TTFT tail alone, each only if it pays on held-out time blocks

@@ -160,7 +160,7 @@ def write_recording(path: Path, header: Mapping[str, Any], records: Iterable[Obs
 
 def iter_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
-        f = Path(path).open()
+        f = Path(path).open()  # noqa: SIM115  # closed by the `with f:` below; opened apart to tell a read error
     except OSError as exc:
         raise RecordError(f"{path}: cannot read: {exc.strerror}") from None
     with f:

@@ -155,7 +155,7 @@ class RefitJob:
     def _safe_run(self) -> None:
         try:
             self.run_once()
-        except Exception as exc:  # never let the scheduler thread die
+        except Exception as exc:  # noqa: BLE001  # never let the scheduler thread die
             self.log.error(f"model refit failed: {exc!r}", extra={"event": "model_refit_error"})
 
     # ------------------------------------------------------------------ one refit
@@ -219,7 +219,7 @@ class RefitJob:
                     else:
                         parts.append(f"coupling kept: candidate {cand_score:.3f} is not better than current "
                                      f"{cur_score:.3f}")
-        except Exception as exc:  # a bad history must not take the daemon down
+        except Exception as exc:  # noqa: BLE001  # a bad history must not take the daemon down
             parts.append(f"coupling kept: fit failed ({type(exc).__name__}: {exc})")
 
         # ---- forecaster
@@ -235,14 +235,15 @@ class RefitJob:
                 if current.forecaster is not None and current.forecaster.default is not None:
                     cand_f = ForecasterModel(cand_f.config, cand_f.series, current.forecaster.default)
                 f_cand = holdout_mae(cand_f, series_all, split_s, cfg.forecast_horizon_s).get("mean", math.nan)
-                f_cur = (holdout_mae(current.forecaster, series_all, split_s, cfg.forecast_horizon_s).get("mean", math.nan)
+                f_cur = (holdout_mae(current.forecaster, series_all, split_s,
+                                     cfg.forecast_horizon_s).get("mean", math.nan)
                          if current.forecaster is not None else math.inf)
                 if math.isfinite(f_cand) and (not math.isfinite(f_cur) or f_cand < f_cur * (1.0 - cfg.min_improvement)):
                     forecaster_new = cand_f
                     parts.append(f"forecaster swapped: holdout MAE {f_cand:.3f} < current {f_cur:.3f}")
                 else:
                     parts.append(f"forecaster kept: candidate MAE {f_cand:.3f} is not better than {f_cur:.3f}")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  # as for the coupling: a failed fit keeps the current model
             parts.append(f"forecaster kept: fit failed ({type(exc).__name__}: {exc})")
 
         elapsed = self.clock.monotonic_s() - t0

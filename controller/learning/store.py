@@ -224,7 +224,7 @@ class ModelStore:
                                  "refit with `governor fit` rather than load estimators across versions")
         try:
             untrusted = sio.get_untrusted_types(file=art)
-        except Exception as exc:  # skops raises assorted errors on foreign files (zip, json, key errors)
+        except Exception as exc:  # noqa: BLE001  # skops raises assorted errors on foreign files (zip, json, key)
             raise ModelLoadError(f"{art}: not a readable skops file ({type(exc).__name__}: {exc}); "
                                  "pickles and other formats are refused") from None
         bad = sorted(set(untrusted) - ALLOWED_TYPES)
@@ -232,7 +232,7 @@ class ModelStore:
             raise ModelLoadError(f"{art}: contains types outside the allow-list: {bad}; refusing to load it")
         try:
             state = sio.load(art, trusted=sorted(untrusted))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  # whatever skops raises is reported as one ModelLoadError
             raise ModelLoadError(f"{art}: skops could not load it ({type(exc).__name__}: {exc})") from None
         if not isinstance(state, dict):
             raise ModelLoadError(f"{art}: expected a model state (a dict), found {type(state).__name__}")

@@ -195,7 +195,9 @@ def build_training_data(records: Sequence[ObservationRecord], physics_by_pool: M
     return data, tuple(phys)
 
 
-def concat_training_data(parts: Sequence[tuple[TrainingData, Sequence[PoolPhysics]]]) -> tuple[TrainingData, tuple[PoolPhysics, ...]]:
+def concat_training_data(
+        parts: Sequence[tuple[TrainingData, Sequence[PoolPhysics]]],
+) -> tuple[TrainingData, tuple[PoolPhysics, ...]]:
     """Join training data built against different physics lists (indices are remapped by physics key).
     aux["run"] numbers the parts (runs) so that cross-validation can leave whole runs out."""
     keys: list[str] = []

@@ -273,7 +273,8 @@ def scale_up_limit(current: int, up_events: Events, down_events: Events, policie
     """
     best: int | None = None
     for p in policies:
-        start = current - _change_in_period(up_events, now_s, p.period_s) + _change_in_period(down_events, now_s, p.period_s)
+        start = (current - _change_in_period(up_events, now_s, p.period_s)
+                 + _change_in_period(down_events, now_s, p.period_s))
         proposed = start + int(p.value) if p.kind == "pods" else math.ceil(start * (1 + p.value / 100.0) - _CEIL_EPS)
         best = proposed if best is None else (max(best, proposed) if select == "max" else min(best, proposed))
     return max(current, best) if best is not None else current
@@ -287,7 +288,8 @@ def scale_down_limit(current: int, up_events: Events, down_events: Events, polic
     """
     best: int | None = None
     for p in policies:
-        start = current - _change_in_period(up_events, now_s, p.period_s) + _change_in_period(down_events, now_s, p.period_s)
+        start = (current - _change_in_period(up_events, now_s, p.period_s)
+                 + _change_in_period(down_events, now_s, p.period_s))
         proposed = start - int(p.value) if p.kind == "pods" else int(start * (1 - p.value / 100.0))
         best = proposed if best is None else (min(best, proposed) if select == "max" else max(best, proposed))
     return min(current, best) if best is not None else current

@@ -146,9 +146,12 @@ class HpaPolicy:
         self.tolerance = check_positive("hpa.tolerance", tolerance, allow_zero=True)
         self.sync_period_s = check_positive("hpa.sync_period_s", sync_period_s)
         self.up_window_s = check_positive("hpa.scale_up_stabilization_s", scale_up_stabilization_s, allow_zero=True)
-        self.down_window_s = check_positive("hpa.scale_down_stabilization_s", scale_down_stabilization_s, allow_zero=True)
-        self.up_policies = (ScalingPolicy("pods", check_positive("hpa.scale_up_pods", scale_up_pods), scale_up_period_s),
-                            ScalingPolicy("percent", check_positive("hpa.scale_up_percent", scale_up_percent), scale_up_period_s))
+        self.down_window_s = check_positive("hpa.scale_down_stabilization_s", scale_down_stabilization_s,
+                                            allow_zero=True)
+        self.up_policies = (ScalingPolicy("pods", check_positive("hpa.scale_up_pods", scale_up_pods),
+                                          scale_up_period_s),
+                            ScalingPolicy("percent", check_positive("hpa.scale_up_percent", scale_up_percent),
+                                          scale_up_period_s))
         self.down_policies = (ScalingPolicy("percent", check_positive("hpa.scale_down_percent", scale_down_percent),
                                             scale_down_period_s),)
         self.routing = routing
@@ -255,8 +258,8 @@ class HpaPolicy:
             if stab > allowed:
                 final = allowed
                 code = "scale_up_limited" if limit < hi else "clamped_max"
-                reasons.append(reason(code, spec.name, f"{stab} capped at {allowed} "
-                                      f"({'scale-up policy: max(+4 pods, +100 %) per 15 s' if code == 'scale_up_limited' else 'maxReplicas'})",
+                why = "scale-up policy: max(+4 pods, +100 %) per 15 s" if code == "scale_up_limited" else "maxReplicas"
+                reasons.append(reason(code, spec.name, f"{stab} capped at {allowed} ({why})",
                                       wanted=stab, allowed=allowed))
         elif stab < cur:
             limit = scale_down_limit(cur, mem.up_events, mem.down_events, self.down_policies, now)
@@ -268,7 +271,8 @@ class HpaPolicy:
                 reasons.append(reason(code, spec.name, f"{stab} raised to {allowed}", wanted=stab, allowed=allowed))
         up_events, down_events = mem.up_events, mem.down_events
         if final != cur:
-            metric_desc = f"{metric:.3g} vs target {self.target:g} ({self.metric}), ratio {prop.new_usage_ratio or prop.usage_ratio:.3g}"
+            metric_desc = (f"{metric:.3g} vs target {self.target:g} ({self.metric}), "
+                           f"ratio {prop.new_usage_ratio or prop.usage_ratio:.3g}")
             reasons.insert(0, change_reason(spec.name, cur, final, metric_desc, metric=metric, target=self.target,
                                             usage_ratio=prop.usage_ratio, proposal=prop.replicas))
         up_events = record_event(up_events, now, final - cur, self._keep_s)

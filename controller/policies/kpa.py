@@ -84,7 +84,8 @@ class KpaParams:
         check_positive("stable_window_s", self.stable_window_s)
         check_positive("panic_window_s", self.panic_window_s)
         if self.panic_window_s > self.stable_window_s:
-            raise ValueError(f"panic_window_s ({self.panic_window_s}) must be <= stable_window_s ({self.stable_window_s})")
+            raise ValueError(f"panic_window_s ({self.panic_window_s}) must be <= "
+                             f"stable_window_s ({self.stable_window_s})")
         check_positive("panic_threshold", self.panic_threshold)
         if check_positive("max_scale_up_rate", self.max_scale_up_rate) <= 1.0:
             raise ValueError(f"max_scale_up_rate must be > 1 (got {self.max_scale_up_rate})")
@@ -133,7 +134,8 @@ def kpa_scale(p: KpaParams, mem: KpaPoolMemory, now_s: float, pool: str, ready: 
     panic_since, max_panic = mem.panic_since_s, mem.max_panic_pods
     if panic_since is None and over:
         panic_since = now_s
-        reasons.append(reason("panic_enter", pool, f"panic: {dppc} replicas wanted over the {p.panic_window_s:g} s window "
+        reasons.append(reason("panic_enter", pool,
+                              f"panic: {dppc} replicas wanted over the {p.panic_window_s:g} s window "
                               f"is ≥ {p.panic_threshold:g} × {ready_f:g} ready", desired_panic=dppc, ready=ready_f))
     elif over:
         panic_since = now_s
@@ -197,7 +199,8 @@ class KpaPolicy:
         util = check_positive("kpa.target_utilization", target_utilization)
         if util > 1:
             raise ValueError(f"kpa.target_utilization must be in (0, 1] (got {target_utilization})")
-        target = cc * util if target_concurrency is None else check_positive("kpa.target_concurrency", target_concurrency)
+        target = (cc * util if target_concurrency is None
+                  else check_positive("kpa.target_concurrency", target_concurrency))
         pct = check_positive("kpa.panic_window_pct", panic_window_pct)
         if not 1.0 <= pct <= 100.0:
             raise ValueError(f"kpa.panic_window_pct must be in [1, 100] (got {panic_window_pct})")
@@ -227,14 +230,18 @@ class KpaPolicy:
             waiting = value(obs.waiting) if obs is not None else None
             if running is not None or waiting is not None:
                 partial = running is None or waiting is None
-                mem = replace(mem, samples=push_sample(mem.samples, now, (running or 0.0) + (waiting or 0.0), p.stable_window_s),
-                              partial_s=tuple(t for t in mem.partial_s if t > now - p.stable_window_s) + ((now,) if partial else ()))
+                mem = replace(mem,
+                              samples=push_sample(mem.samples, now, (running or 0.0) + (waiting or 0.0),
+                                                  p.stable_window_s),
+                              partial_s=(tuple(t for t in mem.partial_s if t > now - p.stable_window_s)
+                                         + ((now,) if partial else ())))
             ready_v = value(obs.replicas_ready) if obs is not None else None
             stable = window_mean(mem.samples, now, p.stable_window_s)
             panic = window_mean(mem.samples, now, p.panic_window_s)
             if ready_v is None or stable is None or panic is None:
                 what = "replicas_ready" if ready_v is None else "running/waiting"
-                reasons.append(reason("missing_data_hold", spec.name, f"no usable {what}: holding {cur}", signal=what, replicas=cur))
+                reasons.append(reason("missing_data_hold", spec.name, f"no usable {what}: holding {cur}",
+                                      signal=what, replicas=cur))
                 memory[spec.name] = mem
                 pools[spec.name] = pool_decision(cur, self.routing)
                 diag[spec.name] = {"replicas": cur, "missing": what}
@@ -246,7 +253,8 @@ class KpaPolicy:
             desired = res.desired
             if desired < cur and any(t > now - p.stable_window_s for t in mem.partial_s):
                 reasons.append(reason("partial_data_no_scale_down", spec.name,
-                                      f"running or waiting was missing within the stable window: no scale-down to {desired}",
+                                      "running or waiting was missing within the stable window: "
+                                      f"no scale-down to {desired}",
                                       wanted=desired, replicas=cur))
                 desired = cur
             n = bound_and_explain(spec, cur, desired, replica_floor(spec), f"concurrency {stable:.3g} (stable), "

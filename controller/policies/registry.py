@@ -83,12 +83,14 @@ def build_policy(name: str, fleet: FleetSpec, params: Mapping[str, Any] | None =
         raise ValueError(f"policy {name}: unknown parameter(s) {unknown}; valid parameters: {sorted(accepted)}")
     required = [k for k, v in accepted.items() if v is inspect.Parameter.empty and k not in params]
     if required:
-        raise ValueError(f"policy {name}: missing required parameter(s) {required}; valid parameters: {sorted(accepted)}")
+        raise ValueError(f"policy {name}: missing required parameter(s) {required}; "
+                         f"valid parameters: {sorted(accepted)}")
     if "routing" in params and isinstance(params["routing"], Mapping):
         allowed = {"prefix_weight", "queue_weight", "kv_weight"}
         bad = sorted(set(params["routing"]) - allowed)
         if bad or set(params["routing"]) != allowed:
-            raise ValueError(f"policy {name}: routing needs exactly {sorted(allowed)} (got {sorted(params['routing'])})")
+            raise ValueError(f"policy {name}: routing needs exactly {sorted(allowed)} "
+                             f"(got {sorted(params['routing'])})")
         params["routing"] = RoutingWeights(**{k: float(v) for k, v in params["routing"].items()})
     if name == "static":
         _check_pool_keys(name, "replicas", params["replicas"], fleet)
@@ -96,7 +98,8 @@ def build_policy(name: str, fleet: FleetSpec, params: Mapping[str, Any] | None =
         _check_pool_keys(name, "capacity", params["capacity"], fleet)
     slo_class = params.get("slo_class")
     if slo_class is not None and slo_class not in fleet.slos:
-        raise ValueError(f"policy {name}: slo_class {slo_class!r} is not a fleet SLO class; classes: {sorted(fleet.slos)}")
+        raise ValueError(f"policy {name}: slo_class {slo_class!r} is not a fleet SLO class; "
+                         f"classes: {sorted(fleet.slos)}")
     try:
         return cls(**params)
     except ValueError as e:

@@ -18,8 +18,8 @@ replicas) averaged over the windows. Example: 4 ready at 0.8 mean usage, target
 0.5 → ceil(3.2 / 0.5) = 7, capped by the scale-up rate at ceil(2 × 4) = 8 → 7;
 at 0.52 the ratio 1.04 is inside the 10 % tolerance → no change.
 Then the highest recommendation of the last 300 s bounds any scale-down (HPA-style
-stabilisation; the window starts seeded with the count in force), then the pool bounds. As in Knative, a pool first seen with more
-than one ready replica starts in panic mode at that count.
+stabilisation; the window starts seeded with the count in force), then the pool bounds. As in
+Knative, a pool first seen with more than one ready replica starts in panic mode at that count.
 Missing data: without a fresh KV-usage sample and ready count this tick, the pool
 holds (no decision on data older than the tick). Floor: max(pool min, 1).
 
@@ -81,8 +81,10 @@ class ScorerKpaPolicy:
                                 panic_threshold=panic_threshold, max_scale_up_rate=max_scale_up_rate,
                                 max_scale_down_rate=max_scale_down_rate, up_tolerance=up_tolerance,
                                 down_tolerance=down_tolerance)
-        self.down_window_s = check_positive("scorer_kpa.scale_down_stabilization_s", scale_down_stabilization_s, allow_zero=True)
-        self.up_window_s = check_positive("scorer_kpa.scale_up_stabilization_s", scale_up_stabilization_s, allow_zero=True)
+        self.down_window_s = check_positive("scorer_kpa.scale_down_stabilization_s", scale_down_stabilization_s,
+                                            allow_zero=True)
+        self.up_window_s = check_positive("scorer_kpa.scale_up_stabilization_s", scale_up_stabilization_s,
+                                          allow_zero=True)
         self.routing = routing
 
     def initial_state(self) -> ScorerKpaState:
@@ -106,7 +108,8 @@ class ScorerKpaPolicy:
             ready_v = value(obs.replicas_ready) if obs is not None else None
             if kv is None or ready_v is None:
                 what = "kv_usage_frac" if kv is None else "replicas_ready"
-                reasons.append(reason("missing_data_hold", spec.name, f"no usable {what}: holding {cur}", signal=what, replicas=cur))
+                reasons.append(reason("missing_data_hold", spec.name, f"no usable {what}: holding {cur}",
+                                      signal=what, replicas=cur))
                 memory[spec.name] = mem
                 pools[spec.name] = pool_decision(cur, self.routing)
                 diag[spec.name] = {"replicas": cur, "missing": what}

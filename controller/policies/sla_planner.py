@@ -332,7 +332,8 @@ class SlaPlannerPolicy:
 
     # ----------------------------------------------------------------- per tick
 
-    def decide(self, state: PlannerState, inp: PolicyInput, rng: np.random.Generator) -> tuple[PlannerState, PolicyOutput]:
+    def decide(self, state: PlannerState, inp: PolicyInput,
+               rng: np.random.Generator) -> tuple[PlannerState, PolicyOutput]:
         now = inp.now_s
         last = now if state.last_adjust_s is None else state.last_adjust_s
         due = state.last_adjust_s is not None and now - last >= self.interval_s - 1e-9
@@ -425,7 +426,8 @@ class SlaPlannerPolicy:
         if role in ("prefill", "mixed"):
             factor = min(1.0, p_corr) if p_corr is not None else 1.0
             if cap.prompt_tokens_per_s > 0 and fc_prompt is not None:
-                terms.append({"term": "prefill_tokens", "load": fc_prompt * factor, "per_replica": cap.prompt_tokens_per_s})
+                terms.append({"term": "prefill_tokens", "load": fc_prompt * factor,
+                              "per_replica": cap.prompt_tokens_per_s})
             else:
                 terms.append({"term": "prefill_requests", "load": fc_rps * factor, "per_replica": cap.rps})
         if role in ("decode", "mixed"):
@@ -456,7 +458,8 @@ class SlaPlannerPolicy:
             reasons.insert(0, change_reason(spec.name, cur, n, f"SLA planner forecast needs {need:.3g} replicas",
                                             forecast_rps=fc_rps, need=need))
             if bound is not None:
-                reasons.append(reason(f"clamped_{bound}", spec.name, f"{wanted} kept within [{floor}, {spec.max_replicas}]",
+                reasons.append(reason(f"clamped_{bound}", spec.name,
+                                      f"{wanted} kept within [{floor}, {spec.max_replicas}]",
                                       wanted=wanted, replicas=n))
         new_mem = PlannerPoolMemory(history_rps=h_rps, history_prompt=h_prompt, history_gen=h_gen,
                                     prefill_correction=p_corr, decode_correction=d_corr)

@@ -214,8 +214,8 @@ class SloFeedbackPolicy:
             recs = stabilise(mem.recommendations, now, need, cur, 0.0, self.down_window_s)[1]
             if final != cur:
                 msgs = {"slo_breach": f"p95 TTFT {ttft:.3g} s vs SLO {slo_ttft:g} s" if ttft is not None else "",
-                        "queue_breach": f"{queue_ratio * self.queue_target:.3g} waiting per replica vs {self.queue_target:g}"
-                        if queue_ratio is not None else "",
+                        "queue_breach": (f"{queue_ratio * self.queue_target:.3g} waiting per replica "
+                                         f"vs {self.queue_target:g}") if queue_ratio is not None else "",
                         "queue_growth_predicted": f"queue predicted to reach {d.get('predicted_waiting', 0):.3g} "
                                                   f"in {spec.startup_warm_s:g} s (start-up)"}
                 reasons.append(change_reason(spec.name, cur, final, f"ratio {ratio:.3g} ({driver}) on {ready} ready",
@@ -241,7 +241,8 @@ class SloFeedbackPolicy:
             else:
                 final = max(stab, floor)
                 if final < cur:
-                    reasons.append(change_reason(spec.name, cur, final, f"ratio {ratio:.3g} ({driver}) on {ready} ready",
+                    reasons.append(change_reason(spec.name, cur, final,
+                                                 f"ratio {ratio:.3g} ({driver}) on {ready} ready",
                                                  ratio=ratio, driver=driver, need=need))
                     if idle:
                         reasons.append(reason("idle", spec.name, "no traffic: TTFT ratio taken as 0"))

@@ -72,7 +72,8 @@ class StaticPolicy:
             n, bound = clamp(want, spec.min_replicas, spec.max_replicas)
             if bound is not None:
                 reasons.append(reason(f"clamped_{bound}", spec.name,
-                                      f"configured {want} is outside [{spec.min_replicas}, {spec.max_replicas}]: using {n}",
+                                      f"configured {want} is outside [{spec.min_replicas}, {spec.max_replicas}]: "
+                                      f"using {n}",
                                       configured=want, replicas=n))
             if n != cur or source != "decision":
                 reasons.append(change_reason(spec.name, cur, n, "static peak provisioning", configured=want)

@@ -84,7 +84,8 @@ class Daemon:
             outcome = None
             d = result.decision
             if d is not None:
-                self.store.advance_generation_to(d.generation)  # persisted before sending: a restart never goes backwards
+                # persisted before sending: a restart never goes backwards
+                self.store.advance_generation_to(d.generation)
                 if self.mode is Mode.ACTIVE and self.actuator is not None:
                     outcome = self.actuator.apply(d)
                 if self.mode is Mode.ACTIVE:
@@ -165,7 +166,8 @@ class Daemon:
 
     def _log_tick(self, result: TickResult, outcome, durations: dict[str, float]) -> None:
         d = result.decision
-        level = logging.WARNING if result.frozen or (outcome is not None and outcome.status == "failed") else logging.INFO
+        failed = outcome is not None and outcome.status == "failed"
+        level = logging.WARNING if result.frozen or failed else logging.INFO
         self.log.log(level, result.explanation.splitlines()[0] if result.explanation else "tick", extra={
             "event": "tick",
             "decision_id": d.decision_id if d else None,
@@ -191,7 +193,8 @@ class Daemon:
         with self._lock:
             previous, self.mode = self.mode, Mode(mode)
             self.metrics.set_mode(self.mode)
-        self.log.warning(f"mode {previous.value} → {self.mode.value}", extra={"event": "mode", "author": author, "reason": reason})
+        self.log.warning(f"mode {previous.value} → {self.mode.value}",
+                         extra={"event": "mode", "author": author, "reason": reason})
 
     def on_overrides_changed(self) -> None:
         self.log.info("overrides changed; they apply from the next tick", extra={"event": "overrides"})
@@ -224,13 +227,15 @@ class Daemon:
             ls = self.learning.status()
             details.append(("models.source", ls["source"]))
             for name, v in ls["tracker"]["errors"].items():
-                shown = "n/a (not enough ticks yet)" if v is None else (f"{v:.1%}" if name.endswith("_ape") else f"{v:.3g}")
+                shown = ("n/a (not enough ticks yet)" if v is None
+                         else (f"{v:.1%}" if name.endswith("_ape") else f"{v:.3g}"))
                 details.append((f"models.{name}", shown))
             if ls["tracker"].get("confidence") is not None:
                 details.append(("models.confidence", f"{ls['tracker']['confidence']:.2f}"))
             if ls["last_refit"]:
                 lr = ls["last_refit"]
-                details.append(("models.last_refit", ", ".join(f"{k}={v}" for k, v in lr.items() if not isinstance(v, (dict, list)))))
+                details.append(("models.last_refit",
+                                ", ".join(f"{k}={v}" for k, v in lr.items() if not isinstance(v, (dict, list)))))
         model = rep.result.diagnostics.get("model") if rep else None
         if isinstance(model, dict) and "planning_model" in model:  # what the MPC planned the last tick with
             used = str(model.get("kind", "?")) + (f" (learned unusable: {model['learned_unusable']})"

@@ -50,30 +50,34 @@ def synthetic_records(n_ticks: int, *, seed: int = 0, time_scale: float = 1.3, w
             st = settings[p]
             R = st.replicas
             lam = (6.0 + 3.0 * np.sin(2 * np.pi * t / 3600.0 + j)) * rng.uniform(0.95, 1.05)
-            P, O = 1200.0 * rng.uniform(0.9, 1.1), 200.0 * rng.uniform(0.9, 1.1)
-            c = CacheInputs.build(1, physics_index=0, replicas=R, arrival_rps=lam, prompt_tokens=P, output_tokens=O,
+            prompt, output = 1200.0 * rng.uniform(0.9, 1.1), 200.0 * rng.uniform(0.9, 1.1)
+            c = CacheInputs.build(1, physics_index=0, replicas=R, arrival_rps=lam, prompt_tokens=prompt,
+                                  output_tokens=output,
                                   reuse_hit_at=np.array(PROFILE.hit_at), prefix_weight=st.prefix_weight)
             hit = float(np.clip(cache_prior(table, c).hit_rate[0] * 1.2, 0, 1))
-            x = LatencyInputs.build(1, physics_index=0, arrival_rps_per_replica=lam / R, prompt_tokens=P,
-                                    output_tokens=O, hit_rate=hit)
+            x = LatencyInputs.build(1, physics_index=0, arrival_rps_per_replica=lam / R, prompt_tokens=prompt,
+                                    output_tokens=output, hit_rate=hit)
             pr = latency_prior(truth, x)
 
             def noisy(v: float, f: float = 1.0) -> Reading:
                 return Reading(float(v * f * np.exp(rng.normal(0, 0.03))))
 
             obs_pools[p] = PoolObservation(
-                pool=p, replicas_ready=Reading(float(R)), replicas_starting=Reading(0.0), replicas_draining=Reading(0.0),
+                pool=p, replicas_ready=Reading(float(R)), replicas_starting=Reading(0.0),
+                replicas_draining=Reading(0.0),
                 arrival_rps=Reading(lam), running=Reading(float(pr.batch[0] * R)), waiting=Reading(0.0),
                 kv_usage_frac=Reading(0.3), hit_rate=Reading(hit + rng.normal(0, 0.005)),
-                ttft_p50_s=noisy(pr.ttft_p50_s[0], 1.0 + 0.5 * hit), ttft_p95_s=noisy(pr.ttft_p95_s[0], 1.0 + 0.5 * hit),
+                ttft_p50_s=noisy(pr.ttft_p50_s[0], 1.0 + 0.5 * hit),
+                ttft_p95_s=noisy(pr.ttft_p95_s[0], 1.0 + 0.5 * hit),
                 tpot_p50_s=noisy(pr.tpot_p50_s[0]), tpot_p95_s=noisy(pr.tpot_p95_s[0]),
-                prompt_tokens_rps=Reading(lam * P), generation_tokens_rps=Reading(lam * O),
+                prompt_tokens_rps=Reading(lam * prompt), generation_tokens_rps=Reading(lam * output),
                 gpu_util_frac=Reading(float(pr.gpu_busy_frac[0])))
         total = sum(o.arrival_rps.value for o in obs_pools.values())
         classes = {c: ClassObservation(priority_class=c, arrival_rps=Reading(total * s))
                    for c, s in (("critical", 0.2), ("standard", 0.6), ("sheddable", 0.2))}
         obs = FleetObservation(at_s=t, pools=obs_pools, classes=classes, source="synthetic")
-        out.append(ObservationRecord(at_s=t, observation=obs, settings=dict(settings), reuse=dict.fromkeys(pools, PROFILE)))
+        out.append(ObservationRecord(at_s=t, observation=obs, settings=dict(settings),
+                                     reuse=dict.fromkeys(pools, PROFILE)))
     return out
 
 

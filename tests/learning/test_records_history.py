@@ -34,7 +34,8 @@ def test_record_round_trip_keeps_missing_and_stale_readings():
     assert q.waiting.status is SignalStatus.MISSING and math.isnan(q.waiting.value)
     assert q.ttft_p95_s.status is SignalStatus.STALE and q.ttft_p95_s.value == 2.0
     assert back.settings == rec.settings and back.reuse == rec.reuse
-    assert back.observation.classes["critical"].arrival_rps.value == rec.observation.classes["critical"].arrival_rps.value
+    critical = rec.observation.classes["critical"]
+    assert back.observation.classes["critical"].arrival_rps.value == critical.arrival_rps.value
 
 
 @pytest.mark.parametrize("mutate, message", [

@@ -38,7 +38,8 @@ _ALIASES = {"ready": "replicas_ready", "starting": "replicas_starting", "gpu": "
 
 
 def spec(name: str = "p", **kw: Any) -> PoolSpec:
-    base: dict[str, Any] = dict(model="llama-3-8b", sku="a100-80gb", min_replicas=1, max_replicas=64, startup_warm_s=30.0)
+    base: dict[str, Any] = dict(model="llama-3-8b", sku="a100-80gb", min_replicas=1, max_replicas=64,
+                                startup_warm_s=30.0)
     base.update(kw)
     return PoolSpec(name=name, **base)
 

@@ -70,7 +70,8 @@ def test_windows_and_slope():
 
 def test_current_target_sources():
     fl = fleet(spec(min_replicas=2))
-    assert current_target(inp(0.0, {"p": dict(ready=3, starting=1)}, fl=fl, current={"p": 7}), fl.pools[0]) == (7, "decision")
+    i = inp(0.0, {"p": dict(ready=3, starting=1)}, fl=fl, current={"p": 7})
+    assert current_target(i, fl.pools[0]) == (7, "decision")
     assert current_target(inp(0.0, {"p": dict(ready=3, starting=1)}, fl=fl), fl.pools[0]) == (4, "observed")
     assert current_target(inp(0.0, {"p": dict(ready=None)}, fl=fl), fl.pools[0]) == (2, "pool_min")
 

@@ -16,13 +16,15 @@ SYNC_ROWS = [
      {"scale_up"}),
     ("scale-up rate: 2 → at most 6 in one 15 s period (4 pods > 100%)",
      dict(target=0.1), 2, dict(ready=2, starting=0, gpu=1.0), 64, 6, {"scale_up", "scale_up_limited"}),
-    ("scale-up rate: 10 → at most 20 (100% > 4 pods)", dict(target=0.1), 10, dict(ready=10, starting=0, gpu=1.0), 64, 20,
-     {"scale_up", "scale_up_limited"}),
+    ("scale-up rate: 10 → at most 20 (100% > 4 pods)",
+     dict(target=0.1), 10, dict(ready=10, starting=0, gpu=1.0), 64, 20, {"scale_up", "scale_up_limited"}),
     ("maxReplicas bounds the scale-up", dict(target=0.5), 4, dict(ready=4, starting=0, gpu=0.9), 6, 6,
      {"scale_up", "clamped_max"}),
-    ("missing GPU metric → hold", dict(target=0.5), 4, dict(ready=4, starting=0, gpu=None), 64, 4, {"missing_data_hold"}),
+    ("missing GPU metric → hold",
+     dict(target=0.5), 4, dict(ready=4, starting=0, gpu=None), 64, 4, {"missing_data_hold"}),
     ("NaN GPU metric → hold", dict(target=0.5), 4, dict(ready=4, starting=0, gpu="nan"), 64, 4, {"missing_data_hold"}),
-    ("stale GPU metric → hold", dict(target=0.5), 4, dict(ready=4, starting=0, gpu="stale"), 64, 4, {"missing_data_hold"}),
+    ("stale GPU metric → hold",
+     dict(target=0.5), 4, dict(ready=4, starting=0, gpu="stale"), 64, 4, {"missing_data_hold"}),
     ("missing ready count → hold", dict(target=0.5), 4, dict(ready=None, gpu=0.9), 64, 4, {"missing_data_hold"}),
     ("low metric: first sync never scales down (window seeded with current)",
      dict(target=0.5), 8, dict(ready=8, starting=0, gpu=0.1), 64, 8, {"scale_down_stabilised"}),
@@ -33,13 +35,15 @@ SYNC_ROWS = [
     ("unknown starting count: absent replicas count as missing (0 on scale-up) → hold",
      dict(target=0.5), 4, dict(ready=2, starting=None, gpu=0.9), 64, 4, set()),
     ("queue metric (production-stack): 8 waiting on 2 ready, target 1 → 8, rate-limited to 6",
-     dict(metric="queue_per_replica"), 2, dict(ready=2, starting=0, waiting=8), 64, 6, {"scale_up", "scale_up_limited"}),
+     dict(metric="queue_per_replica"), 2, dict(ready=2, starting=0, waiting=8), 64, 6,
+     {"scale_up", "scale_up_limited"}),
     ("queue metric with the queue missing → hold", dict(metric="queue_per_replica"), 2,
      dict(ready=2, starting=0, waiting=None), 64, 2, {"missing_data_hold"}),
 ]
 
 
-@pytest.mark.parametrize("label,kw,current,signals,max_r,expected,expected_codes", SYNC_ROWS, ids=[r[0] for r in SYNC_ROWS])
+@pytest.mark.parametrize("label,kw,current,signals,max_r,expected,expected_codes", SYNC_ROWS,
+                         ids=[r[0] for r in SYNC_ROWS])
 def test_hpa_single_sync(label, kw, current, signals, max_r, expected, expected_codes):
     pol = HpaPolicy(**kw)
     fl = fleet(spec(max_replicas=max_r))

@@ -19,7 +19,8 @@ def memory(history: list[float], *, panic_since: float | None = None, max_panic:
 
 
 # Default target: 100 × 0.7 = 70 in-flight per replica.
-# label, prior samples, (running, waiting) now, ready, current, panic state, expected replicas, codes (subset), panicking
+# label, prior samples, (running, waiting) now, ready, current, panic state, expected replicas,
+# codes (subset), panicking
 ROWS = [
     ("stable: 280 in flight on 4 ready at 70 each → hold 4", [280, 280, 280], (280, 0), 4, 4, None, 4, set(), False),
     ("stable scale-up: avg 420 → 6; panic 6/4 = 1.5 < 2 → no panic", [420, 420, 420], (400, 20), 4, 4, None, 6,
@@ -35,7 +36,8 @@ ROWS = [
     ("panic continues within the stable window", [70, 70, 70], (70, 0), 8, 8, NOW - 59, 8, {"panic_hold"}, True),
     ("max scale-down rate 2: 10 ready at 70 total → floor(10/2) = 5, not 1", [70, 70, 70], (70, 0), 10, 10, None, 5,
      {"scale_down"}, False),
-    ("max scale-down rate 2, odd count: 5 → floor(2.5) = 2", [10, 10, 10], (10, 0), 5, 5, None, 2, {"scale_down"}, False),
+    ("max scale-down rate 2, odd count: 5 → floor(2.5) = 2", [10, 10, 10], (10, 0), 5, 5, None, 2,
+     {"scale_down"}, False),
     ("stable window 60 s: samples older than 60 s do not count", [7000, 70, 70, 70], (70, 0), 4, 4, None, 2,
      {"scale_down"}, False),
 ]
@@ -86,9 +88,11 @@ def test_closed_loop_burst_then_quiet_scales_up_fast_and_down_slowly():
 
 def test_missing_concurrency_holds_and_partial_data_never_scales_down():
     pol = KpaPolicy()
-    _, out = decide(pol, pol.initial_state(), inp(0.0, {"p": dict(ready=4, running=None, waiting=None)}, current={"p": 4}))
+    _, out = decide(pol, pol.initial_state(),
+                    inp(0.0, {"p": dict(ready=4, running=None, waiting=None)}, current={"p": 4}))
     assert out.pools["p"].replicas == 4 and "missing_data_hold" in codes(out)
-    _, out = decide(pol, pol.initial_state(), inp(0.0, {"p": dict(ready=None, running=10, waiting=0)}, current={"p": 4}))
+    _, out = decide(pol, pol.initial_state(),
+                    inp(0.0, {"p": dict(ready=None, running=10, waiting=0)}, current={"p": 4}))
     assert out.pools["p"].replicas == 4 and "missing_data_hold" in codes(out)
     # waiting missing, running low, not panicking: no scale-down on partial data ...
     st = memory([70, 70, 70])

@@ -35,7 +35,8 @@ def pool_signals(rps: float, ready: int, *, starting: int = 0, hit: float = 0.3,
                  ttft: float | None = None, waiting: float = 0.0) -> dict:
     per = rps / max(ready, 1)
     return dict(ready=ready, starting=starting, rps=rps, prompt=rps * 1100.0, gen=rps * 210.0, hit_rate=hit,
-                tpot=tpot if tpot is not None else 0.05 + 0.008 * per, ttft=ttft if ttft is not None else 0.3 + 0.05 * per,
+                tpot=tpot if tpot is not None else 0.05 + 0.008 * per,
+                ttft=ttft if ttft is not None else 0.3 + 0.05 * per,
                 waiting=waiting, running=per * 15 * ready, kv=0.2)
 
 
@@ -71,11 +72,12 @@ def test_registry_builds_mpc_and_checks_its_parameters():
     pol = build_policy("mpc", FL, {"weights": {"risk_weight": 50}, "planner": {"terminal_steps": 2}})
     assert isinstance(pol, MpcPolicy)
     assert pol.name == "mpc" and pol.config.terminal_steps == 2
-    cases: list[tuple[dict[str, Any], str]] = [({"weights": {"bogus": 1}}, "unknown field"), ({"planner": {"nope": 1}}, "unknown field"),
-                        ({"breaker": {"loss_frac": 3}}, "loss_frac"), ({"scale_down_stabilization_s": -1}, "must be"),
-                        ({"engine_figures": {"p": {"a_s": 0}}}, "missing field"),
-                        ({"planning_model": "magic"}, "planning_model must be one of prior, learned"),
-                        ({"planning_model": "learned"}, "needs the learned coupling models")]
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"weights": {"bogus": 1}}, "unknown field"), ({"planner": {"nope": 1}}, "unknown field"),
+        ({"breaker": {"loss_frac": 3}}, "loss_frac"), ({"scale_down_stabilization_s": -1}, "must be"),
+        ({"engine_figures": {"p": {"a_s": 0}}}, "missing field"),
+        ({"planning_model": "magic"}, "planning_model must be one of prior, learned"),
+        ({"planning_model": "learned"}, "needs the learned coupling models")]
     for params, msg in cases:
         with pytest.raises(ValueError, match=msg):
             build_policy("mpc", FL, params)
@@ -314,11 +316,12 @@ def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting
 
 
 # A small fast-starting pool (the demo's shape: 8B on A100, cold start 20 s) for surge tests.
-SURGE_FL = fleet(spec("p", model="llama-3-8b", sku="a100-80gb", usd_per_replica_hour=2.2, min_replicas=1, max_replicas=16,
-                      startup_warm_s=8.0, startup_cold_s=20.0))
+SURGE_FL = fleet(spec("p", model="llama-3-8b", sku="a100-80gb", usd_per_replica_hour=2.2, min_replicas=1,
+                      max_replicas=16, startup_warm_s=8.0, startup_cold_s=20.0))
 
 
-def _window_mean(t: float, start_s: float, surge_at_s: float, base: float, peak: float, window_s: float = 60.0) -> float:
+def _window_mean(t: float, start_s: float, surge_at_s: float, base: float, peak: float,
+                 window_s: float = 60.0) -> float:
     """What a 60 s windowed rate reads at t for a step base → peak at surge_at_s (window clipped at start_s)."""
     lo = max(t - window_s, start_s)
     if t - lo <= 0:

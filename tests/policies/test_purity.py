@@ -38,8 +38,9 @@ def test_every_module_docstring_names_its_source_and_what_it_must_not_do(name):
     assert "no I/O" in doc or "must not do I/O" in doc, name
 
 
-PARAMS: dict[str, dict[str, Any]] = {"static": {"replicas": {"p": 3}}, "sla-planner": {"capacity": {"p": ReplicaCapacity(rps=2.0)},
-                                                            "adjustment_interval_s": 30.0}}
+PARAMS: dict[str, dict[str, Any]] = {"static": {"replicas": {"p": 3}},
+                                     "sla-planner": {"capacity": {"p": ReplicaCapacity(rps=2.0)},
+                                                     "adjustment_interval_s": 30.0}}
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)

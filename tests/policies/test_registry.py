@@ -34,11 +34,13 @@ def test_every_name_builds_and_decides(name):
 # label, name, params, message fragment
 ERROR_ROWS = [
     ("unknown policy lists the valid ones", "mpc2", {}, "valid policies: static, hpa, kpa, sla-planner"),
-    ("unknown parameter lists the valid ones", "hpa", {"targte": 0.5}, "unknown parameter(s) ['targte']; valid parameters"),
+    ("unknown parameter lists the valid ones", "hpa", {"targte": 0.5},
+     "unknown parameter(s) ['targte']; valid parameters"),
     ("missing required parameter", "static", {}, "missing required parameter(s) ['replicas']"),
     ("static: unknown pool", "static", {"replicas": {"a": 1, "b": 1, "c": 1}}, "unknown pool(s) ['c']"),
     ("static: a pool without a count", "static", {"replicas": {"a": 1}}, "no entry for pool(s) ['b']"),
-    ("sla_planner: a pool without capacity", "sla-planner", {"capacity": {"a": {"rps": 1.0}}}, "no entry for pool(s) ['b']"),
+    ("sla_planner: a pool without capacity", "sla-planner", {"capacity": {"a": {"rps": 1.0}}},
+     "no entry for pool(s) ['b']"),
     ("sla_planner: bad capacity field", "sla-planner", {"capacity": {"a": {"rps": 1.0}, "b": {"qps": 1}}},
      "unknown field(s) ['qps']"),
     ("unknown SLO class", "slo-feedback", {"slo_class": "gold"}, "slo_class 'gold' is not a fleet SLO class"),

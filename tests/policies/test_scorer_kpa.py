@@ -37,7 +37,8 @@ ROWS = [
 def test_scorer_kpa_rows(label, samples, now, current, expected, expected_codes):
     pol = ScorerKpaPolicy(target_kv_usage=0.25 if "0.25 target" in label else 0.5)
     ready, kv = now
-    _, out = decide(pol, state_with(samples, cur=current), inp(NOW, {"p": dict(ready=ready, kv=kv)}, current={"p": current}))
+    _, out = decide(pol, state_with(samples, cur=current),
+                    inp(NOW, {"p": dict(ready=ready, kv=kv)}, current={"p": current}))
     assert out.pools["p"].replicas == expected, (label, out.diagnostics["pools"]["p"])
     assert expected_codes <= set(codes(out)), (label, codes(out))
 

@@ -23,7 +23,8 @@ CAP_ROWS = [
      [1, 2, 4], [0.3, 0.5, 2.1], None, SloSpec(1.3, 0.1), 3.0),
     ("TPOT-bound is the tighter one → 2.5", [1, 2, 4], [0.3, 0.5, 2.1], [0.02, 0.05, 0.11], SloSpec(1.3, 0.065), 2.5),
     ("never extrapolates past the highest profiled load", [1, 2], [0.1, 0.2], None, SloSpec(5.0, 1.0), 2.0),
-    ("repeated loads are averaged: (0.4+0.6)/2 = 0.5 at 2", [1, 2, 2, 4], [0.3, 0.4, 0.6, 2.1], None, SloSpec(1.3, 1), 3.0),
+    ("repeated loads are averaged: (0.4+0.6)/2 = 0.5 at 2", [1, 2, 2, 4], [0.3, 0.4, 0.6, 2.1], None,
+     SloSpec(1.3, 1), 3.0),
     ("noise cannot invent capacity (latency made non-decreasing)", [1, 2, 3, 4], [0.3, 2.0, 0.5, 2.1], None,
      SloSpec(1.0, 1), 1.0 + 0.7 / 1.7),
     ("NaN rows (windows without completions) are dropped", [1, 2, 3, 4], [0.3, 0.5, math.nan, 2.1], None,
@@ -143,7 +144,8 @@ def test_correction_factors_as_dynamo():
     pol = SlaPlannerPolicy({"pre": cap, "dec": cap}, adjustment_interval_s=15.0, forecaster="constant")
     # Measured TTFT 0.25 s (half the profile: prefix hits) and TPOT 0.08 s (double: slower decode).
     sig = dict(ready=5, rps=10.0, ttft=0.25, tpot=0.08)
-    outs = drive(pol, fl, [(0.0, {"pre": sig, "dec": sig}), (15.0, {"pre": sig, "dec": sig})], start={"pre": 5, "dec": 5})
+    outs = drive(pol, fl, [(0.0, {"pre": sig, "dec": sig}), (15.0, {"pre": sig, "dec": sig})],
+                 start={"pre": 5, "dec": 5})
     d = outs[-1].diagnostics["pools"]
     assert d["pre"]["prefill_correction"] == pytest.approx(0.5)
     assert d["dec"]["decode_correction"] == pytest.approx(2.0)
@@ -164,7 +166,8 @@ def test_min_endpoint_and_max_bounds():
     fl = fleet(spec(min_replicas=0, max_replicas=3))
     outs = drive(pol, fl, [(0.0, {"p": dict(ready=2, rps=0.0)}), (15.0, {"p": dict(ready=2, rps=0.0)})], start={"p": 2})
     assert outs[-1].pools["p"].replicas == 1  # Dynamo's min_endpoint = 1
-    outs = drive(pol, fl, [(0.0, {"p": dict(ready=2, rps=40.0)}), (15.0, {"p": dict(ready=2, rps=40.0)})], start={"p": 2})
+    outs = drive(pol, fl, [(0.0, {"p": dict(ready=2, rps=40.0)}), (15.0, {"p": dict(ready=2, rps=40.0)})],
+                 start={"p": 2})
     assert outs[-1].pools["p"].replicas == 3 and "clamped_max" in codes(outs[-1])
 
 
@@ -180,7 +183,8 @@ SHED_ROWS = [
 @pytest.mark.parametrize("label,was,kvs,shedding,code", SHED_ROWS, ids=[r[0] for r in SHED_ROWS])
 def test_load_shedding_of_sheddable_traffic(label, was, kvs, shedding, code):
     from controller.policies.sla_planner import PlannerState
-    pools = [spec("pre", role="prefill"), spec("dec", role="decode")] + ([spec("dec2", role="decode")] if "dec2" in kvs else [])
+    pools = ([spec("pre", role="prefill"), spec("dec", role="decode")]
+             + ([spec("dec2", role="decode")] if "dec2" in kvs else []))
     fl = fleet(*pools)
     pol = SlaPlannerPolicy({p.name: ReplicaCapacity(rps=4.0) for p in pools})
     st = PlannerState(shedding=was)

@@ -1,4 +1,5 @@
-"""SLO feedback: breach → scale-up, starting replicas counted, predicted queue growth, stabilised scale-down, missing."""
+"""SLO feedback: breach → scale-up, starting replicas counted, predicted queue growth, stabilised
+scale-down, missing data."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ ROWS = [
      {"scale_up", "slo_breach"}),
     ("queue breach 3× → ceil(4 × 3) = 12 capped at max(4 × 2, 4 + 4) = 8", dict(cur=4),
      dict(ready=4, starting=0, ttft=1.0, waiting=24, rps=10), 4, 8, {"scale_up", "queue_breach"}),
-    ("within the 10 % tolerance → hold", dict(cur=4), dict(ready=4, starting=0, ttft=2.1, waiting=4, rps=10), 4, 4, set()),
+    ("within the 10 % tolerance → hold", dict(cur=4), dict(ready=4, starting=0, ttft=2.1, waiting=4, rps=10),
+     4, 4, set()),
     ("starting replicas are capacity on the way: need 8, 8 ordered → wait", dict(cur=8, ready=4),
      dict(ready=4, starting=4, ttft=3.6, waiting=8, rps=10), 8, 8, {"scale_up_pending_startup"}),
     ("starting replicas credited, the rest ordered: need 8, 6 ordered → 8", dict(cur=6, ready=4),
@@ -93,7 +95,8 @@ def test_ttft_does_not_drive_a_second_scale_up_while_it_settles():
 
 def test_first_sight_never_scales_down_at_once():
     pol = SloFeedbackPolicy()
-    _, out = decide(pol, pol.initial_state(), inp(0.0, {"p": dict(ready=8, ttft=0.2, waiting=0, rps=5)}, current={"p": 8}))
+    _, out = decide(pol, pol.initial_state(),
+                    inp(0.0, {"p": dict(ready=8, ttft=0.2, waiting=0, rps=5)}, current={"p": 8}))
     assert out.pools["p"].replicas == 8 and "scale_down_stabilised" in codes(out)
 
 

@@ -84,7 +84,8 @@ def learn(mem: dict[str, MpcPoolMemory], inp: PolicyInput, prior: PlanModel, j_o
         # and the SLO judges); an engine without it: its per-token ITL p95, scaled down (chunked-
         # prefill steps put the per-token p95 above the per-request one)
         req_tpot, itl = value(po.request_tpot_p95_s), value(po.tpot_p95_s)
-        o_tpot = cls_tpot if single else (req_tpot if req_tpot is not None else (itl * 0.8 if itl is not None else None))
+        o_tpot = (cls_tpot if single
+                  else (req_tpot if req_tpot is not None else (itl * 0.8 if itl is not None else None)))
         lk_t, lk_p, err, n, burst = m.log_k_ttft, m.log_k_tpot, m.err, m.samples, m.burst
         d: dict[str, Any] = {"util": round(util, 3)}
         if util < 0.9:

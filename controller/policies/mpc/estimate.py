@@ -243,10 +243,7 @@ def carried(obs: FleetObservation, fleet: FleetSpec, need_now: Mapping[str, int]
             return None
         if ready < need_now[spec.name] or standing_queue(waiting, ready):
             return False
-    for co in obs.classes.values():
-        if (value(co.queue_depth) or 0.0) > 0.0:
-            return False
-    return True
+    return all((value(co.queue_depth) or 0.0) <= 0.0 for co in obs.classes.values())
 
 
 def reuse(spec: PoolSpec, m: MpcPoolMemory, po: PoolObservation | None, pd: PoolDecision | None,
