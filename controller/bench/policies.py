@@ -109,8 +109,8 @@ def verify_static(ctx: BenchContext, *, tick_s: float, progress: Callable[[str],
 
     Starts at the profiled peak size and adds one replica to every pool not yet at its
     max per round, judged like the oracle (`task_slo_ok`, tasks started after the longest
-    cold start-up + one tick). Example (azure-code, seed 1): 6 replicas keep 97.5 % of
-    standard tasks, 7 keep 99.2 % → 7. Scheduled faults count: a fleet sized for the peak
+    cold start-up + one tick). Example: 6 replicas keep 97.5 % of standard tasks against a
+    99 % target, 7 keep 99.2 % → 7. Scheduled faults count: a fleet sized for the peak
     that a crash at the peak takes below the SLO is not yet what the peak needs.
     """
     scenario = ctx.scenario

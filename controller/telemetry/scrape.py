@@ -278,8 +278,7 @@ class ScrapeSource:
         # request; a target that trickles bytes is cut off when the round ends.
         self.round_timeout_s = 2.0 * self.timeout_s + 0.5
         self.window = FamiliesWindow(self.pools, window_s, stale_after_s, source_name=self.name)
-        # Fetching and parsing hold the GIL most of the time: more threads than ~4 only add contention
-        # (200 pages on 2 cores: 1, 2, 4, 8 workers read in ~710, 555, 475, 1150 ms).
+        # Fetching and parsing hold the GIL most of the time: more threads than ~4 only add contention.
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix="scrape")
         self._discovered: list[ScrapeTarget] | None = None
         self._lock = threading.Lock()  # read() may be called from the tick thread and a health probe

@@ -285,7 +285,6 @@ def test_tpot_correction_carries_only_what_the_burst_term_does_not_explain(label
 
 @pytest.mark.parametrize("label,waiting,cap_at_least_held", [
     # a shallow engine queue: the streams running are what the cap protects, so it bites at once
-    # (azure-conv-crash: the cap sat at the 98 streams per replica the survivors held while TPOT ran at 0.16 s)
     ("shallow engine queue: the SLO-safe batch at once", 3.0, False),
     # a deep engine queue of older work: a cap below it would lock critical out at the router
     ("deep engine queue: never below what the replicas hold", 60.0, True),
@@ -346,8 +345,8 @@ def _surge_run(ticks: list[float], start_s: float, surge_at_s: float, base: floa
 
 
 @pytest.mark.parametrize("label,first_s,surge_at_s,base,peak", [
-    # the demo's shape: the first tick at 15 s, a 3x surge at 20 s, inside the policy's 60 s warm-up,
-    # where the first reading used to be frozen until 75 s (the planner saw the surge only then)
+    # the demo's shape: the first tick at 15 s, a 3x surge at 20 s, inside the policy's 60 s warm-up:
+    # the surge must reach the forecast while warming, not once warm
     ("3x surge 5 s after the first tick", 15.0, 20.0, 8.0, 24.0),
     ("3x surge 10 s after the first tick", 15.0, 25.0, 10.0, 30.0),
     ("4x surge, first tick at 30 s", 30.0, 40.0, 6.0, 24.0),
@@ -368,7 +367,7 @@ def test_a_surge_in_the_first_minute_is_met_within_two_ticks(label, first_s, sur
 ])
 def test_rolling_restart_surge_is_not_a_replica_loss(label, rollout_left, seen_s, tripped):
     # a batch-cap change makes the fleet restart every replica, one warm surge replica at a time
-    # (maxSurge 1); on mooncake-conv the MPC once read that surge as a crash and tripped the breaker
+    # (maxSurge 1): that surge is not a crash and must not trip the breaker
     pol = MpcPolicy(**FAST)
     state, outs, bstate = loop(pol, [(4.0, 3)] * 12, start=3)
     cur = Decision("d", 1, 180.0, 300.0, pools={"p": replace(outs[-1].pools["p"], replicas=3)})
@@ -396,8 +395,8 @@ def test_rolling_restart_surge_is_not_a_replica_loss(label, rollout_left, seen_s
      "needs at most 3 (keeps 4 for the tail: predicted late-or-shed share at p90 load sheddable 33.7%)"),
 ])
 def test_scale_reasons_name_what_bought_the_replicas(label, cur, final, need, lo, expect):
-    # "forecast p90 needs 3" next to a scale-up to 5 was the old message when the tail, not the p95,
-    # bought the replica; an operator asking why must get the real reason
+    # when the tail, not the p95, bought the replica, "forecast p90 needs 3" next to a scale-up to 5
+    # would mislead: an operator asking why must get the real reason
     from types import SimpleNamespace
 
     from controller.policies.mpc.reasons import pool_reasons

@@ -74,9 +74,8 @@ def learn(mem: dict[str, MpcPoolMemory], inp: PolicyInput, prior: PlanModel, j_o
         a = prior.with_corrections(ones, ones, 0.0, bursts).latency(q)  # with today's burst depth
         util = float(a0.utilisation[0])
         # The pool's own p95 TTFT is what the model predicts (all classes together); the worst
-        # class's p95 carries the priority queue's wait of the least protected class (on
-        # mooncake-conv sheddable read 14 s while critical read 1 s), and calibrating on it
-        # bought replicas for critical that only sheddable's place in the queue explained.
+        # class's p95 carries the priority queue's wait of the least protected class, which
+        # calibrating on it would plan every class with.
         pool_ttft = value(po.ttft_p95_s)
         o_ttft = pool_ttft if pool_ttft is not None else (cls_ttft if single else None)
         # TPOT: the router's per-class p95 when one pool serves everything; else the pool's own
@@ -113,18 +112,15 @@ def learn(mem: dict[str, MpcPoolMemory], inp: PolicyInput, prior: PlanModel, j_o
                     # while a burst is remembered the prediction is max(smooth, burst term) × k:
                     # k carries only what that does not explain (as in the branch above), else a
                     # factor learned against the smooth model multiplies the burst term too.
-                    # Example (mooncake-conv, 630 s): smooth 0.024 s, burst term 0.057 s,
-                    # observed 0.045 s: k → 1 (not 1.9), predicted 0.057 s (not 0.11 s).
+                    # Example: smooth 0.024 s, burst term 0.057 s, observed 0.045 s:
+                    # k → 1 (not 1.9), predicted 0.057 s (not 0.11 s).
                     ref = max(float(a.tpot_p95_s[0]), 1e-9) if burst > 0 else fluid
                     r = o_tpot / ref
                     lk_p = log_step(lk_p, math.log(max(r, 1.0) if burst > 0 else r), alpha)
                 d["tpot_obs_over_smooth"] = round(o_tpot / fluid, 3)
             # TTFT: learned only from windows without a standing queue. A backlog's wait is the
             # planner's own fluid term (added at plan time); a window that carries one, folded
-            # into the factor too, counts it twice for every later plan (on mooncake-conv the
-            # factor swung between ×1.1 and ×2.2 with such windows, ×0.9-1.7 without them, and
-            # kept a replica too many in quiet stretches: 0.0093 → 0.0083 $ per successful task
-            # with the rule, critical and standard still ≥ 99.8 %).
+            # into the factor too, counts it twice for every later plan.
             if o_ttft is not None and o_ttft > 0 and queue_free:
                 r = math.log(o_ttft / max(float(a.ttft_p95_s[0]), 1e-9))
                 errs.append(abs(r - lk_t))

@@ -117,9 +117,8 @@ def update_history(state: MpcState, obs: FleetObservation, fleet: FleetSpec, now
     t_hist, d_hist = state.t_hist, state.demand_hist
     first_s = state.first_s if state.first_s is not None else now
     # While warming the telemetry windows cover only the time since the first tick, so a reading
-    # may read low: the history holds one reading, the highest so far, and starts for real once
-    # warm. Holding the *first* reading hid a surge in the first minute: on the demo (3x surge
-    # at 20 s) the forecast stayed at the 34 req/s read at 30 s until 75 s while 63 req/s arrived.
+    # may read low: the history holds one reading, the highest so far (so a surge in the first
+    # minute reaches the forecast), and starts for real once warm.
     warming = now - first_s < warmup_s
     if demand_now is not None and (not warming or not t_hist or demand_now > d_hist[-1]):
         keep = [(t, d) for t, d in zip(t_hist, d_hist, strict=True) if now - t < HISTORY_KEEP_S and t < now]
@@ -177,8 +176,8 @@ def account(m: MpcPoolMemory, spec: PoolSpec, po: PoolObservation | None, target
         while len(etas) < n:
             if rollout_left > 0:
                 # the rolling restart's surge replica (maxSurge 1): new caps, weights on the node.
-                # Counting it as a crash replacement tripped the breaker on mooncake-conv (one
-                # surge among 3 replicas reads as a 33 % loss) and bought 6 replicas for nothing.
+                # Not a crash replacement: one surge among 3 replicas would read to the breaker
+                # as a 33 % loss.
                 etas.append(now + spec.startup_warm_s)
                 rollout_left -= 1
                 rollout_seen_s = now

@@ -1,4 +1,4 @@
-"""Governor's MPC policy: the Policy adapter around the planner in controller/core/mpc.py.
+"""Governor's MPC policy: the Policy adapter around the planner in controller/core/mpc/.
 
 Each tick it turns telemetry and its own memory into a `PlanProblem`, runs the planner
 (`controller.core.mpc.solve`), and turns the plan's first step into pool decisions and
@@ -29,7 +29,7 @@ budget; without a timer the budget is a count of scored candidates.
 
 What the planner predicts with (`planning_model`): "prior" (default) = the queueing prior
 (`QueueingPrior`) with the policy's online correction factors; "learned" = the learned coupling
-models (controller/core/coupling.py) through `LearnedPlanModel`, read each tick from
+models (controller/core/coupling/) through `LearnedPlanModel`, read each tick from
 `coupling_source` — a callable returning the current `CouplingModels` (the daemon passes its
 model slot, so a refit that passed the validation gate is planned on from the next tick; the
 bench passes the shipped models/). If the models have no physics for a pool, the tick plans on

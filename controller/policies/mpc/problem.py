@@ -8,7 +8,7 @@ class: the forecast's share at the plan quantile, the shed in force and the brea
 Scale from zero (`activate`): a route group serving nothing while traffic for it shows gets one
 replica.
 
-Must not: do I/O or read a clock; solve anything (controller/core/mpc.py does).
+Must not: do I/O or read a clock; solve anything (the planner in controller/core/mpc/ does).
 """
 
 from __future__ import annotations
@@ -127,9 +127,8 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
             # priority-ordered engine queue that is still deep with older work (more than one
             # queued request per replica): then never below what the replicas already hold (it
             # bites as the backlog drains). With a shallow queue the streams already running are
-            # what the cap protects, so it bites at once: on azure-conv-crash a floor at the 98
-            # streams per replica the survivors held kept TPOT at 0.16 s for a minute
-            # (critical 0.984 → 0.989, standard 0.916 → 0.922 without it).
+            # what the cap protects, so it bites at once: a floor at the streams the survivors of
+            # a crash hold would keep their TPOT above the SLO until those streams end.
             held = ((value(po.running) or 0.0) + waiting) / max(ready_n, 1) if po is not None else 0.0
             deep = standing_queue(waiting, ready_n)
             max_cap = max(safe_batch(model, j, m, spec, tpot_slo, hit), int(math.ceil(held)) if deep else 0)
