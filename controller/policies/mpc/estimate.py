@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from controller.core.mpc import Plan
 from controller.core.coupling import router_affinity
+from controller.core.mpc import Plan
 from controller.core.mpc_model import PlanModel, QueueingPrior
 from controller.policies.common import current_target, value
 from controller.types import FleetObservation, FleetSpec, PolicyInput, PoolDecision, PoolObservation, PoolSpec
