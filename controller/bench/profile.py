@@ -66,6 +66,7 @@ ANCHOR_UTILISATION = 0.8  # r_est = this / mean work seconds per request
 DECODE_BATCH = 64  # batch size at which the decode cost per token is estimated
 # The sources a profile depends on, relative to controller/ (part of the cache key).
 _SIM_SOURCES = ("perf/catalogue.py", "perf/curves.py", "perf/profiles.py", "perf/iteration.py", "sim/engine.py",
+                "sim/engine_records.py", "sim/engine_schedule.py", "sim/engine_kv.py", "sim/engine_steps.py",
                 "sim/fleet.py", "sim/fleet_events.py", "sim/fleet_lifecycle.py", "sim/fleet_clients.py",
                 "sim/fleet_faults.py", "sim/fleet_accounting.py", "sim/fleet_records.py", "sim/router.py",
                 "sim/cache.py", "sim/workload.py")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from controller.sim.engine import (
+from controller.sim.engine import Replica
+from controller.sim.engine_records import (
     DONE,
     FAILED,
     HELD,
@@ -26,7 +27,7 @@ from controller.sim.engine import (
     RUNNING,
     TRANSFER,
     WAITING,
-    Replica,
+    ReplicaBase,
     Req,
 )
 from controller.sim.fleet_events import EV_HOLD_EXPIRE, EV_RETRY, EV_SEND, EV_TIMEOUT, EV_TRANSFER
@@ -276,7 +277,7 @@ class ClientsMixin(FleetBase):
         assert pool is not None  # set when the request was sent
         pool.win_ttft.append(t_s - r.t_first_send)
 
-    def on_finish(self, r: Req, t_s: float, rep: Replica) -> None:
+    def on_finish(self, r: Req, t_s: float, rep: ReplicaBase) -> None:
         inst = rep.owner
         assert inst is not None  # set when the fleet started the engine
         p = inst.pool
@@ -289,7 +290,7 @@ class ClientsMixin(FleetBase):
         if p.route.n_held:
             self._dispatch_held(p)
 
-    def on_reject(self, r: Req, t_s: float, rep: Replica) -> None:
+    def on_reject(self, r: Req, t_s: float, rep: ReplicaBase) -> None:
         self._count_error(r, "400")
         self._fail(r)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from controller.sim.engine import EV_KICK, EV_SEG_END, IDLE
+from controller.sim.engine_records import EV_KICK, EV_SEG_END, IDLE
 from controller.sim.fleet_records import INF, STARTING, FleetBase
 
 # event kinds (1 and 2 are the engine's)

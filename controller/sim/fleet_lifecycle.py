@@ -13,6 +13,7 @@ held ones to a replica that became ready (that is fleet_clients).
 from __future__ import annotations
 
 from controller.sim.engine import Replica
+from controller.sim.engine_records import ReplicaBase
 from controller.sim.fleet_events import EV_READY
 from controller.sim.fleet_records import (
     DRAINING,
@@ -231,7 +232,7 @@ class LifecycleMixin(FleetBase):
         if serving_n > p.peak_serving:
             p.peak_serving = serving_n
 
-    def on_empty(self, rep: Replica, t_s: float) -> None:
+    def on_empty(self, rep: ReplicaBase, t_s: float) -> None:
         inst = rep.owner
         assert inst is not None  # set when the fleet started the engine
         if inst.phase == DRAINING:

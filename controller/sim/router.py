@@ -38,7 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controller.sim.engine import HELD, Replica, Req
+from controller.sim.engine import Replica
+from controller.sim.engine_records import HELD, Req
 from controller.types import PRIORITY_CLASSES
 
 N_CLASSES = len(PRIORITY_CLASSES)

@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from controller.sim.cache import PrefixCache
-from controller.sim.engine import EV_KICK, EV_SEG_END, Replica, Req
+from controller.sim.engine import Replica
+from controller.sim.engine_records import EV_KICK, EV_SEG_END, ReplicaBase, Req
 from controller.sim.stats import ReplicaStats
 
 
@@ -56,13 +57,13 @@ class Driver:
     def on_first_token(self, r: Req, t_s: float) -> None:
         self.first_token[r.idx] = t_s
 
-    def on_finish(self, r: Req, t_s: float, rep: Replica) -> None:
+    def on_finish(self, r: Req, t_s: float, rep: ReplicaBase) -> None:
         self.finished[r.idx] = t_s
 
-    def on_reject(self, r: Req, t_s: float, rep: Replica) -> None:
+    def on_reject(self, r: Req, t_s: float, rep: ReplicaBase) -> None:
         self.rejected.append(r.idx)
 
-    def on_empty(self, rep: Replica, t_s: float) -> None:
+    def on_empty(self, rep: ReplicaBase, t_s: float) -> None:
         self.emptied.append(t_s)
 
     def run(self, rep: Replica, arrivals: list[tuple[float, Req]], until_s: float = 1e9) -> None:

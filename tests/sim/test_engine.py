@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.sim.engine import Req
+from controller.sim.engine_records import Req
 from tests.fakes.sim_engine import Driver, LinearStepModel, NaiveEngine, make_replica
 
 CASES = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.sim.engine import HELD, Req
+from controller.sim.engine_records import HELD, Req
 from controller.sim.router import ClassAdmissionState, PoolRoute, Router
 from tests.fakes.sim_engine import Driver, make_replica
 
