@@ -82,7 +82,7 @@ def servegen_default_arrivals(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     from the shared 14-day rate shape (the shipped default forecaster's training series)."""
     from controller.paths import shared_data_dir
     from controller.sim.scenario import ServeGenSpec
-    from controller.sim.traces import read_servegen_rates, servegen_arrivals
+    from controller.sim.trace_servegen import read_servegen_rates, servegen_arrivals
 
     rates = read_servegen_rates(shared_data_dir() / "traces" / "servegen_14day_rates.csv")
     tr = servegen_arrivals(rates, ServeGenSpec(tier="m-small", mean_rps=2.0, days=1.5, start_day=0.0),

@@ -162,7 +162,8 @@ def coupling_figures(train_recs, test_recs, seed: int) -> dict:
 def forecast_figures(seed: int) -> dict:
     from controller.paths import shared_data_dir
     from controller.sim.scenario import ServeGenSpec
-    from controller.sim.traces import read_servegen_rates, read_trace_file, servegen_arrivals
+    from controller.sim.trace_servegen import read_servegen_rates, servegen_arrivals
+    from controller.sim.traces import read_trace_file
 
     d = shared_data_dir() / "traces"
     out: dict[str, dict] = {}

@@ -48,7 +48,7 @@ from controller.policies.sla_planner import ReplicaCapacity, capacity_from_sampl
 from controller.sim.fleet import Fleet
 from controller.sim.fleetspec import fleet_spec_from_scenario
 from controller.sim.scenario import PoolSpecModel, Scenario
-from controller.sim.traces import Trace
+from controller.sim.trace_types import Trace
 from controller.sim.workload import Workload
 from controller.types import SloSpec
 

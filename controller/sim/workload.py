@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from controller.sim.scenario import Scenario, TaskSpec
-from controller.sim.traces import Trace, load_trace
+from controller.sim.trace_types import Trace
+from controller.sim.traces import load_trace
 from controller.types import PRIORITY_CLASSES
 
 # Conversation rule constants (see the module docstring).

@@ -107,7 +107,7 @@ def test_seasonal_naive_uses_the_previous_day_when_it_can():
 def test_servegen_shape_beats_seasonal_naive_by_20_percent():
     """The acceptance figure on the real shape (600 s windows of the 14-day ServeGen file)."""
     from controller.paths import shared_data_dir
-    from controller.sim.traces import read_servegen_rates
+    from controller.sim.trace_servegen import read_servegen_rates
 
     rates = read_servegen_rates(shared_data_dir() / "traces" / "servegen_14day_rates.csv")
     r = rolling_backtest(rates.window_start_s + 300.0, rates.rate_rps["m-small"],

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from controller.sim.scenario import Scenario
-from controller.sim.traces import Trace
+from controller.sim.trace_types import Trace
 from controller.sim.workload import Workload
 
 

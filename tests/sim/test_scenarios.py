@@ -11,7 +11,7 @@ import pytest
 
 from controller.paths import PROJECT_ROOT
 from controller.sim.scenario import Scenario, ScenarioError, load_scenario
-from controller.sim.traces import TraceError
+from controller.sim.trace_types import TraceError
 from controller.sim.workload import Workload, build_workload
 
 SCENARIOS = PROJECT_ROOT / "scenarios"

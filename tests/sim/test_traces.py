@@ -10,21 +10,17 @@ import pytest
 
 from controller.paths import shared_data_dir
 from controller.sim.scenario import ScenarioError, ServeGenSpec, SurgeSpec, SyntheticPrefixSpec, TraceSpec
-from controller.sim.traces import (
-    Trace,
-    TraceError,
-    _gamma_renewal,
+from controller.sim.trace_servegen import _gamma_renewal, read_servegen_rates
+from controller.sim.trace_transforms import (
     add_surge,
     add_synthetic_prefixes,
     compress,
-    detect_format,
-    load_trace,
-    read_servegen_rates,
-    save_trace,
     scale_rate,
     surge_multiplier,
     window,
 )
+from controller.sim.trace_types import Trace, TraceError
+from controller.sim.traces import detect_format, load_trace, save_trace
 
 TRACES = shared_data_dir() / "traces"
 
