@@ -28,7 +28,7 @@ from typing import Any
 # moving code changes it), not on what was simulated.
 WALL_KEYS = frozenset({
     "wall_s", "wall_seconds", "timings_s", "sim_speed_wall_s", "policies_wall_s", "speedup",
-    "peak_rss_mb", "elapsed_s", "workers", "scenario_file", "cache_key",
+    "peak_rss_mb", "elapsed_s", "workers", "scenario_file", "cache_key", "run_seconds", "file",
 })
 
 
