@@ -16,7 +16,8 @@ from controller.bench.compare import CompareError, cmd_bench_compare, compare, d
     [
         ("identical", {"a": 1.5, "b": [1, 2]}, {"a": 1.5, "b": [1, 2]}, []),
         ("wall keys ignored", {"a": 1, "wall_s": 3.0, "timings_s": {"x": 1}}, {"a": 1, "wall_s": 9.0}, []),
-        ("paths and run times ignored", {"file": "/a/s.yaml", "run_seconds": 2.9}, {"file": "s.yaml", "run_seconds": 6.5}, []),
+        ("paths and run times ignored", {"file": "/a/s.yaml", "run_seconds": 2.9},
+         {"file": "s.yaml", "run_seconds": 6.5}, []),
         ("float changed", {"p": {"cost": 0.1}}, {"p": {"cost": 0.1000001}}, ["$.p.cost: 0.1 -> 0.1000001"]),
         ("key missing", {"a": 1, "b": 2}, {"a": 1}, ["$.b: only in old"]),
         ("list length", {"r": [1, 2, 3]}, {"r": [1, 2]}, ["$.r: 3 items -> 2"]),
