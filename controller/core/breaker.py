@@ -67,6 +67,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.core.estimate import target_in_force
+from controller.core.guards import override_bounds
 from controller.types import (
     PRIORITY_CLASSES,
     BreakerAction,
@@ -77,7 +78,6 @@ from controller.types import (
     Override,
     PolicyInput,
     PoolDecision,
-    PoolSpec,
     Reading,
     Reason,
 )
@@ -389,26 +389,6 @@ def breaker_reasons(notes: list[str], state: BreakerState) -> tuple[Reason, ...]
     return tuple(out)
 
 
-def _bounds(spec: PoolSpec, overrides: tuple[Override, ...], now_s: float) -> tuple[int, int, bool]:
-    """(lo, hi, held) a pool's replicas may take under the operator's overrides; held: frozen or pinned
-    (the operator's count wins over the breaker's floor). The planner reads the overrides the same way."""
-    lo, hi = spec.min_replicas, spec.max_replicas
-    frozen = False
-    for o in overrides:
-        if o.pool != spec.name or not o.active(now_s):
-            continue
-        v = int(round(o.value))
-        if o.kind == "pin_replicas":
-            lo = hi = min(max(v, spec.min_replicas), spec.max_replicas)
-        elif o.kind == "min_replicas":
-            lo = max(lo, min(v, hi))
-        elif o.kind == "max_replicas":
-            hi = max(min(hi, v), lo)
-        elif o.kind == "freeze":
-            frozen = True
-    return lo, hi, frozen or lo >= hi
-
-
 def apply_breaker(action: BreakerAction, *, fleet: FleetSpec, pools: Mapping[str, PoolDecision],
                   admission: Mapping[str, ClassAdmission], overrides: tuple[Override, ...],
                   now_s: float) -> tuple[dict[str, PoolDecision], dict[str, ClassAdmission], tuple[Reason, ...]]:
@@ -429,7 +409,8 @@ def apply_breaker(action: BreakerAction, *, fleet: FleetSpec, pools: Mapping[str
             continue
         floor = action.min_replicas.get(spec.name)
         if floor is not None:
-            lo, hi, held = _bounds(spec, overrides, now_s)
+            lo, hi, frozen = override_bounds(spec, overrides, now_s)
+            held = frozen or lo >= hi  # the operator's count wins over the breaker's floor
             want = min(max(lo, floor), hi)
             if not held and pd.replicas < want:
                 notes.append(Reason("guard_breaker_floor", f"raised to {want}: the breaker replaces lost replicas",

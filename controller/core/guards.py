@@ -30,7 +30,7 @@ running streams before a replica goes); guardrails only decide how many.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,6 +41,7 @@ from controller.types import (
     Override,
     PoolDecision,
     PoolObservation,
+    PoolSpec,
     Reason,
 )
 
@@ -262,3 +263,26 @@ def apply_guards(
                                       f"{o.priority_class} shed fraction forced to {o.value:g} by {o.author}",
                                       data={"override_id": o.override_id, "class": o.priority_class}))
     return GuardResult(out, adm, tuple(adjustments), False, GuardState(proposals))
+
+
+def override_bounds(spec: PoolSpec, overrides: Sequence[Override], now_s: float) -> tuple[int, int, bool]:
+    """(lo, hi, frozen): the replica range the operator's active overrides leave a pool, within its
+    min/max. A pin sets both ends; a floor or ceiling moves one without crossing the other. The
+    planner plans inside this range and the breaker's floors stay inside it; `guard` applies the
+    same overrides to the final count, with a reason each. Example: min 1, max 8, floor 3 and
+    ceiling 2 → (3, 3, False)."""
+    lo, hi = spec.min_replicas, spec.max_replicas
+    frozen = False
+    for o in overrides:
+        if o.pool != spec.name or not o.active(now_s):
+            continue
+        v = int(round(o.value))
+        if o.kind == "pin_replicas":
+            lo = hi = min(max(v, spec.min_replicas), spec.max_replicas)
+        elif o.kind == "min_replicas":
+            lo = max(lo, min(v, hi))
+        elif o.kind == "max_replicas":
+            hi = max(min(hi, v), lo)
+        elif o.kind == "freeze":
+            frozen = True
+    return lo, hi, frozen

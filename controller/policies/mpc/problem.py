@@ -21,6 +21,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from controller.core.forecast import LoadForecast
+from controller.core.guards import override_bounds
 from controller.core.mpc import ClassInput, PlanProblem, PoolInput
 from controller.core.mpc_model import LatencyQuery, PlanModel
 from controller.core.objective import ObjectiveWeights
@@ -92,20 +93,7 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
         m = mem[spec.name]
         po = obs.pools.get(spec.name)
         pd = inp.current.pools.get(spec.name) if inp.current is not None else None
-        lo, hi = spec.min_replicas, spec.max_replicas
-        frozen = False
-        for o in inp.overrides:
-            if o.pool != spec.name or not o.active(now):
-                continue
-            v = int(round(o.value))
-            if o.kind == "pin_replicas":
-                lo = hi = min(max(v, spec.min_replicas), spec.max_replicas)
-            elif o.kind == "min_replicas":
-                lo = max(lo, min(v, hi))
-            elif o.kind == "max_replicas":
-                hi = max(min(hi, v), lo)
-            elif o.kind == "freeze":
-                frozen = True
+        lo, hi, frozen = override_bounds(spec, inp.overrides, now)
         target = targets[spec.name]
         floor = action.min_replicas.get(spec.name)
         if floor is not None and lo < hi:
