@@ -80,7 +80,7 @@ def fit_engine(key: str, data_dir: Path | None = None) -> Row:
     x = np.array(xs)
     y = np.array(ys)
     # Decode-only steps (TPOT's regime) and steps carrying a prefill chunk (TTFT's) weigh half each:
-    # the grid has ~200 prefill rows per decode-only one, and an unweighted fit would trade the
+    # the grid has 186 prefill rows per decode-only one, and an unweighted fit would trade the
     # decode step time, which sets every token's latency, for prefill rows that are rarer in service.
     decode = x[:, 3] == 0.0
     w = np.sqrt(np.where(decode, 0.5 / decode.sum(), 0.5 / (~decode).sum()))
