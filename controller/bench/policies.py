@@ -195,7 +195,23 @@ def params_for(label: str, ctx: BenchContext) -> tuple[str, dict[str, Any]]:
     if policy == MPC and params.get("planning_model") == "learned":
         coupling = shipped_coupling(ctx.scenario)
         params["coupling_source"] = lambda: coupling
+    if policy == MPC:
+        # the shipped forecaster, as the daemon loads it: the policy plans on it only where it
+        # scores better than the prior online (controller/policies/mpc/forecasting.py)
+        fc_model = shipped_forecaster()
+        params.setdefault("forecast_source", lambda: fc_model)
     return policy, params
+
+
+def shipped_forecaster() -> Any:
+    """The shipped load forecaster (models/), or None when it cannot be loaded (the prior is used)."""
+    from controller.learning.store import SHIPPED_MODELS_DIR, ModelLoadError, ModelStore
+
+    try:
+        model, _ = ModelStore(SHIPPED_MODELS_DIR).load_forecaster()
+    except ModelLoadError:
+        return None
+    return model
 
 
 def shipped_coupling(scenario: Scenario):

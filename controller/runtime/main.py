@@ -78,6 +78,10 @@ def build_controller(settings: Settings, learning: Learning | None = None) -> Co
             # the planner reads the model slot every tick: a refit that passed the gate is used next tick
             slot = learning.slot
             params.setdefault("coupling_source", lambda: slot.get().coupling)
+        if learning is not None:
+            # the forecaster too: planned on where it beats the prior online (policies/mpc/forecasting.py)
+            fslot = learning.slot
+            params.setdefault("forecast_source", lambda: fslot.get().forecaster)
     return Controller(
         fleet, build_policy(settings.policy, fleet, params),
         guards=GuardConfig(max_step_up=g.max_step_up, max_step_down=g.max_step_down,

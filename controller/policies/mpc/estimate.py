@@ -31,6 +31,7 @@ from controller.core.coupling import router_affinity
 from controller.core.mpc import Plan
 from controller.core.mpc_model import PlanModel, QueueingPrior
 from controller.policies.common import current_target, value
+from controller.policies.mpc.forecasting import Scoreboard
 from controller.types import FleetObservation, FleetSpec, PolicyInput, PoolDecision, PoolObservation, PoolSpec
 
 HISTORY_KEEP_S = 1800.0
@@ -75,6 +76,8 @@ class MpcState:
     first_s: float | None = None
     shed_in_force: Mapping[str, float] = field(default_factory=dict)
     need_now: Mapping[str, int] = field(default_factory=dict)  # replicas the last plan's first step needed
+    waiting: Mapping[str, float] = field(default_factory=dict)  # engine queue per pool last tick (feedback.py)
+    forecast_board: Scoreboard = field(default_factory=Scoreboard)  # the forecasters' online scores
 
 
 def ewma(old: float | None, new: float, alpha: float) -> float:

@@ -50,17 +50,26 @@ from typing import Any
 import numpy as np
 
 from controller.core.breaker import BreakerConfig
-from controller.core.forecast import PriorForecaster
+from controller.core.forecast import LearnedForecaster, PriorForecaster
 from controller.core.mpc import MpcConfig, plan_steps, solve
 from controller.core.mpc_model import LearnedPlanModel, PlanModel, QueueingPrior
 from controller.core.objective import resolve_weights
 from controller.perf.figures import EngineFigures
 from controller.policies.common import check_positive, reason
 from controller.policies.mpc.corrections import confidence, learn, seed_from_capacity
-from controller.policies.mpc.estimate import MpcPoolMemory, MpcState, accounted, carried, update_history
+from controller.policies.mpc.estimate import (
+    MpcPoolMemory,
+    MpcState,
+    accounted,
+    carried,
+    demand,
+    update_history,
+)
+from controller.policies.mpc.feedback import measure
 from controller.policies.mpc.first_step import down_window_s, first_step
+from controller.policies.mpc.forecasting import forecast
 from controller.policies.mpc.problem import build_problem, pool_inputs_for_steps
-from controller.policies.mpc.reasons import class_reasons, diagnostics, pool_reasons
+from controller.policies.mpc.reasons import backlog_reasons, class_reasons, diagnostics, pool_reasons
 from controller.policies.sla_planner import ReplicaCapacity
 from controller.types import (
     PRIORITY_CLASSES,
@@ -93,6 +102,7 @@ class MpcPolicy:
                  warmup_s: float = 60.0, min_history_s: float = 300.0, planner: Mapping[str, Any] | None = None,
                  protect_streams: bool = True,
                  planning_model: str = "prior", coupling_source: Callable[[], Any] | None = None,
+                 forecast_source: Callable[[], Any] | None = None,
                  models: PlanModel | None = None, timer: Callable[[], float] | None = None) -> None:
         extra = dict(planner or {})
         known = set(MpcConfig.__dataclass_fields__)
@@ -139,6 +149,8 @@ class MpcPolicy:
         self.models = models
         self.timer = timer
         self.forecaster = PriorForecaster()
+        self.forecast_source = forecast_source
+        self._learned_fc: tuple[int, LearnedForecaster] | None = None
         self._model_cache: dict[tuple[str, ...], QueueingPrior] = {}
 
     def initial_state(self) -> MpcState:
@@ -179,6 +191,15 @@ class MpcPolicy:
             self._learned = cached
         return (cached[2], None) if cached[2] is not None else (prior, cached[3])
 
+    def _learned_forecaster(self) -> LearnedForecaster | None:
+        """The learned forecaster of this tick (the source's current model), or None."""
+        model = self.forecast_source() if self.forecast_source is not None else None
+        if model is None:
+            return None
+        if self._learned_fc is None or self._learned_fc[0] != id(model):
+            self._learned_fc = (id(model), LearnedForecaster(model))
+        return self._learned_fc[1]
+
     def _accounted(self, state: MpcState, inp: PolicyInput,
                    prior: QueueingPrior) -> tuple[dict[str, MpcPoolMemory], dict[str, int]]:
         return accounted(state, inp, prior, warm_ttl_s=self.warm_ttl_s, step_s=self.config.step_s)
@@ -206,7 +227,10 @@ class MpcPolicy:
         t_hist, d_hist, first_s, warming, class_share = update_history(state, inp.observation, fleet, now,
                                                                        self.warmup_s)
         lead = (np.arange(plan_steps(cfg, pool_inputs_for_steps(fleet))) + 0.5) * cfg.step_s
-        fc = self.forecaster.forecast(np.array(t_hist), np.array(d_hist), now, lead)
+        startup = max((p.startup_cold_s for p in fleet.pools), default=0.0)
+        fc, board, fc_method = forecast(self.forecaster, self._learned_forecaster(), state.forecast_board,
+                                        np.array(t_hist), np.array(d_hist), now, lead, startup,
+                                        demand(inp.observation)[0])
 
         # --- per pool: replicas on the way, warm slots, mix, reuse, corrections
         mem, targets = self._accounted(state, inp, prior)
@@ -220,12 +244,15 @@ class MpcPolicy:
             confidence(mem), burst=[mem[p.name].burst for p in fleet.pools])
 
         action = inp.breaker  # the breaker's constraints (Controller.step runs it: core/breaker.py)
+        # a measured backlog sets floors within this tick, whatever the model predicts (feedback.py)
+        dt = now - state.last_s if state.last_s is not None else None
+        fb = measure(inp.observation, fleet, mem, state.waiting, dt, class_share, demand(inp.observation)[0])
 
         # --- the problem
         history_s = t_hist[-1] - t_hist[0] if len(t_hist) > 1 else 0.0
         problem = build_problem(inp, fleet, mem, targets, class_share, fc, weights, action, model, now, history_s,
                                 min_history_s=self.min_history_s, batch_review_s=self.batch_review_s,
-                                protect_streams=self.protect_streams)
+                                protect_streams=self.protect_streams, feedback=fb)
         warm_shift = 0
         if state.plan is not None and state.plan_at_s is not None:
             warm_shift = int(round((now - state.plan_at_s) / cfg.step_s))
@@ -247,19 +274,22 @@ class MpcPolicy:
             s = result.plan.shed.get(c, 0.0)
             if s > 0.005:
                 admission[c] = ClassAdmission(shed_frac=round(s, 3))
-        reasons.extend(class_reasons(state.shed_in_force, result.plan.shed, result, action))
+        reasons.extend(class_reasons(state.shed_in_force, result.plan.shed, result, action, fb))
+        reasons.extend(backlog_reasons(fb, targets))
         conf = confidence(new_mem)
         if conf < 0.2:
             reasons.append(reason("low_confidence", None, f"model confidence {conf:.2f}: predictions are uncertain",
                                   confidence=conf))
         diag = diagnostics(result, fc, class_share, model, corr_diag, problem)
         diag["model"]["planning_model"] = self.planning_model
+        diag["forecast"]["validation"] = board.to_dict(fc_method)
         if learned_unusable:
             diag["model"]["learned_unusable"] = learned_unusable
         new_state = MpcState(t_hist=t_hist, demand_hist=d_hist, class_share=class_share, pools=new_mem,
                              plan=result.plan, plan_at_s=now, last_s=now, first_s=first_s,
                              shed_in_force={c: a.shed_frac for c, a in admission.items()},
                              need_now={n: int(pt["need_by_step_p90"][0]) for n, pt in result.terms["pools"].items()
-                                       if pt.get("need_by_step_p90")})
+                                       if pt.get("need_by_step_p90")},
+                             waiting=dict(fb.waiting), forecast_board=board)
         return new_state, PolicyOutput(pools=pools_out, admission=admission, reasons=tuple(reasons), diagnostics=diag,
                                        confidence=conf)

@@ -27,6 +27,7 @@ from controller.core.mpc_model import LatencyQuery, PlanModel
 from controller.core.objective import ObjectiveWeights
 from controller.policies.common import value
 from controller.policies.mpc.estimate import MpcPoolMemory, reuse, standing_queue
+from controller.policies.mpc.feedback import Feedback
 from controller.types import PRIORITY_CLASSES, BreakerAction, FleetSpec, PolicyInput, PoolSpec
 
 
@@ -82,8 +83,12 @@ def safe_batch(model: PlanModel, j: int, m: MpcPoolMemory, spec: PoolSpec, tpot_
 def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolMemory],
                   targets: Mapping[str, int], class_share: Mapping[str, float], fc: LoadForecast,
                   weights: ObjectiveWeights, action: BreakerAction, model: PlanModel, now: float, history_s: float, *,
-                  min_history_s: float, batch_review_s: float, protect_streams: bool) -> PlanProblem:
+                  min_history_s: float, batch_review_s: float, protect_streams: bool,
+                  feedback: Feedback | None = None) -> PlanProblem:
+    """The problem of this tick. `feedback`: the floors and shed floor a measured backlog sets
+    (feedback.py), lower bounds like the breaker's."""
     obs = inp.observation
+    fb = feedback or Feedback()
     pools: list[PoolInput] = []
     tpot_slo = min((s.tpot_s for s in fleet.slos.values()), default=math.inf)
     # the slow lever is reviewed only in steady state: enough history, a trusted model, no breaker
@@ -95,7 +100,8 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
         pd = inp.current.pools.get(spec.name) if inp.current is not None else None
         lo, hi, frozen = override_bounds(spec, inp.overrides, now)
         target = targets[spec.name]
-        floor = action.min_replicas.get(spec.name)
+        floors = [f for f in (action.min_replicas.get(spec.name), fb.floors.get(spec.name)) if f is not None]
+        floor = max(floors) if floors else None
         if floor is not None and lo < hi:
             lo = min(max(lo, floor), hi)
         if frozen:
@@ -110,7 +116,10 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
         inf_hit, ws = reuse(spec, m, po, pd, model, j, ready_n)
         caps = m.caps or (spec.max_num_seqs, spec.max_num_batched_tokens)
         max_cap = None
-        if action.protect_streams and spec.name in action.pools and protect_streams:
+        breaker_protects = action.protect_streams and spec.name in action.pools
+        # a measured backlog protects the running streams at once too: with a prefill queue standing,
+        # every engine step carries a full prefill chunk, and every stream's TPOT is that step's time
+        if protect_streams and (breaker_protects or spec.name in fb.breaches):
             # Cap at the SLO-safe batch. A router cap must not lock critical requests out of a
             # priority-ordered engine queue that is still deep with older work (more than one
             # queued request per replica): then never below what the replicas already hold (it
@@ -119,7 +128,8 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
             # a crash hold would keep their TPOT above the SLO until those streams end.
             held = ((value(po.running) or 0.0) + waiting) / max(ready_n, 1) if po is not None else 0.0
             deep = standing_queue(waiting, ready_n)
-            max_cap = max(safe_batch(model, j, m, spec, tpot_slo, hit), int(math.ceil(held)) if deep else 0)
+            keep_held = deep and breaker_protects and spec.name not in fb.breaches
+            max_cap = max(safe_batch(model, j, m, spec, tpot_slo, hit), int(math.ceil(held)) if keep_held else 0)
         pools.append(PoolInput(
             name=spec.name, model_index=j, group=spec.group, role=spec.role,
             usd_per_hour=spec.usd_per_replica_hour, lo=lo, hi=hi, target=min(max(target, lo), hi) if not frozen
@@ -151,7 +161,8 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
         classes.append(ClassInput(
             name=c, ttft_slo_s=s.ttft_s, tpot_slo_s=s.tpot_s,
             p50_rps=tuple(float(x) * share for x in fc.p50), p90_rps=tuple(float(x) * share for x in plan_q),
-            shed_now=shed_now, min_shed=float(action.min_shed.get(c, 0.0)), max_shed=1.0,
+            shed_now=shed_now, min_shed=max(float(action.min_shed.get(c, 0.0)), float(fb.min_shed.get(c, 0.0))),
+            max_shed=1.0,
             backlog=(value(co.queue_depth) or 0.0) if co is not None else 0.0))
     total = sum(groups.values())
     gshare = {g: v / total for g, v in groups.items()} if total > 0 else {}

@@ -4,7 +4,8 @@ Reason codes (Reason.code): mpc_scale_up, mpc_scale_up_early (the forecast needs
 within the start-up delay), mpc_scale_down, binding_max_replicas, binding_pin, lever_avoid
 (cache-affinity weight), lever_share (in-flight cap, engine batch caps), lever_move (traffic
 split between pools), lever_standby (`pool_reasons`), lever_delay (shedding a class:
-`class_reasons`). The policy adds scale_down_stabilised and low_confidence; the breaker's own
+`class_reasons`), backlog_floor (a measured backlog raised a pool's floor: `backlog_reasons`).
+The policy adds scale_down_stabilised and low_confidence; the breaker's own
 (breaker_open / breaker_recovering / breaker_closed) come from Controller.step.
 
 Must not: change a decision; do I/O or read a clock.
@@ -19,6 +20,7 @@ from controller.core.forecast import LoadForecast
 from controller.core.mpc import PlanProblem, PlanResult, PoolInput, PoolPlan
 from controller.core.mpc_model import PlanModel
 from controller.policies.common import reason
+from controller.policies.mpc.feedback import Feedback
 from controller.types import PRIORITY_CLASSES, BreakerAction, PoolDecision, PoolSpec, Reason
 
 
@@ -87,15 +89,36 @@ def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolP
 
 
 def class_reasons(before: Mapping[str, float], after: Mapping[str, float], result: PlanResult,
-                   action: BreakerAction) -> list[Reason]:
+                  action: BreakerAction, feedback: Feedback | None = None) -> list[Reason]:
     out = []
+    fb_shed = feedback.min_shed if feedback is not None else {}
     for c in PRIORITY_CLASSES:
         a, b = before.get(c, 0.0), after.get(c, 0.0)
         if abs(a - b) > 0.005:
-            why = ("breaker floor" if action.min_shed.get(c, 0.0) >= b - 1e-9 and action.min_shed.get(c) else
-                   f"predicted late-or-shed share at p90 load {result.terms['late_or_shed_frac_p90'].get(c, 0.0):.1%}")
+            if action.min_shed.get(c, 0.0) >= b - 1e-9 and action.min_shed.get(c):
+                why = "breaker floor"
+            elif fb_shed.get(c, 0.0) >= b - 1e-9 and fb_shed.get(c):
+                why = "measured backlog: the ready replicas serve less than arrives"
+            else:
+                late = result.terms["late_or_shed_frac_p90"].get(c, 0.0)
+                why = f"predicted late-or-shed share at p90 load {late:.1%}"
             out.append(reason("lever_delay", None, f"{c} shed fraction {a:.2f}→{b:.2f} ({why})",
                               priority_class=c, before=a, after=b))
+    return out
+
+
+def backlog_reasons(feedback: Feedback, targets: Mapping[str, int]) -> list[Reason]:
+    """One reason per pool whose measured backlog raised its floor above the target in force."""
+    out = []
+    for name, b in feedback.breaches.items():
+        if b.floor <= targets.get(name, 0):
+            continue
+        out.append(reason("backlog_floor", name,
+                          f"{b.waiting:.0f} requests waiting; the ready replicas serve {b.served_rps:.1f} of "
+                          f"{b.arrivals_rps:.1f} req/s: floor {b.floor} replicas (serves the arrivals and the "
+                          "backlog within a minute of start-up)",
+                          floor=b.floor, waiting=b.waiting, served_rps=round(b.served_rps, 3),
+                          arrivals_rps=round(b.arrivals_rps, 3)))
     return out
 
 
