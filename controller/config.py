@@ -211,11 +211,89 @@ class KedaSettings(_Strict):
     listen: HostPort = "127.0.0.1:50052"
 
 
+# --------------------------------------------------------------------------- Kubernetes and router adapters
+# (actuators.kubernetes and actuators.routers: controller/actuation/kube.py, kube_actuator.py, routers/)
+
+K8sName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")]  # DNS-1123 subdomain
+Flag = Annotated[str, Field(pattern=r"^--[a-z0-9][a-z0-9-]*$")]
+
+
+class KubernetesPoolSettings(_Strict):
+    """The workload serving one pool."""
+
+    kind: Literal["Deployment", "StatefulSet", "LeaderWorkerSet"] = "Deployment"
+    name: K8sName
+    namespace: K8sName | None = None  # None: actuators.kubernetes.namespace
+    container: str = Field(default="vllm", min_length=1)  # the engine container (its args carry the batch caps)
+    port: int = Field(default=8000, ge=1, le=65535)  # the engine's HTTP port in the pod (router membership)
+    standby: K8sName | None = None  # an unserved Deployment for warm standby; None: warm standby not carried
+    max_num_seqs_flag: Flag | None = None  # None: --max-num-seqs (vllm) / --max-running-requests (sglang)
+    max_num_batched_tokens_flag: Flag | None = None  # None: --max-num-batched-tokens / --chunked-prefill-size
+
+
+class KubernetesSettings(_Strict):
+    enabled: bool = False
+    namespace: K8sName = "inference"
+    kubeconfig: str | None = None  # None: the pod's service account (in-cluster)
+    context: str | None = None  # kubeconfig context; None: its current context
+    timeout_s: float = Field(default=5.0, gt=0, le=60)
+    conflict_retries: int = Field(default=3, ge=0, le=10)  # re-reads after a 409 Conflict, per write
+    membership_sync_s: float = Field(default=2.0, gt=0, le=300)  # router membership re-sync between ticks
+    pools: dict[str, KubernetesPoolSettings] = Field(default_factory=dict)  # by Governor pool name
+
+
+class MembershipRouterSettings(_Strict):
+    """A router whose worker list follows the ready replicas (its routing policy is its own)."""
+
+    kind: Literal["vllm-router", "sglang-router"]
+    url: HttpUrlStr  # its HTTP API, e.g. http://vllm-router.inference.svc:30000
+    metrics_url: HttpUrlStr | None = None  # its Prometheus page, e.g. http://...:29000/metrics
+    pools: list[str] = Field(default_factory=list)  # the pools whose replicas it fronts; [] = every pool
+    timeout_s: float = Field(default=5.0, gt=0, le=60)
+
+
+def _adapter_problems(s: Settings) -> list[tuple[tuple[str | int, ...], str]]:
+    """Cross-checks of actuators.kubernetes and actuators.routers (called by Settings._cross_checks)."""
+    p: list[tuple[tuple[str | int, ...], str]] = []
+    acts, names = s.actuators, [pool.name for pool in s.pools]
+    kube = acts.kubernetes
+    if kube.enabled:
+        if acts.autoscaler.address:
+            p.append((("actuators", "kubernetes", "enabled"), "the Kubernetes adapter is the autoscaler: set "
+                      "actuators.autoscaler.address or actuators.kubernetes.enabled, not both"))
+        if acts.keda.enabled:
+            p.append((("actuators", "kubernetes", "enabled"), "KEDA's HPA and the Kubernetes adapter would both "
+                      "scale the pools: enable actuators.keda or actuators.kubernetes, not both"))
+        missing = [n for n in names if n not in kube.pools]
+        if missing:
+            p.append((("actuators", "kubernetes", "pools"), f"no workload for pool(s) {missing}: every pool needs "
+                      "an entry (kind, name)"))
+    for pool in kube.pools:
+        if pool not in names:
+            p.append((("actuators", "kubernetes", "pools", pool),
+                      f"{pool!r} is not a configured pool (pools: {names})"))
+    seen: dict[str, int] = {}
+    for i, r in enumerate(acts.routers):
+        if not kube.enabled:
+            p.append((("actuators", "routers", i), "router membership follows the replicas the Kubernetes adapter "
+                      "reports: set actuators.kubernetes.enabled: true (with its pools)"))
+        if r.url in seen:
+            p.append((("actuators", "routers", i, "url"), f"{r.url!r} duplicates routers[{seen[r.url]}]"))
+        seen.setdefault(r.url, i)
+        for j, pool in enumerate(r.pools):
+            if pool not in names:
+                p.append((("actuators", "routers", i, "pools", j),
+                          f"{pool!r} is not a configured pool (pools: {names})"))
+    return p
+
+
 class ActuatorsSettings(_Strict):
     router: ActuatorSettings = ActuatorSettings()
     autoscaler: ActuatorSettings = ActuatorSettings()
     decision_validity_s: float = Field(default=60.0, gt=0, le=3600)
     keda: KedaSettings = KedaSettings()
+    kubernetes: KubernetesSettings = KubernetesSettings()
+    routers: list[MembershipRouterSettings] = Field(default_factory=list)
 
 
 class ServerTlsSettings(_Strict):
@@ -374,6 +452,8 @@ class Settings(BaseSettings):
             if addr in seen and not addr.endswith(":0"):
                 p.append((where, f"{addr} is also {_path(seen[addr])}"))
             seen.setdefault(addr, where)
+
+        p.extend(_adapter_problems(self))
 
         budget = self.guards.budget_usd_per_hour
         if budget is not None:

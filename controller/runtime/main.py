@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.actuation.grpc_actuator import GrpcActuator
 from controller.actuation.keda import KedaScalerServer
 from controller.actuation.shadow import ShadowActuator
 from controller.api.server import PolicyServer
@@ -29,11 +28,12 @@ from controller.obs.logs import setup_logging
 from controller.obs.metrics import DaemonMetrics
 from controller.paths import PROJECT_ROOT
 from controller.policies.registry import POLICY_NAMES, build_policy
+from controller.runtime.actuators import build_actuator
 from controller.runtime.daemon import Daemon, TickReport
 from controller.runtime.learning import Learning
 from controller.runtime.loop import TickLoop
 from controller.telemetry import build_source
-from controller.transport import ClientTls, TlsConfig
+from controller.transport import TlsConfig
 from controller.types import Mode
 
 DEMO_SCENARIO = PROJECT_ROOT / "scenarios" / "demo.yaml"
@@ -103,15 +103,8 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
         controller = build_controller(settings, learning)
         source = build_source(settings, clock)
         acts = settings.actuators
-        actuator = None
-        if acts.router.address or acts.autoscaler.address:
-            t = acts.autoscaler.tls if acts.autoscaler.address else acts.router.tls
-            tls = ClientTls(ca_file=t.ca, cert_file=t.cert, key_file=t.key) if (t.ca or t.cert) else None
-            actuator = GrpcActuator(acts.router.address, acts.autoscaler.address, clock=clock,
-                                    call_timeout_s=max(acts.router.timeout_s, acts.autoscaler.timeout_s),
-                                    retries=max(acts.router.retries, acts.autoscaler.retries),
-                                    backoff_s=max(acts.router.backoff_s, acts.autoscaler.backoff_s), tls=tls)
-            closers.append(actuator.close)
+        actuator, actuator_closers = build_actuator(settings, clock)  # gRPC, or Kubernetes + routers
+        closers.extend(actuator_closers)
         metrics = DaemonMetrics()
         learning.start()
         daemon = Daemon(controller=controller, source=source, actuator=actuator, shadow=ShadowActuator(clock=clock),
