@@ -212,7 +212,7 @@ class KedaSettings(_Strict):
 
 
 # --------------------------------------------------------------------------- Kubernetes and router adapters
-# (actuators.kubernetes and actuators.routers: controller/actuation/kube.py, kube_actuator.py, routers/)
+# (actuators.kubernetes: controller/actuation/kube.py, kube_actuator.py, routers/)
 
 K8sName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")]  # DNS-1123 subdomain
 Flag = Annotated[str, Field(pattern=r"^--[a-z0-9][a-z0-9-]*$")]
@@ -221,6 +221,7 @@ Flag = Annotated[str, Field(pattern=r"^--[a-z0-9][a-z0-9-]*$")]
 class KubernetesPoolSettings(_Strict):
     """The workload serving one pool."""
 
+    pool: str = Field(min_length=1)  # the Governor pool (pools[].name)
     kind: Literal["Deployment", "StatefulSet", "LeaderWorkerSet"] = "Deployment"
     name: K8sName
     namespace: K8sName | None = None  # None: actuators.kubernetes.namespace
@@ -229,17 +230,6 @@ class KubernetesPoolSettings(_Strict):
     standby: K8sName | None = None  # an unserved Deployment for warm standby; None: warm standby not carried
     max_num_seqs_flag: Flag | None = None  # None: --max-num-seqs (vllm) / --max-running-requests (sglang)
     max_num_batched_tokens_flag: Flag | None = None  # None: --max-num-batched-tokens / --chunked-prefill-size
-
-
-class KubernetesSettings(_Strict):
-    enabled: bool = False
-    namespace: K8sName = "inference"
-    kubeconfig: str | None = None  # None: the pod's service account (in-cluster)
-    context: str | None = None  # kubeconfig context; None: its current context
-    timeout_s: float = Field(default=5.0, gt=0, le=60)
-    conflict_retries: int = Field(default=3, ge=0, le=10)  # re-reads after a 409 Conflict, per write
-    membership_sync_s: float = Field(default=2.0, gt=0, le=300)  # router membership re-sync between ticks
-    pools: dict[str, KubernetesPoolSettings] = Field(default_factory=dict)  # by Governor pool name
 
 
 class MembershipRouterSettings(_Strict):
@@ -252,38 +242,50 @@ class MembershipRouterSettings(_Strict):
     timeout_s: float = Field(default=5.0, gt=0, le=60)
 
 
+class KubernetesSettings(_Strict):
+    enabled: bool = False
+    namespace: K8sName = "inference"
+    kubeconfig: str | None = None  # None: the pod's service account (in-cluster)
+    context: str | None = None  # kubeconfig context; None: its current context
+    timeout_s: float = Field(default=5.0, gt=0, le=60)
+    conflict_retries: int = Field(default=3, ge=0, le=10)  # re-reads after a 409 Conflict, per write
+    membership_sync_s: float = Field(default=2.0, gt=0, le=300)  # router membership re-sync between ticks
+    pools: list[KubernetesPoolSettings] = Field(default_factory=list)  # one workload per Governor pool
+    routers: list[MembershipRouterSettings] = Field(default_factory=list)  # routers that follow the replicas
+
+
 def _adapter_problems(s: Settings) -> list[tuple[tuple[str | int, ...], str]]:
-    """Cross-checks of actuators.kubernetes and actuators.routers (called by Settings._cross_checks)."""
+    """Cross-checks of actuators.kubernetes (called by Settings._cross_checks). The section, its pools and
+    its routers take effect only with enabled: true; their names are checked either way."""
     p: list[tuple[tuple[str | int, ...], str]] = []
     acts, names = s.actuators, [pool.name for pool in s.pools]
     kube = acts.kubernetes
+    at = ("actuators", "kubernetes")
+    workloads = [w.pool for w in kube.pools]
     if kube.enabled:
         if acts.autoscaler.address:
-            p.append((("actuators", "kubernetes", "enabled"), "the Kubernetes adapter is the autoscaler: set "
-                      "actuators.autoscaler.address or actuators.kubernetes.enabled, not both"))
+            p.append(((*at, "enabled"), "the Kubernetes adapter is the autoscaler: set actuators.autoscaler.address "
+                      "or actuators.kubernetes.enabled, not both"))
         if acts.keda.enabled:
-            p.append((("actuators", "kubernetes", "enabled"), "KEDA's HPA and the Kubernetes adapter would both "
-                      "scale the pools: enable actuators.keda or actuators.kubernetes, not both"))
-        missing = [n for n in names if n not in kube.pools]
+            p.append(((*at, "enabled"), "KEDA's HPA and the Kubernetes adapter would both scale the pools: enable "
+                      "actuators.keda or actuators.kubernetes, not both"))
+        missing = [n for n in names if n not in workloads]
         if missing:
-            p.append((("actuators", "kubernetes", "pools"), f"no workload for pool(s) {missing}: every pool needs "
-                      "an entry (kind, name)"))
-    for pool in kube.pools:
-        if pool not in names:
-            p.append((("actuators", "kubernetes", "pools", pool),
-                      f"{pool!r} is not a configured pool (pools: {names})"))
+            p.append(((*at, "pools"), f"no workload for pool(s) {missing}: every pool needs an entry "
+                      "(pool, kind, name)"))
+    for i, w in enumerate(kube.pools):
+        if w.pool not in names:
+            p.append(((*at, "pools", i, "pool"), f"{w.pool!r} is not a configured pool (pools: {names})"))
+        elif workloads.index(w.pool) != i:
+            p.append(((*at, "pools", i, "pool"), f"{w.pool!r} duplicates pools[{workloads.index(w.pool)}]"))
     seen: dict[str, int] = {}
-    for i, r in enumerate(acts.routers):
-        if not kube.enabled:
-            p.append((("actuators", "routers", i), "router membership follows the replicas the Kubernetes adapter "
-                      "reports: set actuators.kubernetes.enabled: true (with its pools)"))
+    for i, r in enumerate(kube.routers):
         if r.url in seen:
-            p.append((("actuators", "routers", i, "url"), f"{r.url!r} duplicates routers[{seen[r.url]}]"))
+            p.append(((*at, "routers", i, "url"), f"{r.url!r} duplicates routers[{seen[r.url]}]"))
         seen.setdefault(r.url, i)
         for j, pool in enumerate(r.pools):
             if pool not in names:
-                p.append((("actuators", "routers", i, "pools", j),
-                          f"{pool!r} is not a configured pool (pools: {names})"))
+                p.append(((*at, "routers", i, "pools", j), f"{pool!r} is not a configured pool (pools: {names})"))
     return p
 
 
@@ -293,7 +295,6 @@ class ActuatorsSettings(_Strict):
     decision_validity_s: float = Field(default=60.0, gt=0, le=3600)
     keda: KedaSettings = KedaSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()
-    routers: list[MembershipRouterSettings] = Field(default_factory=list)
 
 
 class ServerTlsSettings(_Strict):

@@ -45,6 +45,24 @@ api:
   listen: 127.0.0.1:50051
 """
 
+KUBE = """\
+actuators:
+  kubernetes:
+    enabled: true
+    pools:
+      - {pool: chat-h100, name: vllm-h100}
+      - {pool: chat-a100, name: vllm-a100}
+"""
+
+
+def test_the_kubernetes_section_parses_with_its_defaults():
+    s = parse_settings(BASE + KUBE + "    routers:\n      - {kind: sglang-router, url: 'http://127.0.0.1:30000'}\n")
+    kube = s.actuators.kubernetes
+    assert kube.enabled and kube.namespace == "inference" and kube.kubeconfig is None
+    assert [(w.pool, w.kind, w.container, w.port, w.standby) for w in kube.pools] == [
+        ("chat-h100", "Deployment", "vllm", 8000, None), ("chat-a100", "Deployment", "vllm", 8000, None)]
+    assert [(r.kind, r.pools, r.metrics_url) for r in kube.routers] == [("sglang-router", [], None)]
+
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
@@ -222,6 +240,34 @@ ERROR_CASES = [
     ("not YAML", BASE + "pools: [\n", ["governor.yaml:20: not valid YAML"]),
     ("not a mapping", "- 1\n- 2\n", ["the config must be a YAML mapping, got list"]),
     ("no pools", "mode: shadow\n", ["pools: at least one pool is required"]),
+    ("kubernetes adapter and a gRPC autoscaler",
+     BASE + KUBE + "  autoscaler: {address: '127.0.0.1:7000'}\n",
+     ["actuators.kubernetes.enabled: the Kubernetes adapter is the autoscaler: set actuators.autoscaler.address "
+      "or actuators.kubernetes.enabled, not both"]),
+    ("kubernetes adapter and KEDA", BASE + KUBE + "  keda: {enabled: true}\n",
+     ["actuators.kubernetes.enabled: KEDA's HPA and the Kubernetes adapter would both scale the pools"]),
+    ("kubernetes adapter without a workload for every pool",
+     BASE + KUBE.replace("      - {pool: chat-a100, name: vllm-a100}\n", ""),
+     ["actuators.kubernetes.pools: no workload for pool(s) ['chat-a100']"]),
+    ("kubernetes workload of an unknown kind",
+     BASE + KUBE.replace("{pool: chat-a100, name: vllm-a100}", "{pool: chat-a100, name: x, kind: ReplicaSet}"),
+     ["actuators.kubernetes.pools[1].kind: 'ReplicaSet' is invalid: Input should be 'Deployment', 'StatefulSet' "
+      "or 'LeaderWorkerSet'"]),
+    ("kubernetes workload of an unknown pool, and one twice",
+     BASE + KUBE + "      - {pool: chat-l40s, name: x}\n      - {pool: chat-h100, name: again}\n",
+     ["actuators.kubernetes.pools[2].pool: 'chat-l40s' is not a configured pool",
+      "actuators.kubernetes.pools[3].pool: 'chat-h100' duplicates pools[0]"]),
+    ("router of an unknown pool, duplicated, of an unknown kind",
+     BASE + KUBE + "    routers:\n      - {kind: vllm-router, url: 'http://10.0.0.1:30000', pools: [chat-l40s]}\n"
+     "      - {kind: vllm-router, url: 'http://10.0.0.1:30000'}\n",
+     ["actuators.kubernetes.routers[0].pools[0]: 'chat-l40s' is not a configured pool",
+      "actuators.kubernetes.routers[1].url: 'http://10.0.0.1:30000' duplicates routers[0]"]),
+    ("router kind", BASE + KUBE + "    routers:\n      - {kind: envoy, url: 'http://10.0.0.1:30000'}\n",
+     ["actuators.kubernetes.routers[0].kind: 'envoy' is invalid: Input should be 'vllm-router' or 'sglang-router'"]),
+    ("bad workload name and flag",
+     BASE + KUBE.replace("name: vllm-a100}", "name: VLLM_A100, max_num_seqs_flag: max-num-seqs}"),
+     ["actuators.kubernetes.pools[1].name: 'VLLM_A100' is invalid: String should match pattern",
+      "actuators.kubernetes.pools[1].max_num_seqs_flag: 'max-num-seqs' is invalid: String should match pattern"]),
 ]
 
 

@@ -91,10 +91,13 @@ def test_every_manifest_parses_and_is_namespaced():
     for name, d in _all_docs():
         assert {"apiVersion", "kind", "metadata"} <= set(d), name
         assert d["metadata"].get("name") and d["metadata"].get("namespace") == "inference", (name, d["metadata"])
-    assert not [d for _, d in _all_docs() if d["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
+    # RBAC lives in one file, namespaced only: the Kubernetes adapter's Role (governor.yaml needs none)
+    rbac = [(name, d["kind"]) for name, d in _all_docs()
+            if d["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
+    assert rbac == [("kubernetes-adapter.yaml", "Role"), ("kubernetes-adapter.yaml", "RoleBinding")]
 
 
-@pytest.mark.parametrize("configmap", ["governor-config", "governor-sidecar-config"])
+@pytest.mark.parametrize("configmap", ["governor-config", "governor-sidecar-config", "governor-kubernetes-config"])
 def test_embedded_configs_pass_the_config_parser(configmap):
     settings = _settings(configmap)
     assert settings.pools
@@ -303,6 +306,114 @@ def test_systemd_analyze_verify(tmp_path):
     res = subprocess.run([tool, "verify", str(copy)], capture_output=True, text=True, timeout=60)
     complaints = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
     assert res.returncode == 0 and not complaints, "\n".join(complaints)
+
+
+# --------------------------------------------------------------------------- schemas and RBAC
+
+K8S_VERSION = "1.37.0"  # the newest schema set kubernetes-validate bundles (offline)
+# Custom resources: no schema is bundled for them, so each kind must be one of these, at this apiVersion.
+CRDS = {"ScaledObject": "keda.sh/v1alpha1", "PodMonitor": "monitoring.coreos.com/v1",
+        "PrometheusRule": "monitoring.coreos.com/v1", "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1"}
+
+
+def _manifests() -> list[tuple[str, dict]]:
+    """Every Kubernetes object under deploy/ (any YAML document with apiVersion and kind)."""
+    out = []
+    for path in sorted(DEPLOY.rglob("*.y*ml")):
+        if "templates" in path.parts:  # Helm templates are validated rendered, not raw
+            continue
+        for d in yaml.safe_load_all(path.read_text()):
+            if isinstance(d, dict) and "apiVersion" in d and "kind" in d:
+                out.append((str(path.relative_to(DEPLOY)), d))
+    return out
+
+
+def test_every_manifest_passes_kubernetes_validate():
+    import kubernetes_validate as kv
+
+    docs = _manifests()
+    assert len(docs) >= 20
+    problems = []
+    for where, d in docs:
+        name = f"{where}: {d['kind']}/{d.get('metadata', {}).get('name')}"
+        try:
+            kv.validate(d, K8S_VERSION, strict=True)  # strict: an unknown (misspelt) field is an error
+        except kv.SchemaNotFoundError:
+            if CRDS.get(d["kind"]) != d["apiVersion"]:
+                problems.append(f"{name}: no schema for {d['apiVersion']} {d['kind']} (not a known CRD either)")
+        except kv.ValidationError as exc:
+            problems.append(f"{name}: {exc}")
+    assert not problems, "\n".join(problems)
+
+
+def test_kubernetes_validate_catches_a_bad_manifest():
+    import kubernetes_validate as kv
+
+    bad = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+           "spec": {"replicas": "three", "selector": {}, "template": {}}}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, K8S_VERSION, strict=True)
+    typo = _one("Role", "governor-scaler") | {"rulez": []}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(typo, K8S_VERSION, strict=True)
+
+
+def _permission(method: str, path: str) -> tuple[str, str, str]:
+    """(API group, resource[/subresource], verb) of one request the adapter made."""
+    parts = path.strip("/").split("/")
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[parts.index("namespaces") + 2:]  # resource [name [subresource]]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) == 3 else "")
+    verb = {"GET": "get" if len(rest) > 1 else "list", "PUT": "update", "PATCH": "patch"}[method]
+    return group, resource, verb
+
+
+def test_the_role_grants_exactly_the_calls_the_adapter_makes():
+    from controller.actuation.kube import KubernetesAutoscaler, KubeTarget, api_client
+    from tests.fakes.kube_api import FakeKubeApi
+
+    api = FakeKubeApi()
+    try:
+        api.add_workload("Deployment", "d", replicas=2)
+        api.add_workload("Deployment", "d-standby", replicas=0, labels={"app": "d-standby"})
+        api.add_workload("StatefulSet", "s", replicas=2)
+        api.add_workload("LeaderWorkerSet", "l", replicas=2)
+        api.add_scaledobject("unrelated", "other")  # KEDA installed: its list is called too
+        for i, p in enumerate(api.pods()):
+            api.set_ready(p["metadata"]["name"], f"10.0.0.{i + 1}")
+        kube = KubernetesAutoscaler({
+            "d": KubeTarget("d", "Deployment", "d", "inference", "vllm", 8000, standby="d-standby"),
+            "s": KubeTarget("s", "StatefulSet", "s", "inference", "vllm", 8000),
+            "l": KubeTarget("l", "LeaderWorkerSet", "l", "inference", "vllm", 8000)}, api_client(host=api.url))
+        for pool in ("d", "s", "l"):  # every lever on every kind: down with a drain, standby, caps, state
+            kube.execute(kube.plan_pool(pool, 1, 1 if pool == "d" else 0, 64, 4096))
+            kube.pool_state(pool)
+        used = {_permission(m, p) for m, p, _ in api.requests}
+    finally:
+        api.close()
+    granted = {(g, r, v) for rule in _one("Role", "governor-scaler")["rules"]
+               for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert used == granted, f"used but not granted: {sorted(used - granted)}; granted, never used: " \
+                            f"{sorted(granted - used)}"
+    binding = _one("RoleBinding", "governor-scaler")
+    assert binding["roleRef"]["name"] == "governor-scaler"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "governor", "namespace": "inference"}]
+    _one("ServiceAccount", "governor")
+
+
+def test_standby_pods_are_selected_by_nothing_that_serves():
+    s = _settings("governor-kubernetes-config")
+    (w,) = s.actuators.kubernetes.pools
+    serving = _one("Deployment", w.name)
+    standby = _one("Deployment", w.standby)
+    sb_labels = standby["spec"]["template"]["metadata"]["labels"]
+    selectors = [_one("Service", w.name)["spec"]["selector"], serving["spec"]["selector"]["matchLabels"]]
+    selectors += [pm["spec"]["selector"]["matchLabels"] for _, pm in _all_docs() if pm["kind"] == "PodMonitor"]
+    for sel in selectors:
+        assert not all(sb_labels.get(k) == v for k, v in sel.items()), f"{sel} selects the standby pods"
+    assert "governor-pool" not in sb_labels  # its metrics must not count as the pool's serving capacity
+    c = _container(serving, w.container)
+    assert "--max-num-seqs=256" in c["args"] and c["ports"][0]["containerPort"] == w.port
 
 
 # --------------------------------------------------------------------------- docs

@@ -173,7 +173,7 @@ class KubernetesAutoscaler:
                 raise KubeError(f"{what}: not found (404): {_reason(exc)}", invalid=True) from None
             if exc.status == 403:
                 raise KubeError(f"{what}: forbidden (403): the service account lacks this permission; "
-                                f"see deploy/kubernetes/governor-rbac.yaml: {_reason(exc)}") from None
+                                f"see the Role in deploy/kubernetes/kubernetes-adapter.yaml: {_reason(exc)}") from None
             if exc.status == 422:
                 raise KubeError(f"{what}: rejected as invalid (422): {_reason(exc)}", invalid=True) from None
             raise KubeError(f"{what}: HTTP {exc.status}: {_reason(exc)}") from None
@@ -425,10 +425,15 @@ def api_client(*, kubeconfig: str | None = None, context: str | None = None, hos
     from kubernetes import config as kconfig
 
     cfg = k8s.Configuration()
-    if host is not None:
-        cfg.host = host
-    elif kubeconfig is not None:
-        kconfig.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-    else:
-        kconfig.load_incluster_config(client_configuration=cfg)
+    try:
+        if host is not None:
+            cfg.host = host
+        elif kubeconfig is not None:
+            kconfig.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        else:
+            kconfig.load_incluster_config(client_configuration=cfg)
+    except (kconfig.ConfigException, OSError, ValueError, TypeError) as exc:
+        where = f"kubeconfig {kubeconfig!r}" + (f" context {context!r}" if context else "") if kubeconfig else \
+            "the in-cluster service account (set actuators.kubernetes.kubeconfig when not running in a pod)"
+        raise ValueError(f"actuators.kubernetes: cannot load {where}: {exc}") from None
     return k8s.ApiClient(cfg)

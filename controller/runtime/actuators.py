@@ -1,7 +1,7 @@
 """Which actuator the daemon drives, chosen by the config (actuators.* in deploy/governor.example.yaml).
 
 - `actuators.kubernetes.enabled: true` → `FleetActuator`: the Kubernetes adapter scales the pools'
-  workloads, `actuators.routers` (vllm-router, sglang-router) follow the ready replicas, and
+  workloads, `actuators.kubernetes.routers` (vllm-router, sglang-router) follow the ready replicas, and
   `actuators.router.address` (a gRPC RouterControl such as the picker), if set, gets the routing policy;
 - otherwise `actuators.router.address` / `actuators.autoscaler.address` → `GrpcActuator`;
 - neither → None (decisions are only recorded).
@@ -34,7 +34,8 @@ def kube_targets(settings: Settings) -> dict[str, KubeTarget]:
     kube = settings.actuators.kubernetes
     engines = {p.name: p.engine for p in settings.pools}
     out = {}
-    for pool, w in kube.pools.items():
+    for w in kube.pools:
+        pool = w.pool
         flags = None
         if w.max_num_seqs_flag or w.max_num_batched_tokens_flag:
             seq, tok = ENGINE_FLAGS[engines.get(pool, "vllm")]
@@ -47,7 +48,7 @@ def kube_targets(settings: Settings) -> dict[str, KubeTarget]:
 
 def membership_routers(settings: Settings) -> list[MembershipRouter]:
     out: list[MembershipRouter] = []
-    for r in settings.actuators.routers:
+    for r in settings.actuators.kubernetes.routers:
         cls = VllmRouter if r.kind == "vllm-router" else SglangRouter
         out.append(cls(r.url, metrics_url=r.metrics_url, pools=tuple(r.pools), timeout_s=r.timeout_s))
     return out
