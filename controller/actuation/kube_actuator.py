@@ -41,7 +41,14 @@ from controller.actuation.outcome import (
     TargetResult,
     combine_status,
 )
-from controller.actuation.routers.membership import Endpoint, MembershipRouter, RouterError, remove_leaving, sync
+from controller.actuation.routers.membership import (
+    READY,
+    Endpoint,
+    MembershipRouter,
+    RouterError,
+    remove_leaving,
+    sync,
+)
 from controller.clock import Clock
 from controller.types import Decision
 
@@ -159,7 +166,16 @@ class FleetActuator:
                 return out
         for r in self.routers:
             res = sync(r, endpoints)
-            self._router_status[r.url] = (res.ok, f"{r.kind} {r.url}: {res.summary()}")
+            ok, detail = res.ok, f"{r.kind} {r.url}: {res.summary()}"
+            try:  # the router's own view of its members, kept for health() (which makes no calls itself)
+                reading = r.reading()
+                members = {e.url for e in endpoints if e.phase == READY}
+                bad = sorted(w for w, h in reading.healthy.items() if not h and w in members)
+                if bad:
+                    ok, detail = False, f"{detail}; the router reports unhealthy workers: {', '.join(bad)}"
+            except RouterError as exc:
+                ok, detail = False, f"{detail}; {exc}"
+            self._router_status[r.url] = (ok, detail)
             out.errors.extend(res.errors)
             if res.added or res.removed:
                 log.info("router membership changed", extra={"event": "membership", "router": r.url,
@@ -200,14 +216,7 @@ class FleetActuator:
                 out.append(TargetHealth(f"actuator:{target}", ok, f"{last.status}" + (f" ({last.detail})" if
                                         last.detail and not ok else ""), self._last_ok_s.get(target, 0.0)))
         for r in self.routers:
-            ok, detail = self._router_status[r.url]
-            try:
-                reading = r.reading()
-                bad = sorted(w for w, h in reading.healthy.items() if not h and w in r.workers())
-                if bad:
-                    ok, detail = False, f"{detail}; unhealthy workers: {', '.join(bad)}"
-            except RouterError as exc:
-                ok, detail = False, f"{detail}; {exc}"
+            ok, detail = self._router_status[r.url]  # as of the last membership sync
             out.append(TargetHealth(f"router:{r.kind}:{r.url}", ok, detail))
         return tuple(out)
 
