@@ -405,6 +405,7 @@ def test_standby_pods_are_selected_by_nothing_that_serves():
     s = _settings("governor-kubernetes-config")
     (w,) = s.actuators.kubernetes.pools
     serving = _one("Deployment", w.name)
+    assert w.standby is not None
     standby = _one("Deployment", w.standby)
     sb_labels = standby["spec"]["template"]["metadata"]["labels"]
     selectors = [_one("Service", w.name)["spec"]["selector"], serving["spec"]["selector"]["matchLabels"]]

@@ -80,7 +80,7 @@ def test_membership_is_the_ready_replicas_of_the_pools_a_router_fronts(api):
     assert only_a.members == urls(api, "vllm-a") and len(only_a.members) == 2
     assert every.members == urls(api, "vllm-a") | urls(api, "vllm-b")
     out = act.apply(decision(1, 3))
-    assert out.target("routers").status == "applied"
+    assert out.targets["routers"].status == "applied"
     assert len(only_a.members) == 2  # the new pod is starting: not added yet
     [new] = [p["metadata"]["name"] for p in api.pods() if "podIP" not in p.get("status", {})]
     api.set_ready(new, "10.2.0.9")
@@ -95,7 +95,7 @@ def test_leaving_pods_are_removed_before_the_scale_down_and_a_failed_removal_hol
     router.fail_remove = True
     out = act.apply(decision(1, 1))
     assert out.status == "failed"  # the membership part failed, and says so
-    assert "scale-down to 1 held at 2" in out.target("autoscaler").detail
+    assert "scale-down to 1 held at 2" in out.targets["autoscaler"].detail
     assert api.workload("deployments", "vllm-a")["spec"]["replicas"] == 2  # no pod is stopped under traffic
     router.fail_remove = False
     out = act.apply(decision(2, 1))
