@@ -13,7 +13,9 @@ scales, makes the whole plan INVALID and nothing is applied) → take the pods t
 router that fronts their pool → annotate and scale → add replicas that are ready. A pool whose leaving
 pods could not be taken out of a router is not scaled down this time (no request goes to a pod about to
 stop). `sync_membership` (called on every `fleet_state`, and by `MembershipLoop` between ticks) adds
-replicas once they turn ready and removes the ones that are gone.
+replicas once they turn ready and removes the ones that are gone, but only while the last applied plan
+is valid: in shadow or paused mode (no plan applied, or the last one expired) Governor changes no
+router, and a router keeps the list it has.
 
 When the last scaling plan expires, Kubernetes keeps the replicas it has: there is no safer default to
 return to, so `fallback_active` is reported and nothing is changed. This module must not decide anything.
@@ -182,9 +184,16 @@ class FleetActuator:
                                                               "added": res.added, "removed": res.removed})
         return out
 
+    def membership_live(self) -> bool:
+        """True while a plan this actuator applied is still valid: only then does it change routers."""
+        return self._generation > 0 and self._clock.now_s() < self._valid_until_s
+
     def sync_membership(self) -> list[str]:
-        """Make every router's worker list the ready replicas now; returns the errors (empty: in sync)."""
+        """Make every router's worker list the ready replicas now; returns the errors (empty: in sync).
+        Does nothing while no applied plan is valid (see `membership_live`)."""
         with self._lock:
+            if not self.membership_live():
+                return []
             return self._sync_locked().errors
 
     # ------------------------------------------------------------------ the Actuator protocol
@@ -201,7 +210,8 @@ class FleetActuator:
             except KubeError as exc:
                 self._last[AUTOSCALER] = TargetResult(AUTOSCALER, FAILED, detail=f"fleet state: {exc}")
                 return None
-            self._sync_locked(endpoints)
+            if self.membership_live():
+                self._sync_locked(endpoints)
             expired = self._generation > 0 and self._clock.now_s() >= self._valid_until_s
             return FleetStateView(self._generation, self._decision_id, expired, pools)
 

@@ -58,10 +58,10 @@ def api():
     fake.close()
 
 
-def make(api: FakeKubeApi, *routers: MemoryRouter) -> FleetActuator:
+def make(api: FakeKubeApi, *routers: MemoryRouter, clock: VirtualClock | None = None) -> FleetActuator:
     kube = KubernetesAutoscaler({p: KubeTarget(p, "Deployment", f"vllm-{p}", "inference", "vllm", 8000)
                                  for p in ("a", "b")}, api_client(host=api.url))
-    return FleetActuator(kube, list(routers), clock=VirtualClock(T0))
+    return FleetActuator(kube, list(routers), clock=clock or VirtualClock(T0))
 
 
 def decision(gen: int, a: int, b: int = 1) -> Decision:
@@ -76,10 +76,10 @@ def urls(api: FakeKubeApi, name: str, *, terminating: bool = False) -> set[str]:
 def test_membership_is_the_ready_replicas_of_the_pools_a_router_fronts(api):
     only_a, every = MemoryRouter(("a",)), MemoryRouter()
     act = make(api, only_a, every)
-    assert act.sync_membership() == []
+    assert act.apply(decision(1, 2)).status == "applied"
     assert only_a.members == urls(api, "vllm-a") and len(only_a.members) == 2
     assert every.members == urls(api, "vllm-a") | urls(api, "vllm-b")
-    out = act.apply(decision(1, 3))
+    out = act.apply(decision(2, 3))
     assert out.targets["routers"].status == "applied"
     assert len(only_a.members) == 2  # the new pod is starting: not added yet
     [new] = [p["metadata"]["name"] for p in api.pods() if "podIP" not in p.get("status", {})]
@@ -91,14 +91,14 @@ def test_membership_is_the_ready_replicas_of_the_pools_a_router_fronts(api):
 def test_leaving_pods_are_removed_before_the_scale_down_and_a_failed_removal_holds_it(api):
     router = MemoryRouter()
     act = make(api, router)
-    act.sync_membership()
+    act.apply(decision(1, 2))
     router.fail_remove = True
-    out = act.apply(decision(1, 1))
+    out = act.apply(decision(2, 1))
     assert out.status == "failed"  # the membership part failed, and says so
     assert "scale-down to 1 held at 2" in out.targets["autoscaler"].detail
     assert api.workload("deployments", "vllm-a")["spec"]["replicas"] == 2  # no pod is stopped under traffic
     router.fail_remove = False
-    out = act.apply(decision(2, 1))
+    out = act.apply(decision(3, 1))
     assert out.status == "applied", out.detail
     gone = urls(api, "vllm-a", terminating=True)
     assert len(gone) == 1 and not gone & router.members
@@ -109,7 +109,7 @@ def test_leaving_pods_are_removed_before_the_scale_down_and_a_failed_removal_hol
 def test_router_trouble_is_reported_in_health_not_raised(api):
     router = MemoryRouter()
     act = make(api, router)
-    act.sync_membership()
+    act.apply(decision(1, 2))
     router.unhealthy = set(list(router.members)[:1])
     act.sync_membership()
     ok, detail = act.health()
@@ -117,3 +117,20 @@ def test_router_trouble_is_reported_in_health_not_raised(api):
     router.down = True
     assert act.sync_membership() == ["memory-router list: unreachable"]
     assert act.health()[0] is False
+
+
+def test_no_router_is_touched_without_a_valid_applied_plan(api):
+    """Shadow or paused mode applies no plan: membership stays the router's own; so after a plan expires."""
+    router = MemoryRouter()
+    router.members = {"http://keep.me:8000"}
+    clock = VirtualClock(T0)
+    act = make(api, router, clock=clock)
+    assert act.sync_membership() == [] and act.fleet_state() is not None
+    assert router.members == {"http://keep.me:8000"} and router.log == []
+    act.apply(decision(1, 2))
+    assert router.members == urls(api, "vllm-a") | urls(api, "vllm-b")
+    clock.advance(61.0)  # the plan's validity (60 s) is over: hands off again
+    router.members.add("http://added.by.hand:8000")
+    act.sync_membership()
+    act.fleet_state()
+    assert "http://added.by.hand:8000" in router.members

@@ -152,14 +152,16 @@ def test_router_follows_scale_up_and_drain_without_a_failed_request(kind, tmp_pa
         kube = KubernetesAutoscaler({"chat": KubeTarget("chat", "Deployment", "vllm-chat", "inference", "vllm",
                                                         kubelet.port)}, api_client(host=api.url))
         act = FleetActuator(kube, [router], clock=VirtualClock(T0))
-        assert act.sync_membership() == []
+        assert act.sync_membership() == [] and router.workers() == set()  # no plan applied yet: hands off
+        out = act.apply(decision(1, 1))  # the first plan: the router gets the ready replica
+        assert out.status == "applied", out.detail
         first = next(iter(kubelet.backends.values()))
         assert router.workers() == {first.url}
         load.start()
         wait_for(lambda: first.served >= 20, "traffic through the router to the first replica")
 
         # scale up: the new pods start, and the router gets them only once they are ready
-        out = act.apply(decision(1, 3))
+        out = act.apply(decision(2, 3))
         assert out.status == "applied", out.detail
         assert router.workers() == {first.url}
         kubelet.make_ready()
@@ -169,7 +171,7 @@ def test_router_follows_scale_up_and_drain_without_a_failed_request(kind, tmp_pa
         wait_for(lambda: all(b.served >= 10 for b in backends), "traffic on all three replicas")
 
         # drain: two pods go; they leave the router before the scale-down, then stop gracefully
-        out = act.apply(decision(2, 1))
+        out = act.apply(decision(3, 1))
         assert out.status == "applied", out.detail
         stopped = [b for b in backends if b.stopped]
         assert len(stopped) == 2

@@ -92,9 +92,12 @@ def test_routers_come_with_a_membership_loop_that_stops(api, tmp_path):
     actuator, closers = build_actuator(settings, VirtualClock(T0))
     assert isinstance(actuator, FleetActuator) and [r.kind for r in actuator.routers] == ["vllm-router"]
     assert len(closers) == 2  # the actuator and its membership loop
-    # nothing listens on port 9: the sync says so by name instead of raising
-    errors = actuator.sync_membership()
-    assert errors and "vllm-router list_workers http://127.0.0.1:9/list_workers: unreachable" in errors[0]
+    # nothing listens on port 9: the membership part of the outcome says so by name instead of raising
+    out = actuator.apply(Decision("d-1", 1, T0, T0 + 60, {"chat-h100": PoolDecision(replicas=1),
+                                                        "chat-a100": PoolDecision(replicas=1)}))
+    assert out.targets["autoscaler"].status == "applied" and out.targets["routers"].status == "failed"
+    assert "vllm-router list_workers http://127.0.0.1:9/list_workers: unreachable" in out.targets["routers"].detail
+    assert actuator.sync_membership()  # while the plan is valid the loop's syncs report it too
     for c in reversed(closers):
         c()
 
