@@ -232,3 +232,15 @@ def test_generations_replays_and_the_validity_deadline(api):
     clock.advance(60.0)  # the applied plan expires: replicas stay, the expiry is reported
     state = act.fleet_state()
     assert state is not None and state.fallback_active is True and state.pools["a"].target_replicas == 2
+
+
+def test_a_missing_permission_is_named_and_refuses_the_plan(api):
+    api.add_workload("Deployment", "vllm-a", replicas=1)
+    api.keda_installed = True
+    api.forbidden.add("/scaledobjects")  # the Role's KEDA rule left out: Governor cannot tell, so it refuses
+    kube = adapter(api, a=target("a"))
+    with pytest.raises(KubeError, match=r"list KEDA ScaledObjects in namespace inference: forbidden \(403\): the "
+                                        r"service account lacks this permission; see the Role in "
+                                        r"deploy/kubernetes/kubernetes-adapter.yaml"):
+        kube.plan_pool("a", 2, 0, 0, 0)
+    assert writes(api) == []

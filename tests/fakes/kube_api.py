@@ -7,6 +7,7 @@ merge-patch on pods, equality label selectors on pod lists, the `/scale` subreso
 StatefulSets and LeaderWorkerSets (`status.selector` included), HPA and KEDA ScaledObject lists (the
 latter 404 unless KEDA is "installed").
 
+`forbidden` answers 403 for paths containing a fragment, as a missing RBAC rule would.
 A small controller stands in for the ReplicaSet/StatefulSet/LWS controllers: after a scale write it
 creates pods (not ready, no IP) or marks pods terminating (a Deployment removes not-ready pods, then the
 lowest `controller.kubernetes.io/pod-deletion-cost`, then the youngest; the ordered kinds their highest
@@ -80,6 +81,7 @@ class FakeKubeApi:
         self.objects: dict[tuple[str, str, str], dict] = {}  # (resource, namespace, name) → object
         self.requests: list[tuple[str, str, str]] = []  # (method, path, content-type) in order
         self.keda_installed = False
+        self.forbidden: set[str] = set()  # path fragments answered 403 (an RBAC rule left out)
         self.on_pod_created: Callable[[dict], None] | None = None
         self.on_pod_terminating: Callable[[dict], None] | None = None
         self._rv = itertools.count(100)
@@ -271,6 +273,9 @@ class FakeKubeApi:
 
     def route(self, method: str, path: str, query: dict, body: Any, ctype: str) -> tuple[int, dict]:
         with self.lock:
+            if any(f in path for f in self.forbidden):
+                raise ApiFailureError(403, "Forbidden", f'{method} {path} is forbidden: User '
+                                      '"system:serviceaccount:inference:governor" cannot do this')
             for pattern, fn in ((_APPS, self._workload), (_LWS, self._workload), (_PODS, self._pods),
                                 (_HPA, self._hpas), (_KEDA, self._keda)):
                 m = re.fullmatch(pattern, path)
