@@ -180,6 +180,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "replays do)")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.planner:cmd_bench_planner"))
+    b = bsub.add_parser("robustness", help="every policy on N generated cases (traffic shapes x shipped fleets x "
+                                           "faults): SLO pass rate, worst case, cost against static and the oracle")
+    b.add_argument("--cases", type=int, default=40, help="number of generated cases, 0..N-1 (default 40)")
+    b.add_argument("--case", type=int, default=None, metavar="K",
+                   help="run only case K of the seed's family (reproduces its row of a larger run)")
+    b.add_argument("--seed", type=int, default=1, help="seed of the case family (default 1)")
+    b.add_argument("--policies", default=None,
+                   help="comma-separated policy names (default: every registered policy, mpc when it builds, and "
+                        "the oracle; static is always run, it is the cost reference)")
+    b.add_argument("--out", default=None,
+                   help="directory for the report, the plot and the generated cases (default bench-out/robustness)")
+    b.add_argument("--workers", type=int, default=2, help="worker processes (default 2; results do not depend on it)")
+    b.add_argument("--tick", dest="tick_s", type=float, default=None, metavar="SECONDS",
+                   help="control-loop tick of every replay, simulated seconds (default 15, the daemon's)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
+    b.set_defaults(func=_handler("controller.bench.robustness:cmd_bench_robustness"))
     b = bsub.add_parser("all", help="every shipped scenario: sim speed and policies")
     b.add_argument("--out", default=None, help="directory for each scenario's JSON and PNG (default bench-out/)")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
