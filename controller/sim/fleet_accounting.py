@@ -224,6 +224,17 @@ class AccountingMixin(FleetBase):
             retried=self._retried, timed_out=self._timed_out, preemptions=int(preempt),
             scaling_actions=self._scaling_actions, per_pool=per_pool)
 
+    def resolved_attainment(self) -> tuple[dict[str, float], int]:
+        """Per class, the share of the tasks resolved so far (every step done, or one failed or late)
+        that met their SLOs, and how many tasks are resolved. What a run cut short reports: the
+        summary's `slo_attainment` divides by every task of the trace, arrived or not."""
+        resolved = np.bincount(self._task_prio[self._task_resolved], minlength=len(PRIORITY_CLASSES))
+        att = {}
+        for k, c in enumerate(PRIORITY_CLASSES):
+            if c in self.scenario.classes or resolved[k]:
+                att[c] = float(self._success_per_class[k]) / int(resolved[k]) if resolved[k] else math.nan
+        return att, int(resolved.sum())
+
     def _settle_all(self) -> None:
         now = self.now_s
         for p in self.pools.values():

@@ -187,6 +187,8 @@ class FleetBase:
     _arr_pos: int
     _tasks_per_class: np.ndarray
     _success_per_class: np.ndarray
+    _task_resolved: np.ndarray
+    _task_prio: np.ndarray
     # fleet_accounting (per-request outcomes, written by fleet_clients)
     _ttft: np.ndarray
     _tpot: np.ndarray

@@ -177,8 +177,15 @@ class LiveFleet:
             return float(self.fleet.now_s)
 
     def summary(self) -> dict:
+        """The fleet's summary so far, with SLO attainment over the tasks resolved so far (a live run
+        is cut while the trace still has tasks to come and tasks in flight)."""
         with self.lock:
-            return self._running().summary().to_dict()
+            fleet = self._running()
+            out = fleet.summary().to_dict()
+            att, resolved = fleet.resolved_attainment()
+            out["slo_attainment"] = {c: (None if math.isnan(v) else v) for c, v in att.items()}
+            out["tasks_resolved"] = resolved
+            return out
 
     def _running(self) -> Fleet:
         assert self.fleet is not None, "not started"

@@ -547,3 +547,18 @@ def test_random_operations_keep_the_books_balanced(seed):
             if e is not None and not e.running and not e.n_waiting:
                 assert e.cache.pinned_blocks == 0 and e.dec_blocks == 0
                 assert e.cache.free_blocks + e.cache.cached_blocks == e.cache.total_blocks
+
+
+def test_resolved_attainment_counts_only_tasks_that_are_done():
+    # ten requests, one a second; cut at 4.5 s: the later ones have not arrived, so a summary
+    # dividing by every task of the trace would read at most 5/10 even if every request was on time
+    wl = workload([float(i) for i in range(10)], 200, 20, priority=0)
+    fleet = Fleet(scenario(), seed=1, workload=wl)
+    fleet.run_until(4.5)
+    att, resolved = fleet.resolved_attainment()
+    assert 0 < resolved <= 5
+    assert att["critical"] == pytest.approx(1.0)
+    assert fleet.summary().slo_attainment["critical"] <= 0.5
+    fleet.run_until(60.0)
+    att, resolved = fleet.resolved_attainment()
+    assert resolved == 10 and att["critical"] == pytest.approx(fleet.summary().slo_attainment["critical"])
