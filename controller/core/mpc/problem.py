@@ -159,7 +159,7 @@ def serving_first_step(p: PoolInput, step_s: float) -> int:
 
 
 def applied_router_weights(problem: PlanProblem, plan: Plan, applied: Mapping[str, int],
-                           step_s: float) -> dict[str, float]:
+                           step_s: float, tick_s: float | None = None) -> dict[str, float]:
     """The plan's router weights for the replica targets actually applied, as shares of each hop.
 
     The planner sets a pool's router weight to its weight per replica × the replicas its plan
@@ -170,8 +170,16 @@ def applied_router_weights(problem: PlanProblem, plan: Plan, applied: Mapping[st
     (applied) / serving (planned) and the hop renormalised. Serving = the target, at most the
     replicas ready or due within half a step, at least 1. Pools alone on their hop keep theirs.
     Example: A100 planned 1, applied 2 (2 ready), H100 5 → A100's weight doubles before renormalising.
+
+    The weights are in force until the next decision, one tick (`tick_s`, when shorter than a
+    step): the applied side counts only the replicas ready or due within half a tick, so a pool
+    whose start-ups land later in the step is not sent their share before they serve. Example:
+    tick 3 s, step 30 s; H100 4 ready + 4 due in 8 s (planned 8), A100 2 ready (planned 2) →
+    the H100 weight is halved before renormalising.
     """
     due = {p.name: serving_first_step(p, step_s) for p in problem.pools}
+    now_s = tick_s if tick_s is not None and tick_s < step_s else step_s
+    due_now = {p.name: serving_first_step(p, now_s) for p in problem.pools}
     hops: dict[tuple[str, bool], list[PoolInput]] = {}
     for p in problem.pools:
         hops.setdefault((p.group, p.role == "decode"), []).append(p)
@@ -182,7 +190,7 @@ def applied_router_weights(problem: PlanProblem, plan: Plan, applied: Mapping[st
         w = {}
         for p in members:
             planned = max(min(plan.pools[p.name].replicas[0], due[p.name]), 1)
-            served = max(min(applied.get(p.name, plan.pools[p.name].replicas[0]), due[p.name]), 1)
+            served = max(min(applied.get(p.name, plan.pools[p.name].replicas[0]), due_now[p.name]), 1)
             w[p.name] = max(plan.pools[p.name].traffic_weight, 0.0) * served / planned
         tot = sum(w.values())
         for name, x in w.items():

@@ -65,7 +65,8 @@ def down_window_s(t_hist: tuple[float, ...], d_hist: tuple[float, ...], now: flo
 def first_step(fleet: FleetSpec, problem: PlanProblem, result: PlanResult, mem: Mapping[str, MpcPoolMemory],
                targets: Mapping[str, int], current: Decision | None, now: float, *, warming: bool,
                t_hist: tuple[float, ...], down_window: float, bursty_window_s: float, min_history_s: float,
-               step_s: float) -> tuple[dict[str, PoolDecision], dict[str, MpcPoolMemory], list[Reason], list[Applied]]:
+               step_s: float, tick_s: float | None = None
+               ) -> tuple[dict[str, PoolDecision], dict[str, MpcPoolMemory], list[Reason], list[Applied]]:
     """(pool decisions, pool memory with the plans seen and the caps applied, scale_down_stabilised
     reasons, what was applied per pool for the explanation)."""
     pools_out: dict[str, PoolDecision] = {}
@@ -112,7 +113,7 @@ def first_step(fleet: FleetSpec, problem: PlanProblem, result: PlanResult, mem: 
         explain.append((spec, pin, cur, int(final), pp, cur_pd))
     # router weights for the targets applied (a held scale-down serves with its replicas too)
     weights_applied = applied_router_weights(problem, result.plan, {n: d.replicas for n, d in pools_out.items()},
-                                             step_s)
+                                             step_s, tick_s)
     pools_out = {n: replace(d, traffic_weight=float(weights_applied.get(n, d.traffic_weight)))
                  for n, d in pools_out.items()}
     return pools_out, new_mem, reasons, explain

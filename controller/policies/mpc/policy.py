@@ -264,7 +264,7 @@ class MpcPolicy:
         pools_out, new_mem, held, applied = first_step(
             fleet, problem, result, mem, targets, inp.current, now, warming=warming, t_hist=t_hist,
             down_window=down_window, bursty_window_s=self.bursty_window_s, min_history_s=self.min_history_s,
-            step_s=cfg.step_s)
+            step_s=cfg.step_s, tick_s=inp.tick_s)
         reasons.extend(held)
         for spec, pin, cur, final, pp, cur_pd in applied:
             pp = replace(pp, traffic_weight=pools_out[spec.name].traffic_weight)
