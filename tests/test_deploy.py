@@ -267,7 +267,8 @@ def _seconds(value: str) -> float:
 def test_systemd_unit_has_what_the_daemon_needs():
     u = unit_entries(UNIT.read_text())
     svc = {k: v[-1] for k, v in u["Service"].items()}
-    assert svc["Type"] == "simple"
+    assert svc["Type"] == "notify" and svc["NotifyAccess"] == "main"  # sd_notify: runtime/systemd.py
+    assert _seconds(svc["WatchdogSec"]) >= 2 * load_settings(DEPLOY / "governor.example.yaml").tick_interval_s
     exe, *args = svc["ExecStart"].split()
     assert exe.startswith("/") and exe.endswith("/governor")
     assert args == ["run", "--config", "/etc/governor/governor.yaml"]

@@ -4,6 +4,11 @@ An overrunning tick is never stacked: APScheduler refuses a second concurrent
 run (max_instances=1) and we log it as skipped. SIGTERM/SIGINT let the running
 tick finish and then stop; SIGHUP calls the reload callback. `stop_after_s`
 bounds the run (the demo's --for).
+
+With a systemd notifier (runtime/systemd.py) the loop tells systemd READY=1 after
+the first completed tick, WATCHDOG=1 (and STATUS=, the tick's summary) after every
+completed tick, RELOADING=1 … READY=1 around a SIGHUP reload and STOPPING=1 when it
+stops. Pings come only from completed ticks, so a hung tick lets the watchdog fire.
 """
 
 from __future__ import annotations
@@ -18,11 +23,15 @@ from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_J
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from controller.runtime.systemd import SystemdNotifier
+
 
 class TickLoop:
     def __init__(self, tick: Callable[[], object], interval_s: float, logger: logging.Logger,
                  on_skipped: Callable[[], None] | None = None,
-                 on_error: Callable[[BaseException], None] | None = None) -> None:
+                 on_error: Callable[[BaseException], None] | None = None,
+                 notifier: SystemdNotifier | None = None,
+                 status_of: Callable[[object], str] | None = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"tick interval must be > 0 s (got {interval_s})")
         self._tick = tick
@@ -30,6 +39,9 @@ class TickLoop:
         self.log = logger
         self._on_skipped = on_skipped
         self._on_error = on_error
+        self._notifier = notifier
+        self._status_of = status_of
+        self._ready = False
         self._stop = threading.Event()
         self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(1)},
                                               job_defaults={"max_instances": 1, "coalesce": True,
@@ -49,6 +61,29 @@ class TickLoop:
     def stop(self) -> None:
         self._stop.set()
 
+    def _run_tick(self) -> None:
+        result = self._tick()  # an exception reaches the scheduler's EVENT_JOB_ERROR listener: no ping
+        n = self._notifier
+        if n is None:
+            return
+        status = self._status_of(result) if self._status_of is not None else None
+        if not self._ready:
+            # the API listens before the loop starts (composition root), so one completed tick is "ready"
+            n.ready(status)
+            self._ready = True
+        n.watchdog(status)
+
+    def _reload(self, reload: Callable[[], None]) -> None:
+        if self._notifier is not None:
+            self._notifier.reloading()
+        try:
+            reload()
+        except Exception as exc:  # noqa: BLE001 - a bad reload keeps the running config
+            self.log.error(f"config reload failed, keeping the running config: {exc}", extra={"event": "reload"})
+        finally:
+            if self._notifier is not None:
+                self._notifier.ready()
+
     def run(self, *, stop_after_s: float | None = None, reload: Callable[[], None] | None = None,
             install_signals: bool = True) -> None:
         """Block until stopped (signal, stop(), or stop_after_s). The first tick runs at once."""
@@ -61,19 +96,17 @@ class TickLoop:
 
             def _hup(_signum, _frame):
                 if reload is not None:
-                    try:
-                        reload()
-                    except Exception as exc:  # noqa: BLE001 - a bad reload keeps the running config
-                        self.log.error(f"config reload failed, keeping the running config: {exc}",
-                                       extra={"event": "reload"})
+                    self._reload(reload)
 
             for sig, handler in ((signal.SIGTERM, _term), (signal.SIGINT, _term), (signal.SIGHUP, _hup)):
                 previous[sig] = signal.signal(sig, handler)
-        self._scheduler.add_job(self._tick, "interval", seconds=self.interval_s, id="tick", next_run_time=_now())
+        self._scheduler.add_job(self._run_tick, "interval", seconds=self.interval_s, id="tick", next_run_time=_now())
         self._scheduler.start()
         try:
             self._stop.wait(timeout=stop_after_s)
         finally:
+            if self._notifier is not None:
+                self._notifier.stopping()
             self._scheduler.shutdown(wait=True)  # lets a running tick finish
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

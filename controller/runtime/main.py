@@ -32,6 +32,7 @@ from controller.runtime.actuators import build_actuator
 from controller.runtime.daemon import Daemon, TickReport
 from controller.runtime.learning import Learning
 from controller.runtime.loop import TickLoop
+from controller.runtime.systemd import SystemdNotifier
 from controller.telemetry import build_source
 from controller.transport import TlsConfig
 from controller.types import Mode
@@ -181,6 +182,19 @@ def _with_policy(settings: Settings, name: str | None) -> Settings:
     return settings.model_copy(update={"policy": name})
 
 
+def tick_status(report: object) -> str:
+    """The STATUS= line systemd shows (`systemctl status governor`): the last decision, in one line."""
+    if not isinstance(report, TickReport):
+        return "ticking"
+    d = report.result.decision
+    if d is None:
+        return f"mode {report.result.mode.value}: no decision (paused)"
+    outcome = report.outcome.status if report.outcome is not None else "none"
+    replicas = " ".join(f"{p}={pd.replicas}" for p, pd in sorted(d.pools.items()))
+    frozen = ", telemetry frozen" if report.result.frozen else ""
+    return f"mode {report.result.mode.value}: {d.decision_id} gen {d.generation} {outcome}{frozen}; {replicas}"
+
+
 def cmd_run(args) -> int:
     headless = bool(getattr(args, "headless", False)) or not sys.stdout.isatty()
     clock = WallClock()
@@ -259,9 +273,15 @@ def cmd_run(args) -> int:
             return 0
         if headless:
             out.emit(listening_event)
+        notifier = SystemdNotifier()
+        if notifier.watchdog_s is not None and notifier.watchdog_s < 2 * settings.tick_interval_s:
+            logger.warning(f"WatchdogSec ({notifier.watchdog_s:g} s) is under 2 x tick_interval_s "
+                           f"({settings.tick_interval_s:g} s): a slow but healthy tick may get the daemon restarted",
+                           extra={"event": "sd_notify"})
         loop = TickLoop(services.daemon.tick, settings.tick_interval_s, logger,
                         on_skipped=lambda: services.metrics.ticks.labels("skipped").inc(),
-                        on_error=lambda e: services.metrics.ticks.labels("error").inc())
+                        on_error=lambda e: services.metrics.ticks.labels("error").inc(),
+                        notifier=notifier, status_of=tick_status)
 
         def reload() -> None:
             # Pools, SLOs, policy and guardrails reload; listen addresses and sources need a restart.
