@@ -340,6 +340,98 @@ class GuardSettings(_Strict):
     budget_usd_per_hour: float | None = Field(default=None, gt=0)  # None: no budget cap
 
 
+# --------------------------------------------------------------------------- operations: HA, OpenTelemetry
+
+
+class ShardSettings(_Strict):
+    lease: Name  # the Lease's name (metadata.name) in leader_election.namespace
+    pools: list[str] = Field(min_length=1)
+
+
+class LeaderElectionSettings(_Strict):
+    """High availability on a Kubernetes Lease (controller/runtime/leader.py). Off by default."""
+
+    enabled: bool = False
+    namespace: str = Field(default="inference", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    identity: str | None = None  # None: $POD_NAME, else the host name
+    lease_name: Name = "governor"  # the one Lease when `shards` is empty (all pools)
+    shards: list[ShardSettings] = Field(default_factory=list)
+    shard: str | None = None  # which of `shards` (by lease name) this daemon governs; required with shards
+    address: str | None = None  # published to followers as the leader's address (e.g. $POD_IP:50051)
+    lease_duration_s: int = Field(default=15, ge=2, le=3600)
+    renew_deadline_s: float = Field(default=10.0, gt=0, le=3600)
+    retry_period_s: float = Field(default=2.0, gt=0, le=600)
+    clock_skew_margin_s: float = Field(default=2.0, ge=0, le=600)
+    timeout_s: float = Field(default=5.0, gt=0, le=60)  # one Lease API call
+    kubeconfig: str | None = None  # None: the pod's service account (in-cluster)
+
+    @model_validator(mode="after")
+    def _timing(self) -> LeaderElectionSettings:
+        if self.retry_period_s >= self.renew_deadline_s:
+            raise ValueError(f"retry_period_s ({self.retry_period_s:g}) must be < renew_deadline_s "
+                             f"({self.renew_deadline_s:g})")
+        if self.renew_deadline_s + self.clock_skew_margin_s >= self.lease_duration_s:
+            raise ValueError(f"renew_deadline_s + clock_skew_margin_s ({self.renew_deadline_s:g} + "
+                             f"{self.clock_skew_margin_s:g}) must be < lease_duration_s ({self.lease_duration_s}): "
+                             "a leader must stop actuating before its lease can expire elsewhere")
+        return self
+
+    def problems(self, pool_names: Sequence[str]) -> list[tuple[tuple[str | int, ...], str]]:
+        """Cross-checks against the pools (called from Settings._cross_checks)."""
+        p: list[tuple[tuple[str | int, ...], str]] = []
+        leases = [s.lease for s in self.shards]
+        owner: dict[str, str] = {}
+        for i, shard in enumerate(self.shards):
+            if leases.index(shard.lease) != i:
+                p.append((("leader_election", "shards", i, "lease"), f"{shard.lease!r} is used by another shard"))
+            for j, pool in enumerate(shard.pools):
+                if pool not in pool_names:
+                    p.append((("leader_election", "shards", i, "pools", j),
+                              f"{pool!r} is not a configured pool (pools: {list(pool_names)})"))
+                elif pool in owner:
+                    p.append((("leader_election", "shards", i, "pools", j),
+                              f"{pool!r} is already in shard {owner[pool]!r}: a pool has one leader"))
+                owner.setdefault(pool, shard.lease)
+        if self.enabled and self.shards and self.shard is None:
+            p.append((("leader_election", "shard"), f"required with shards: one of {leases}"))
+        if self.shard is not None and self.shard not in leases:
+            p.append((("leader_election", "shard"), f"{self.shard!r} is not a shard's lease (shards: {leases})"))
+        return p
+
+    def resolved_identity(self) -> str:
+        import socket
+
+        return self.identity or os.environ.get("POD_NAME") or socket.gethostname()
+
+    def lease_and_pools(self, pool_names: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+        """The Lease this daemon contends for and the pools it governs."""
+        if self.shard is None:
+            return self.lease_name, tuple(pool_names)
+        (shard,) = [s for s in self.shards if s.lease == self.shard]
+        return shard.lease, tuple(p for p in pool_names if p in shard.pools)
+
+
+class OtlpSettings(_Strict):
+    """OpenTelemetry export over OTLP/gRPC (controller/obs/otel.py). Off while endpoint is unset;
+    the Prometheus /metrics endpoint stays on either way."""
+
+    endpoint: str | None = None  # e.g. http://otel-collector.monitoring:4317 (https:// for TLS)
+    headers: dict[str, str] = Field(default_factory=dict)  # e.g. {authorization: "Bearer ..."}
+    tls: ClientTlsSettings = ClientTlsSettings()  # CA (and client cert for mTLS) for an https endpoint
+    traces: bool = True  # a span per tick, a child span per phase
+    metrics: bool = True  # the governor_* series, every export_interval_s
+    export_interval_s: float = Field(default=30.0, ge=1, le=3600)
+    timeout_s: float = Field(default=10.0, gt=0, le=120)
+    service_name: str = "governor"
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} must start with http:// (plaintext) or https:// (TLS)")
+        return v
+
+
 # --------------------------------------------------------------------------- the tree
 
 
@@ -364,6 +456,8 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = MetricsSettings()
     log: LogSettings = LogSettings()
     guards: GuardSettings = GuardSettings()
+    leader_election: LeaderElectionSettings = LeaderElectionSettings()
+    otel: OtlpSettings = OtlpSettings()
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -455,6 +549,7 @@ class Settings(BaseSettings):
             seen.setdefault(addr, where)
 
         p.extend(_adapter_problems(self))
+        p.extend(self.leader_election.problems(names))
 
         budget = self.guards.budget_usd_per_hour
         if budget is not None:

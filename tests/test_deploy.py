@@ -91,10 +91,11 @@ def test_every_manifest_parses_and_is_namespaced():
     for name, d in _all_docs():
         assert {"apiVersion", "kind", "metadata"} <= set(d), name
         assert d["metadata"].get("name") and d["metadata"].get("namespace") == "inference", (name, d["metadata"])
-    # RBAC lives in one file, namespaced only: the Kubernetes adapter's Role (governor.yaml needs none)
-    rbac = [(name, d["kind"]) for name, d in _all_docs()
-            if d["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
-    assert rbac == [("kubernetes-adapter.yaml", "Role"), ("kubernetes-adapter.yaml", "RoleBinding")]
+    # RBAC is namespaced only: the Kubernetes adapter's Role (kubernetes-adapter.yaml) and leader
+    # election's, limited to its Lease (governor.yaml; tests/test_deploy_ops.py checks it)
+    assert not [d for _, d in _all_docs() if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    rbac_files = {name for name, d in _all_docs() if d["kind"] in ("Role", "RoleBinding")}
+    assert rbac_files <= {"kubernetes-adapter.yaml", "governor.yaml"}, rbac_files
 
 
 @pytest.mark.parametrize("configmap", ["governor-config", "governor-sidecar-config", "governor-kubernetes-config"])
@@ -114,7 +115,7 @@ def test_deployment_agrees_with_its_config():
     s = _settings("governor-config")
     dep = _one("Deployment", "governor")
     spec = dep["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"  # one writer, never two at once
+    assert spec["replicas"] == 2 and s.leader_election.enabled  # one writer: the Lease holder
     pod = spec["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] > s.tick_interval_s
     c = _container(dep, "governor")
@@ -133,13 +134,12 @@ def test_deployment_agrees_with_its_config():
     assert s.api.token_file is not None
     token_path = Path(s.api.token_file)
     assert str(token_path.parent) == tok_mount["mountPath"] and token_path.name in secret["stringData"]
-    # the state directory is on the persistent volume
-    state_mount = _mount_of(dep, c, "persistentVolumeClaim", "governor-state")
+    # the state directory is on the pod's own volume (per replica; generations are fenced by the Lease)
+    state_mount = _mount_of(dep, c, "emptyDir")
     assert s.state_dir == state_mount["mountPath"]
-    _one("PersistentVolumeClaim", "governor-state")
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
-    assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is True  # Lease calls
 
 
 def test_service_exposes_api_metrics_and_keda():

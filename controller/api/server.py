@@ -116,6 +116,11 @@ class DaemonHandle(Protocol):
         """An override was set or deleted: re-read `store.active_overrides(now)` (e.g. tick early)."""
         ...
 
+    def write_refusal(self) -> str | None:
+        """Why this daemon may not take writes now (a follower under leader election names the leader),
+        or None when it may."""
+        ...
+
 
 # --------------------------------------------------------------------------- conversions
 
@@ -266,6 +271,12 @@ def _invalid(context: grpc.ServicerContext, field_name: str, message: str) -> No
     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field_name}: {message}")
 
 
+def _require_leader(handle: DaemonHandle, context: grpc.ServicerContext) -> None:
+    refusal = handle.write_refusal()
+    if refusal is not None:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+
+
 def _limit(context: grpc.ServicerContext, value: int, default: int) -> int:
     if value == 0:
         return default
@@ -306,6 +317,7 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
 
     def SetOverride(self, request: policy_pb2.SetOverrideRequest,  # noqa: N802 - gRPC method name
                     context: grpc.ServicerContext) -> policy_pb2.Override:
+        _require_leader(self._handle, context)
         if not request.HasField("override"):
             _invalid(context, "override", "is required")
         o = request.override
@@ -339,6 +351,7 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
 
     def DeleteOverride(self, request: policy_pb2.DeleteOverrideRequest,  # noqa: N802 - gRPC method name
                        context: grpc.ServicerContext) -> policy_pb2.DeleteOverrideResponse:
+        _require_leader(self._handle, context)
         if not request.id:
             _invalid(context, "id", "is required")
         if not request.author.strip():
@@ -350,6 +363,7 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
 
     def SetMode(self, request: policy_pb2.SetModeRequest,  # noqa: N802 - gRPC method name
                 context: grpc.ServicerContext) -> policy_pb2.SetModeResponse:
+        _require_leader(self._handle, context)
         mode = PROTO_TO_MODE.get(request.mode)
         if mode is None:
             _invalid(context, "mode", f"must be MODE_ACTIVE, MODE_SHADOW or MODE_PAUSED (got {request.mode})")

@@ -62,6 +62,10 @@ class DaemonMetrics:
                                         "Candidate plans the MPC scored in the last tick", registry=r)
         self.planner_budget_cut = Counter("governor_planner_budget_cut", "Ticks whose MPC search its time budget cut "
                                           "short (raise mpc time_budget_s if this grows with most ticks)", registry=r)
+        self.leader = Gauge("governor_leader", "1 while this daemon leads the shard's Lease (actuates), else 0",
+                            ["lease"], registry=r)
+        self.leader_transitions = Counter("governor_leader_transitions", "Times this daemon became or stopped "
+                                          "being the leader of the shard's Lease", ["lease"], registry=r)
         self._server: WSGIServer | None = None
 
     def set_mode(self, mode: Mode) -> None:

@@ -4,6 +4,12 @@
 logger, clock) and the controller state between ticks. It is also the
 `DaemonHandle` the PolicyService serves (status, mode). It does not schedule
 itself: `runtime/loop.py` calls `tick()`; tests and `--once` call it directly.
+
+Under leader election (`leadership`, runtime/leader.py) a daemon that does not lead its
+shard still reads, decides and learns every tick, but records its decisions as shadow,
+refuses write RPCs and serves KEDA the leader's published targets. The leader numbers
+its decisions from the term's generation floor, which fences a deposed leader's late
+commands at the actuators.
 """
 
 from __future__ import annotations
@@ -12,13 +18,28 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from controller.api.server import ComponentStatus, PoolStatusView, StatusView
 from controller.clock import Clock
 from controller.core.step import Controller, ControllerState, TickInput, TickResult
 from controller.obs.metrics import DaemonMetrics
 from controller.types import FleetObservation, Mode, PoolPhases
+
+
+class Leadership(Protocol):
+    """The part of runtime/leader.py's LeaderElector the daemon uses."""
+
+    lease_name: str
+    identity: str
+
+    def leading(self, within_s: float = 0.0) -> bool: ...
+
+    def generation_floor(self) -> int: ...
+
+    def leader(self) -> tuple[str, Mapping[str, str]]: ...
+
+    def leader_targets(self) -> dict[str, int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +55,8 @@ class TickReport:
 class Daemon:
     def __init__(self, *, controller: Controller, source, actuator, shadow, store, metrics: DaemonMetrics,
                  clock: Clock, logger: logging.Logger, mode: Mode, profile: str = "balanced",
-                 on_tick: Callable[[TickReport], None] | None = None, learning=None) -> None:
+                 on_tick: Callable[[TickReport], None] | None = None, learning=None,
+                 leadership: Leadership | None = None) -> None:
         self.controller = controller
         self.source = source
         self.actuator = actuator  # None when no actuator is configured (shadow only)
@@ -45,6 +67,7 @@ class Daemon:
         self.log = logger
         self.on_tick = on_tick
         self.learning = learning  # runtime.learning.Learning, or None (no learned models)
+        self.leadership = leadership  # None: no leader election, this daemon always leads
         self._lock = threading.RLock()
         # A mode or profile set through the API survives a restart; otherwise the configured one applies.
         stored_mode = store.get_mode()
@@ -76,6 +99,11 @@ class Daemon:
             self.store.expire_overrides(now_s)
             overrides = self.store.active_overrides(now_s)
             in_force = self.state.current
+            leading = self.leadership is None or self.leadership.leading()
+            if self.leadership is not None and leading:
+                floor = self.leadership.generation_floor()
+                if self.state.generation < floor:  # a new term: number above every earlier term's decisions
+                    self.state = replace(self.state, generation=floor)
             self.state, result = self.controller.step(
                 self.state, TickInput(now_s=now_s, observation=raw, fleet_state=fleet_state, mode=self.mode,
                                       overrides=overrides, profile=self.profile))
@@ -86,9 +114,11 @@ class Daemon:
             if d is not None:
                 # persisted before sending: a restart never goes backwards
                 self.store.advance_generation_to(d.generation)
-                if self.mode is Mode.ACTIVE and self.actuator is not None:
+                # Checked again right before sending: the step may have taken a while.
+                leading = leading and (self.leadership is None or self.leadership.leading())
+                if self.mode is Mode.ACTIVE and self.actuator is not None and leading:
                     outcome = self.actuator.apply(d)
-                if self.mode is Mode.ACTIVE:
+                if self.mode is Mode.ACTIVE and leading:
                     self.applied_replicas = {p: pd.replicas for p, pd in d.pools.items()}
                 if outcome is None:
                     outcome = self.shadow.apply(d)
@@ -102,6 +132,8 @@ class Daemon:
             record["outcome"] = outcome.status if outcome is not None else "paused"
             record["outcome_detail"] = getattr(outcome, "detail", "")
             record["durations_ms"] = durations
+            if self.leadership is not None:
+                record["leader"] = leading
             if d is not None:
                 self.store.record_decision(record)
             self._report_metrics(result, obs, outcome, durations)
@@ -118,6 +150,10 @@ class Daemon:
     def keda_targets(self) -> dict[str, int]:
         """Replica targets for KEDA: what was decided in active mode; before that (or in shadow/paused
         mode) what the fleet already runs, so KEDA changes nothing until Governor is active."""
+        if self.leadership is not None and not self.leadership.leading():
+            published = self.leadership.leader_targets()
+            if published:
+                return published
         with self._lock:
             if self.applied_replicas:
                 return dict(self.applied_replicas)
@@ -141,6 +177,8 @@ class Daemon:
     def _report_metrics(self, result: TickResult, obs: FleetObservation, outcome, durations: dict[str, float]) -> None:
         m = self.metrics
         m.observe_tick(result, obs)
+        if self.leadership is not None:
+            m.leader.labels(self.leadership.lease_name).set(1 if self.leadership.leading() else 0)
         m.ticks.labels("paused" if result.decision is None else "decided").inc()
         for phase, ms in durations.items():
             m.tick_duration.labels(phase.removesuffix("_ms")).observe(ms / 1e3)
@@ -196,6 +234,23 @@ class Daemon:
         self.log.warning(f"mode {previous.value} → {self.mode.value}",
                          extra={"event": "mode", "author": author, "reason": reason})
 
+    def write_refusal(self) -> str | None:
+        le = self.leadership
+        if le is None or le.leading():
+            return None
+        holder, annotations = le.leader()
+        from controller.runtime.leader import ANNOTATION_ADDRESS
+
+        where = f" at {annotations[ANNOTATION_ADDRESS]}" if annotations.get(ANNOTATION_ADDRESS) else ""
+        who = f"the leader is {holder}{where}" if holder else "no leader is known yet"
+        return (f"this daemon ({le.identity}) does not lead shard {le.lease_name!r}: {who}; "
+                "send writes (mode, overrides) to the leader")
+
+    def published_targets(self) -> dict[str, int]:
+        """What the leader publishes in its Lease for followers; read without the tick lock (the elector's
+        thread must never wait for a tick)."""
+        return dict(self.applied_replicas)
+
     def on_overrides_changed(self) -> None:
         self.log.info("overrides changed; they apply from the next tick", extra={"event": "overrides"})
 
@@ -223,6 +278,11 @@ class Daemon:
             components.append(ComponentStatus("actuator:grpc", ok, detail, self.last_tick_s if ok else 0.0))
         decision = rep.result.decision if rep else None
         details: list[tuple[str, str]] = []
+        if self.leadership is not None:
+            holder, _ = self.leadership.leader()
+            details.append(("leader.lease", self.leadership.lease_name))
+            details.append(("leader.leading", str(self.leadership.leading()).lower()))
+            details.append(("leader.holder", holder or "none"))
         if self.learning is not None:
             ls = self.learning.status()
             details.append(("models.source", ls["source"]))

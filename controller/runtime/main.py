@@ -8,6 +8,7 @@ decides anything: it wires the edges to the pure core and starts the servers.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import sys
@@ -30,6 +31,14 @@ from controller.paths import PROJECT_ROOT
 from controller.policies.registry import POLICY_NAMES, build_policy
 from controller.runtime.actuators import build_actuator
 from controller.runtime.daemon import Daemon, TickReport
+from controller.runtime.leader import (
+    ANNOTATION_ADDRESS,
+    ANNOTATION_TARGETS,
+    ElectionTiming,
+    KubernetesLeaseStore,
+    LeaderElector,
+    LeaseStore,
+)
 from controller.runtime.learning import Learning
 from controller.runtime.loop import TickLoop
 from controller.runtime.systemd import SystemdNotifier
@@ -92,8 +101,45 @@ def build_controller(settings: Settings, learning: Learning | None = None) -> Co
         tick_s=settings.tick_interval_s)
 
 
-def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, on_tick=None) -> Services:
-    """Build and start the servers (API, KEDA, metrics); the tick loop is started by the caller."""
+def shard_settings(settings: Settings) -> Settings:
+    """Under leader election with shards, the config restricted to this daemon's shard's pools."""
+    le = settings.leader_election
+    if not le.enabled:
+        return settings
+    _, pools = le.lease_and_pools(settings.pool_names())
+    return settings.model_copy(update={"pools": [p for p in settings.pools if p.name in pools]})
+
+
+def _build_elector(settings: Settings, clock: Clock, logger: logging.Logger, metrics: DaemonMetrics,
+                   store: LeaseStore | None = None) -> LeaderElector:
+    le = settings.leader_election
+    lease, _ = le.lease_and_pools(settings.pool_names())
+    if store is None:
+        store = KubernetesLeaseStore.from_environment(le.namespace, le.kubeconfig, le.timeout_s)
+    metrics.leader.labels(lease).set(0)
+
+    def changed(leading: bool) -> None:
+        metrics.leader.labels(lease).set(1 if leading else 0)
+        metrics.leader_transitions.labels(lease).inc()
+
+    timing = ElectionTiming(lease_duration_s=le.lease_duration_s, renew_deadline_s=le.renew_deadline_s,
+                            retry_period_s=le.retry_period_s, clock_skew_margin_s=le.clock_skew_margin_s)
+    return LeaderElector(store, lease, le.resolved_identity(), clock=clock, timing=timing, logger=logger,
+                         on_change=changed)
+
+
+def _leader_annotations(settings: Settings, daemon: Daemon) -> dict[str, str]:
+    out = {ANNOTATION_TARGETS: json.dumps(daemon.published_targets(), sort_keys=True)}
+    if settings.leader_election.address:
+        out[ANNOTATION_ADDRESS] = settings.leader_election.address
+    return out
+
+
+def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, on_tick=None,
+                   lease_store: LeaseStore | None = None) -> Services:
+    """Build and start the servers (API, KEDA, metrics); the tick loop is started by the caller.
+    `lease_store` replaces the Kubernetes Lease API under leader election (tests)."""
+    settings = shard_settings(settings)
     state_dir = Path(settings.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     store = StateStore(state_dir / "governor.db")
@@ -108,9 +154,15 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
         closers.extend(actuator_closers)
         metrics = DaemonMetrics()
         learning.start()
+        elector = (_build_elector(settings, clock, logger, metrics, lease_store)
+                   if settings.leader_election.enabled else None)
         daemon = Daemon(controller=controller, source=source, actuator=actuator, shadow=ShadowActuator(clock=clock),
                         store=store, metrics=metrics, clock=clock, logger=logger, mode=settings.mode,
-                        profile=settings.profile, on_tick=on_tick, learning=learning)
+                        profile=settings.profile, on_tick=on_tick, learning=learning, leadership=elector)
+        if elector is not None:
+            elector.set_annotations(lambda: _leader_annotations(settings, daemon))
+            elector.start()
+            closers.append(elector.stop)  # stopped (and the lease released) after the API and KEDA
         api_tls = settings.api.tls
         server_tls = TlsConfig(api_tls.cert, api_tls.key, api_tls.client_ca) if api_tls.cert and api_tls.key else None
         api = PolicyServer(daemon, store, settings.api.listen, token=settings.api.resolved_token(), tls=server_tls,
@@ -288,7 +340,7 @@ def cmd_run(args) -> int:
             if not args.config:
                 logger.info("SIGHUP ignored: no config file to reload", extra={"event": "reload"})
                 return
-            new = _with_policy(load_settings(args.config), policy)  # --policy still wins over the file
+            new = shard_settings(_with_policy(load_settings(args.config), policy))  # --policy wins over the file
             services.daemon.reload(build_controller(new, services.daemon.learning))
             logger.info("config reloaded", extra={"event": "reload", "summary": new.summary()})
 

@@ -15,6 +15,7 @@ class FakeDaemon:
         self.refuse_modes = refuse_modes
         self.mode_calls: list[tuple[Mode, str, str]] = []
         self.override_changes = 0
+        self.refusal: str | None = None  # set: the daemon is a follower and refuses writes
         self._lock = threading.Lock()
         self._status = StatusView(
             mode=Mode.ACTIVE, profile="balanced", policy="first", last_tick_s=1_700_000_000.0,
@@ -42,3 +43,6 @@ class FakeDaemon:
     def on_overrides_changed(self) -> None:
         with self._lock:
             self.override_changes += 1
+
+    def write_refusal(self) -> str | None:
+        return self.refusal
