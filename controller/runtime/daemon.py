@@ -24,6 +24,7 @@ from controller.api.server import ComponentStatus, PoolStatusView, StatusView
 from controller.clock import Clock
 from controller.core.step import Controller, ControllerState, TickInput, TickResult
 from controller.obs.metrics import DaemonMetrics
+from controller.obs.otel import Phase, TickTelemetry
 from controller.types import FleetObservation, Mode, PoolPhases
 
 
@@ -56,7 +57,7 @@ class Daemon:
     def __init__(self, *, controller: Controller, source, actuator, shadow, store, metrics: DaemonMetrics,
                  clock: Clock, logger: logging.Logger, mode: Mode, profile: str = "balanced",
                  on_tick: Callable[[TickReport], None] | None = None, learning=None,
-                 leadership: Leadership | None = None) -> None:
+                 leadership: Leadership | None = None, otel: TickTelemetry | None = None) -> None:
         self.controller = controller
         self.source = source
         self.actuator = actuator  # None when no actuator is configured (shadow only)
@@ -68,6 +69,7 @@ class Daemon:
         self.on_tick = on_tick
         self.learning = learning  # runtime.learning.Learning, or None (no learned models)
         self.leadership = leadership  # None: no leader election, this daemon always leads
+        self.otel = otel  # obs/otel.py: a span per tick and per phase, over OTLP; None when not configured
         self._lock = threading.RLock()
         # A mode or profile set through the API survives a restart; otherwise the configured one applies.
         stored_mode = store.get_mode()
@@ -138,6 +140,8 @@ class Daemon:
                 self.store.record_decision(record)
             self._report_metrics(result, obs, outcome, durations)
             self._log_tick(result, outcome, durations)
+            if self.otel is not None:
+                self._trace_tick(now_s, (t0, t1, t2, t3, t4), result, obs, outcome, leading)
             report = TickReport(result, obs, outcome, durations)
             self.last_report = report
             self.last_tick_s = now_s
@@ -201,6 +205,35 @@ class Daemon:
         slos = self.controller.fleet.slos
         if slos:
             m.slo_ttft.set(min(s.ttft_s for s in slos.values()))
+
+    def _trace_tick(self, now_s: float, t: tuple[float, float, float, float, float], result: TickResult,
+                    obs: FleetObservation, outcome, leading: bool) -> None:
+        assert self.otel is not None
+        d = result.decision
+        status = outcome.status if outcome is not None else "paused"
+        attrs: dict[str, str | bool | int | float] = {
+            "governor.mode": result.mode.value, "governor.policy": self.controller.policy.name,
+            "governor.profile": self.profile, "governor.outcome": status, "governor.changed": result.changed,
+            "governor.frozen": result.frozen, "governor.leader": leading,
+        }
+        if d is not None:
+            attrs.update({"governor.decision_id": d.decision_id, "governor.generation": d.generation})
+        stale = sorted(p for p, s in result.telemetry.items() if s != "ok")
+        phases = [
+            Phase("read", 0.0, t[1] - t[0], {"governor.telemetry.source": obs.source or self.source.name,
+                                             "governor.pools": len(obs.pools),
+                                             "governor.telemetry.not_ok": ",".join(stale)}),
+            Phase("step", t[1] - t[0], t[2] - t[0], {"governor.reasons": ",".join(
+                sorted({r.code for r in result.policy_reasons})), "governor.guards": ",".join(
+                sorted({r.code for r in result.guard_adjustments}))}),
+            Phase("actuate", t[2] - t[0], t[3] - t[0], {"governor.outcome": status,
+                                                        "governor.targets": ",".join(
+                                                            getattr(outcome, "targets", {}) or {})}),
+            Phase("learn", t[3] - t[0], t[4] - t[0], {"governor.learning": self.learning is not None}),
+        ]
+        failed = outcome is not None and outcome.status == "failed"
+        self.otel.record_tick(now_s, phases, attrs,
+                              error=f"actuation failed: {getattr(outcome, 'detail', '')}" if failed else None)
 
     def _log_tick(self, result: TickResult, outcome, durations: dict[str, float]) -> None:
         d = result.decision

@@ -27,6 +27,7 @@ from controller.core.guards import GuardConfig
 from controller.core.step import Controller
 from controller.obs.logs import setup_logging
 from controller.obs.metrics import DaemonMetrics
+from controller.obs.otel import build_tick_telemetry
 from controller.paths import PROJECT_ROOT
 from controller.policies.registry import POLICY_NAMES, build_policy
 from controller.runtime.actuators import build_actuator
@@ -156,9 +157,12 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
         learning.start()
         elector = (_build_elector(settings, clock, logger, metrics, lease_store)
                    if settings.leader_election.enabled else None)
+        otel = build_tick_telemetry(settings.otel, metrics.registry)
+        if otel is not None:
+            closers.append(otel.shutdown)  # flushes the last spans and metrics
         daemon = Daemon(controller=controller, source=source, actuator=actuator, shadow=ShadowActuator(clock=clock),
                         store=store, metrics=metrics, clock=clock, logger=logger, mode=settings.mode,
-                        profile=settings.profile, on_tick=on_tick, learning=learning, leadership=elector)
+                        profile=settings.profile, on_tick=on_tick, learning=learning, leadership=elector, otel=otel)
         if elector is not None:
             elector.set_annotations(lambda: _leader_annotations(settings, daemon))
             elector.start()
