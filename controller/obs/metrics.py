@@ -9,6 +9,7 @@ dashboards read them.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from wsgiref.simple_server import WSGIServer, make_server
@@ -19,6 +20,11 @@ from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 from controller.types import Mode
 
 TICK_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def _remove(gauge: Gauge, *labels: str) -> None:
+    with contextlib.suppress(KeyError):  # not set yet
+        gauge.remove(*labels)
 
 
 class DaemonMetrics:
@@ -66,6 +72,14 @@ class DaemonMetrics:
                             ["lease"], registry=r)
         self.leader_transitions = Counter("governor_leader_transitions", "Times this daemon became or stopped "
                                           "being the leader of the shard's Lease", ["lease"], registry=r)
+        self.last_tick = Gauge("governor_last_tick_timestamp_seconds", "Clock time the last completed tick started",
+                               registry=r)
+        self.class_ttft_p95 = Gauge("governor_class_ttft_p95_seconds", "Observed p95 time to first token per class "
+                                    "(router telemetry)", ["priority"], registry=r)
+        self.class_slo_ttft = Gauge("governor_class_slo_ttft_seconds", "TTFT SLO per class", ["priority"], registry=r)
+        self.class_slo_violation = Gauge("governor_class_slo_violation", "1 when the class's observed p95 TTFT or "
+                                         "TPOT exceeds its SLO this tick, 0 when within; absent when unobserved",
+                                         ["priority"], registry=r)
         self._server: WSGIServer | None = None
 
     def set_mode(self, mode: Mode) -> None:
@@ -101,6 +115,25 @@ class DaemonMetrics:
             self.guard_adjustments.labels(r.code).inc()
         for r in result.policy_reasons:
             self.reasons.labels(r.code).inc()
+
+    def observe_slos(self, now_s: float, observation, slos) -> None:
+        """Per-class SLO series (the alerting rules' burn rate reads the violation gauge)."""
+        self.last_tick.set(now_s)
+        for cls, slo in slos.items():
+            self.class_slo_ttft.labels(cls).set(slo.ttft_s)
+            c = observation.classes.get(cls)
+            ttft = c.ttft_p95_s if c is not None else None
+            tpot = c.tpot_p95_s if c is not None else None
+            known = [(r.value, limit) for r, limit in ((ttft, slo.ttft_s), (tpot, slo.tpot_s))
+                     if r is not None and r.ok]
+            if ttft is not None and ttft.ok:
+                self.class_ttft_p95.labels(cls).set(ttft.value)
+            else:
+                _remove(self.class_ttft_p95, cls)
+            if known:
+                self.class_slo_violation.labels(cls).set(1 if any(v > limit for v, limit in known) else 0)
+            else:
+                _remove(self.class_slo_violation, cls)  # unknown is not "within": no sample, no burn
 
     def serve(self, host: str, port: int) -> int:
         """Serve /metrics on host:port (port 0 = any free port); returns the bound port."""

@@ -181,6 +181,7 @@ class Daemon:
     def _report_metrics(self, result: TickResult, obs: FleetObservation, outcome, durations: dict[str, float]) -> None:
         m = self.metrics
         m.observe_tick(result, obs)
+        m.observe_slos(obs.at_s, obs, self.controller.fleet.slos)
         if self.leadership is not None:
             m.leader.labels(self.leadership.lease_name).set(1 if self.leadership.leading() else 0)
         m.ticks.labels("paused" if result.decision is None else "decided").inc()
