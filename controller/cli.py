@@ -211,6 +211,20 @@ def build_parser() -> argparse.ArgumentParser:
     c = csub.add_parser("schema", help="print the config's JSON schema")
     c.set_defaults(func=_handler("controller.config:cmd_schema"))
 
+    # ---- reports
+    p = sub.add_parser("report", help="render the control-loop dashboard's key panels to a PNG from Prometheus")
+    p.add_argument("--prometheus", required=True, metavar="URL",
+                   help="the Prometheus that scrapes the daemon's /metrics, e.g. http://prometheus:9090")
+    p.add_argument("--from", dest="start", default="now-1h",
+                   help="start: unix seconds, ISO 8601 (UTC unless an offset), or relative: now-1h (default), -30m")
+    p.add_argument("--to", dest="end", default="now", help="end, in the same forms (default: now)")
+    p.add_argument("--step", type=float, default=None, help="seconds between points (default: ~300 per series)")
+    p.add_argument("--pool", default=".*", help="regex of the pools to show (the dashboard's $pool; default all)")
+    p.add_argument("--scrape-interval", type=float, default=15.0,
+                   help="the daemon's scrape interval in seconds, for rate windows (default 15)")
+    p.add_argument("--out", default="governor-report.png", help="PNG to write; the panel list goes to OUT.json")
+    p.set_defaults(func=_handler("controller.obs.report:cmd_report"))
+
     # ---- learned models
     p = sub.add_parser("record", help="record observations from a live or simulated fleet to a file (training data)")
     p.add_argument("--scenario", default=None, help="simulate this scenario in-process (virtual clock) and record it")
