@@ -28,12 +28,16 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports || status=1; \
 	exit $$status
 
-# Installs what the tests need (including Debian's prometheus), lints, and runs the whole suite.
+# Installs what the tests need (Debian's prometheus and kubernetes-client), lints, and runs the whole suite.
 test: lint
 	@command -v prometheus >/dev/null 2>&1 || { \
 	  echo "installing Debian's prometheus package for the end-to-end tests"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
 	  || { echo "could not install prometheus (need root and Debian's package index)"; exit 1; }; }
+	@command -v kubectl >/dev/null 2>&1 || { \
+	  echo "installing Debian's kubernetes-client (kubectl, with kustomize) for the manifest tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null) \
+	  || { echo "could not install kubernetes-client (need root and Debian's package index)"; exit 1; }; }
 	$(VPY) protos/generate.py --check
 	$(VPY) -m pytest -q tests
 

@@ -4,6 +4,7 @@ checks the manifests' ports, volumes and configs."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -143,3 +144,93 @@ def test_prometheusrule_has_the_same_alert_groups():
     (doc,) = [d for d in yaml.safe_load_all((K8S / "prometheusrule-alerts.yaml").read_text()) if d]
     assert doc["kind"] == "PrometheusRule" and doc["metadata"]["namespace"] == "inference"
     assert doc["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
+
+
+# --------------------------------------------------------------------------- kustomize + kubernetes-validate
+
+KUSTOMIZE_DIRS = {"base": K8S, "example": ROOT / "deploy" / "kustomize" / "example"}
+# Custom resources: no schema in kubernetes-validate (the operators' CRDs define them); their contents
+# are checked by tests/test_deploy.py (ScaledObjects, PodMonitors) and promtool (the rules).
+CRD_KINDS = {"ScaledObject", "PodMonitor", "PrometheusRule"}
+
+
+def _kubectl() -> str:
+    import shutil
+
+    import pytest
+
+    tool = shutil.which("kubectl")
+    if tool is None:
+        pytest.fail("kubectl is not installed (Debian's kubernetes-client provides it; `make test` installs it)")
+    return tool
+
+
+def _render(path: Path) -> list[dict]:
+    import subprocess
+
+    res = subprocess.run([_kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+
+def _validate(docs: list[dict], where: str) -> set[str]:
+    """Every built-in object against the Kubernetes API schemas (strict: unknown fields fail); returns
+    the kinds that have no schema."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    unknown = set()
+    for d in docs:
+        name = f"{where}: {d['kind']}/{d['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(d, version, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            unknown.add(d["kind"])
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{name} at {'.'.join(map(str, exc.path))}: {exc.message}") from None
+    return unknown
+
+
+def test_every_rendered_manifest_validates_against_the_kubernetes_schemas():
+    import pytest
+
+    for where, path in KUSTOMIZE_DIRS.items():
+        docs = _render(path)
+        assert len(docs) >= 10, where
+        assert _validate(docs, where) <= CRD_KINDS
+    # the other layout, applied as a plain file
+    sidecar = [d for d in yaml.safe_load_all((K8S / "sidecar.yaml").read_text()) if d]
+    assert _validate(sidecar, "sidecar.yaml") == set()
+    with pytest.raises(AssertionError, match="replicas"):  # the check does fail on a bad field
+        bad = {**_one("Deployment", "governor")}
+        bad["spec"] = {**bad["spec"], "replicas": "two"}
+        _validate([bad], "probe")
+
+
+def test_the_base_renders_exactly_the_plain_manifests():
+    rendered = {(d["kind"], d["metadata"]["name"]): d for d in _render(K8S)}
+    plain = {(d["kind"], d["metadata"]["name"]): d for p in sorted(K8S.glob("*.yaml")) if p.name != "sidecar.yaml"
+             for d in yaml.safe_load_all(p.read_text()) if d}
+    assert rendered.keys() == plain.keys()
+    assert all(yaml.safe_dump(rendered[k]) == yaml.safe_dump(plain[k]) for k in plain)
+
+
+def test_the_example_overlay_sets_its_values_and_keeps_a_valid_config(monkeypatch):
+    docs = _render(KUSTOMIZE_DIRS["example"])
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert dep["spec"]["replicas"] == 3
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "registry.example.com/ml/llm-governor:0.1.0"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert {"POD_NAME", "POD_IP", "GOVERNOR_LEADER_ELECTION__ADDRESS"} <= set(env)  # merged, not replaced
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    for name in list(os.environ):
+        if name.upper().startswith("GOVERNOR_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name.startswith("GOVERNOR_") and value is not None:
+            monkeypatch.setenv(name, value.replace("$(POD_IP)", "10.0.0.7"))
+    s = parse_settings(cm["data"]["governor.yaml"], "overlay ConfigMap + Deployment env")
+    assert s.telemetry.prometheus.url == "http://prometheus-k8s.monitoring.svc:9090"
+    assert (s.leader_election.lease_duration_s, s.leader_election.renew_deadline_s) == (20, 14)
+    assert s.leader_election.address == "10.0.0.7:50051"
