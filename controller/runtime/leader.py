@@ -7,7 +7,7 @@ leaderelection, on the Lease's optimistic concurrency (an update carrying a stal
 is refused with 409 Conflict):
 
 - a candidate reads the Lease; if another holder's record has not changed for `lease_duration_s`
-  *as measured on the candidate's own monotonic clock since it first saw that record*, the lease is
+  *as measured on the candidate's own monotonic clock since it first received that record*, the lease is
   free and the candidate writes itself as holder (leaseTransitions + 1). Wall-clock times in the
   Lease are informative only, so clock offsets between nodes do not matter, only clock rates;
 - the holder renews every `retry_period_s`; it stops actuating (`leading()` turns False)
@@ -274,14 +274,17 @@ class LeaderElector:
             written = self.store.create(self.lease_name, new)
             self._won(written, t0)
             return True
-        self._observe(current, t0)
+        # Observed when the answer arrived, not when the request left: the record may have been written
+        # while the GET was in flight, and expiry must count from after the holder's renewal started.
+        seen_at = self.clock.monotonic_s()
+        self._observe(current, seen_at)
         with self._lock:
             observed_at = self._observed_at
         with self._lock:
             # Renewing our own term; a record naming us that this term did not write (we lost it, or
             # a restarted container with the same pod name) starts a new term, so the epoch moves on.
             mine = current.holder == self.identity and self._is_leader
-        if current.holder and current.holder != self.identity and t0 < observed_at + current.duration_s:
+        if current.holder and current.holder != self.identity and seen_at < observed_at + current.duration_s:
             if self._is_leader:
                 self._set_leader(False, f"lease held by {current.holder}")
             return False

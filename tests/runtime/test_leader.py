@@ -431,3 +431,44 @@ def test_build_services_under_leader_election_governs_its_shard_and_releases_on_
         services.close()
     released = server.get("gov-b")
     assert released is not None and released.holder == ""  # released: a follower takes over at its next retry
+
+
+def test_outside_a_cluster_without_a_kubeconfig_the_error_says_what_to_set(monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ValueError, match="set leader_election.kubeconfig"):
+        KubernetesLeaseStore.from_environment("inference", None, 5.0)
+
+
+def test_a_slow_read_does_not_shorten_the_lease():
+    """A follower's GET is in flight for 7 s while the leader renews; the follower must count the lease
+    duration from when the answer arrived, or it would take over while the leader still actuates."""
+    clock = VirtualClock(0.0)
+    server = FakeLeaseServer()
+    a = LeaderElector(server.client(), "governor", "a", clock=clock, timing=TIMING, logger=LOG)
+    slow = server.client()
+    b = LeaderElector(slow, "governor", "b", clock=clock, timing=TIMING, logger=LOG)
+    assert a.attempt()
+    clock.advance(1.0)
+    real_get = slow.get
+
+    def get_in_flight(name):
+        clock.advance(6.0)
+        a.attempt()  # the leader renews while B's request is on its way
+        clock.advance(1.0)
+        return real_get(name)
+
+    slow.get = get_in_flight  # type: ignore[method-assign]
+    assert not b.attempt()
+    slow.get = real_get  # type: ignore[method-assign]
+    a_client = a.store
+    assert isinstance(a_client, FakeLeaseClient)
+    a_client.partitioned = True  # the leader renews no more
+    took_over = None
+    for _ in range(80):
+        clock.advance(0.5)
+        a.attempt()
+        b.attempt()
+        assert not (a.leading() and b.leading()), f"two leaders at {clock.now_s()}"
+        if took_over is None and b.leading():
+            took_over = clock.now_s()
+    assert took_over is not None and took_over >= 8.0 + TIMING.lease_duration_s
