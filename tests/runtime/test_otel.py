@@ -52,7 +52,7 @@ class SlowSource:
 class Collector(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
     """An OTLP/gRPC receiver on 127.0.0.1 that keeps what it is sent (and the request metadata)."""
 
-    def __init__(self) -> None:
+    def __init__(self, credentials: grpc.ServerCredentials | None = None) -> None:
         self.spans: list = []
         self.metrics: list = []
         self.metadata: list[dict[str, str]] = []
@@ -60,7 +60,8 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2
         self.server = grpc.server(futures.ThreadPoolExecutor(2))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = (self.server.add_secure_port("127.0.0.1:0", credentials) if credentials is not None
+                     else self.server.add_insecure_port("127.0.0.1:0"))
 
     def Export(self, request, context):  # noqa: N802 - the OTLP services' method name
         with self.lock:
@@ -183,3 +184,51 @@ def test_no_endpoint_builds_nothing_and_a_bad_endpoint_is_named():
     with pytest.raises(ConfigError, match=r"otel.endpoint.*must start with http:// \(plaintext\) or https://"):
         parse_settings("pools: [{name: a, model: m, sku: h100-80gb, usd_per_gpu_hour: 1}]\n"
                        "otel: {endpoint: 'collector:4317'}\n")
+
+
+@pytest.fixture
+def pki(tmp_path):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (openssl, as tests/api does)."""
+    import shutil
+
+    from tests.api.conftest import _openssl
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    d = tmp_path / "pki"
+    d.mkdir()
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=otel-test-ca",
+             cwd=d)
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+        extra = ["-extfile", "server.ext"] if name == "server" else []
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.crt", "-days", "2", *extra, cwd=d)
+    return d
+
+
+def test_export_over_mutual_tls(tmp_path, pki):
+    creds = grpc.ssl_server_credentials([((pki / "server.key").read_bytes(), (pki / "server.crt").read_bytes())],
+                                        root_certificates=(pki / "ca.crt").read_bytes(),
+                                        require_client_auth=True)  # mTLS: no client certificate, no export
+    c = Collector(creds)
+    port = c.port
+    c.server.start()
+    try:
+        cfg = OtlpSettings(endpoint=f"https://127.0.0.1:{port}", metrics=False,
+                           tls={"ca": str(pki / "ca.crt"), "cert": str(pki / "client.crt"),
+                                "key": str(pki / "client.key")})
+        otel = build_tick_telemetry(cfg, DaemonMetrics().registry)
+        assert otel is not None and otel.meter_provider is None
+        daemon, store, _ = _daemon(tmp_path, otel)
+        try:
+            daemon.tick()
+            otel.force_flush()
+        finally:
+            otel.shutdown()
+            store.close()
+    finally:
+        c.server.stop(0)
+    assert {s.name for _, s in c.spans} == {"governor.tick", *(f"governor.{p}" for p in PHASES)}
