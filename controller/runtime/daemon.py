@@ -7,7 +7,8 @@ itself: `runtime/loop.py` calls `tick()`; tests and `--once` call it directly.
 
 Under leader election (`leadership`, runtime/leader.py) a daemon that does not lead its
 shard still reads, decides and learns every tick, but records its decisions as shadow,
-refuses write RPCs and serves KEDA the leader's published targets. The leader numbers
+refuses write RPCs, takes the leader's published mode and serves KEDA the leader's
+published targets. The leader numbers
 its decisions from the term's generation floor, which fences a deposed leader's late
 commands at the actuators.
 """
@@ -102,6 +103,8 @@ class Daemon:
             overrides = self.store.active_overrides(now_s)
             in_force = self.state.current
             leading = self.leadership is None or self.leadership.leading()
+            if self.leadership is not None and not leading:
+                self._follow_leader_mode(now_s)
             if self.leadership is not None and leading:
                 floor = self.leadership.generation_floor()
                 if self.state.generation < floor:  # a new term: number above every earlier term's decisions
@@ -150,6 +153,21 @@ class Daemon:
         if self.on_tick is not None:
             self.on_tick(report)
         return report
+
+    def _follow_leader_mode(self, now_s: float) -> None:
+        """A follower takes the mode the leader publishes, so a takeover keeps the mode operators set."""
+        from controller.runtime.leader import ANNOTATION_MODE
+
+        assert self.leadership is not None
+        holder, annotations = self.leadership.leader()
+        published = annotations.get(ANNOTATION_MODE, "")
+        if not holder or published not in {m.value for m in Mode} or Mode(published) is self.mode:
+            return
+        previous, self.mode = self.mode, Mode(published)
+        self.metrics.set_mode(self.mode)
+        self.store.set_mode(self.mode, author=f"leader {holder}", now_s=now_s, reason="follows the leader's mode")
+        self.log.warning(f"mode {previous.value} → {self.mode.value} (the leader's)",
+                         extra={"event": "mode", "author": f"leader {holder}", "reason": "follows the leader"})
 
     def keda_targets(self) -> dict[str, int]:
         """Replica targets for KEDA: what was decided in active mode; before that (or in shadow/paused

@@ -21,8 +21,9 @@ is refused with 409 Conflict):
   the one they applied (protos/governor/v1/control.proto), drop a late command of a deposed leader
   (e.g. one paused between its `leading()` check and the send).
 
-The holder publishes its address and its applied replica targets as Lease annotations, so a
-follower can name the leader in a refusal and serve KEDA the leader's targets.
+The holder publishes its address, its mode and its applied replica targets as Lease annotations,
+so a follower can name the leader in a refusal, follow the leader's mode (and keep it after a
+takeover) and serve KEDA the leader's targets.
 
 This module must not decide or actuate anything: it answers "may I lead now?".
 """
@@ -42,6 +43,7 @@ from controller.clock import Clock
 EPOCH_SHIFT = 32  # a term may issue up to 2**32 generations before it would reach the next term's floor
 ANNOTATION_ADDRESS = "governor.llm-d.ai/leader-address"
 ANNOTATION_TARGETS = "governor.llm-d.ai/replica-targets"
+ANNOTATION_MODE = "governor.llm-d.ai/mode"
 
 
 class LeaseConflictError(Exception):

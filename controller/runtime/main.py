@@ -34,6 +34,7 @@ from controller.runtime.actuators import build_actuator
 from controller.runtime.daemon import Daemon, TickReport
 from controller.runtime.leader import (
     ANNOTATION_ADDRESS,
+    ANNOTATION_MODE,
     ANNOTATION_TARGETS,
     ElectionTiming,
     KubernetesLeaseStore,
@@ -129,8 +130,10 @@ def _build_elector(settings: Settings, clock: Clock, logger: logging.Logger, met
                          on_change=changed)
 
 
-def _leader_annotations(settings: Settings, daemon: Daemon) -> dict[str, str]:
-    out = {ANNOTATION_TARGETS: json.dumps(daemon.published_targets(), sort_keys=True)}
+def leader_annotations(settings: Settings, daemon: Daemon) -> dict[str, str]:
+    """What the holder publishes in its Lease on each renewal (read without the daemon's tick lock)."""
+    out = {ANNOTATION_TARGETS: json.dumps(daemon.published_targets(), sort_keys=True),
+           ANNOTATION_MODE: daemon.mode.value}
     if settings.leader_election.address:
         out[ANNOTATION_ADDRESS] = settings.leader_election.address
     return out
@@ -164,7 +167,7 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
                         store=store, metrics=metrics, clock=clock, logger=logger, mode=settings.mode,
                         profile=settings.profile, on_tick=on_tick, learning=learning, leadership=elector, otel=otel)
         if elector is not None:
-            elector.set_annotations(lambda: _leader_annotations(settings, daemon))
+            elector.set_annotations(lambda: leader_annotations(settings, daemon))
             elector.start()
             closers.append(elector.stop)  # stopped (and the lease released) after the API and KEDA
         api_tls = settings.api.tls

@@ -472,3 +472,25 @@ def test_a_slow_read_does_not_shorten_the_lease():
         if took_over is None and b.leading():
             took_over = clock.now_s()
     assert took_over is not None and took_over >= 8.0 + TIMING.lease_duration_s
+
+
+def test_followers_take_the_leaders_mode_and_keep_it_after_a_takeover(cluster, tmp_path):
+    from controller.runtime.main import leader_annotations
+
+    settings = Settings(pools=POOLS, state_dir=str(tmp_path))
+    for inst in cluster.instances:
+        inst.elector.set_annotations(lambda d=inst.daemon: leader_annotations(settings, d))
+    cluster.run(10)
+    (first,) = cluster.leaders()
+    a = cluster.by_name(first)
+    b = next(i for i in cluster.instances if i is not a)
+    a.daemon.set_mode(Mode.SHADOW, author="ana", reason="investigating")  # on the leader, through its API
+    cluster.run(2 * TIMING.retry_period_s + 2)
+    assert b.daemon.mode is Mode.SHADOW
+    assert b.daemon.store.get_mode() == "shadow"  # persisted, with an audit entry naming the leader
+    assert any(e.author == f"leader {a.name}" for e in b.daemon.store.list_audit())
+    accepted = len(cluster.target.accepted)
+    a.lease_client.partitioned = True
+    cluster.run(TIMING.lease_duration_s + 3 * TIMING.retry_period_s)
+    assert cluster.leaders() == [b.name]
+    assert len(cluster.target.accepted) == accepted  # the new leader stays in shadow: nothing sent
