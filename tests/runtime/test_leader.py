@@ -494,3 +494,81 @@ def test_followers_take_the_leaders_mode_and_keep_it_after_a_takeover(cluster, t
     cluster.run(TIMING.lease_duration_s + 3 * TIMING.retry_period_s)
     assert cluster.leaders() == [b.name]
     assert len(cluster.target.accepted) == accepted  # the new leader stays in shadow: nothing sent
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.e2e
+def test_two_daemons_on_a_real_client_and_a_live_fleet_hand_over_without_overlap(tmp_path):
+    """Two composed daemons (build_services) elect through the official client against the loopback
+    Lease API, and command a live simulated fleet over gRPC, whose control plane checks generations.
+    The leader's shutdown releases the Lease; the follower takes over and numbers above it."""
+    import yaml
+
+    from controller.clock import WallClock
+    from controller.runtime.main import Services, build_services
+    from controller.sim.fleetspec import fleet_spec_from_scenario
+    from controller.sim.live import LiveFleet
+    from controller.sim.scenario import load_scenario
+    from tests.fakes.live_scenario import write_scenario
+    from tests.fixtures.prometheus import wait_until
+
+    scenario = load_scenario(write_scenario(tmp_path, n=3000, rps=10.0, replicas=1, max_replicas=3, startup_s=2.0))
+    spec = fleet_spec_from_scenario(scenario)
+    fleet = LiveFleet(scenario, speed=2.0)
+    info = fleet.start()
+    services: dict[str, Services] = {}
+    with LeaseApiServer() as api:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "loopback", "cluster": {"server": api.url}}],
+            "users": [{"name": "nobody", "user": {}}],
+            "contexts": [{"name": "test", "context": {"cluster": "loopback", "user": "nobody"}}]}))
+        pools = [{"name": p.name, "model": p.model, "sku": p.sku, "usd_per_gpu_hour": 2.0,
+                  "min_replicas": p.min_replicas, "max_replicas": p.max_replicas} for p in spec.pools]
+        try:
+            for name in ("a", "b"):
+                settings = Settings(
+                    mode="active", tick_interval_s=1.0, state_dir=str(tmp_path / name), pools=pools,
+                    telemetry={"source": "scrape", "scrape": {"discovery_url": info["discovery"]}, "window_s": 10,
+                               "stale_after_s": 30},
+                    actuators={"router": {"address": info["router_control"]},
+                               "autoscaler": {"address": info["autoscaler_control"]}},
+                    api={"listen": "127.0.0.1:0"}, metrics={"listen": None}, log={"format": "text"},
+                    leader_election={"enabled": True, "identity": name, "kubeconfig": str(kubeconfig),
+                                     "lease_duration_s": 3, "renew_deadline_s": 2.0, "retry_period_s": 0.5,
+                                     "clock_skew_margin_s": 0.5})
+                services[name] = build_services(settings, clock=WallClock(), logger=logging.getLogger(f"e2e-{name}"))
+            daemons = {n: s.daemon for n, s in services.items()}
+            applied: list[tuple[str, int]] = []
+
+            def tick_all(names) -> list[tuple[str, int]]:
+                for n in names:
+                    rep = daemons[n].tick()
+                    if rep.outcome is not None and rep.outcome.status == "applied":
+                        assert rep.result.decision is not None
+                        applied.append((n, rep.result.decision.generation))
+                return applied
+
+            wait_until(lambda: len(tick_all("ab")) >= 2, deadline_s=30, interval_s=0.3,
+                       what="the leader's decisions applied")
+            first = applied[0][0]
+            other = "b" if first == "a" else "a"
+            assert {n for n, _ in applied} == {first}  # the follower sent nothing
+            services.pop(first).close()  # stops the daemon and releases the Lease
+            wait_until(lambda: tick_all(other)[-1][0] == other, deadline_s=30, interval_s=0.3,
+                       what="the follower taking over")
+            old = max(g for n, g in applied if n == first)
+            new = min(g for n, g in applied if n == other)
+            assert new >> EPOCH_SHIFT > old >> EPOCH_SHIFT  # a later term numbers above the earlier one
+            actuator = daemons[other].actuator
+            assert actuator is not None
+            state = actuator.fleet_state()
+            assert state is not None and state.applied_generation >= new
+            assert {"GET", "PUT"} <= {m for m, _, _ in api.requests}
+        finally:
+            for s in services.values():
+                s.close()
+            fleet.stop()
