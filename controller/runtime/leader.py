@@ -282,7 +282,6 @@ class LeaderElector:
         self._observe(current, seen_at)
         with self._lock:
             observed_at = self._observed_at
-        with self._lock:
             # Renewing our own term; a record naming us that this term did not write (we lost it, or
             # a restarted container with the same pod name) starts a new term, so the epoch moves on.
             mine = current.holder == self.identity and self._is_leader
