@@ -327,6 +327,18 @@ def control_loop() -> dict:
              (f"sum(rate(governor_planner_budget_cut_total[{RATE}])) / "
               f"sum(rate(governor_ticks_total{{result=\"decided\"}}[{RATE}]))", "share of ticks cut")],
             unit="short", min_=0)))
+
+    d = d.with_row(Row("Leadership"))
+    d = (d.with_panel(ts(
+            "Leader per lease", "1 for the replica that holds the shard's Lease and actuates (leader election, "
+            "docs/OPERATING.md §10); empty without leader election.",
+            [("max by (lease, instance) (governor_leader)", "{{lease}} {{instance}}")], unit="short", min_=0,
+            max_=1))
+         .with_panel(ts(
+            "Leadership changes", "Times a replica became or stopped being a Lease's leader, per hour "
+            "(a handover counts on both replicas; alert GovernorLeaderFlapping).",
+            [(f"3600 * sum by (lease) (rate(governor_leader_transitions_total[{RATE}]))", "{{lease}}")],
+            unit="short", min_=0)))
     return _to_json(d)
 
 

@@ -459,7 +459,7 @@ def test_known_series_include_both_sides():
 # Series that exist only once something happened (a skipped or failed tick, a guardrail firing, a
 # router error); an empty answer from these panels is correct on a calm fleet.
 MAY_BE_EMPTY = ('result="skipped"', 'result="error"', "governor_guard_adjustments_total",
-                "llm_d_epp_request_error_total")
+                "llm_d_epp_request_error_total", "governor_leader")  # governor_leader*: with leader election only
 GRAFANA_VARS_E2E = {"$__rate_interval": "10s", "$__range": "1h"}  # $pool: the fleet's pool, set below
 
 
