@@ -8,9 +8,8 @@ itself: `runtime/loop.py` calls `tick()`; tests and `--once` call it directly.
 Under leader election (`leadership`, runtime/leader.py) a daemon that does not lead its
 shard still reads, decides and learns every tick, but records its decisions as shadow,
 refuses write RPCs, takes the leader's published mode and serves KEDA the leader's
-published targets. The leader numbers
-its decisions from the term's generation floor, which fences a deposed leader's late
-commands at the actuators.
+published targets. The leader numbers its decisions from the term's generation floor,
+which fences a deposed leader's late commands at the actuators.
 """
 
 from __future__ import annotations
