@@ -538,8 +538,9 @@ def test_two_daemons_on_a_real_client_and_a_live_fleet_hand_over_without_overlap
                                "autoscaler": {"address": info["autoscaler_control"]}},
                     api={"listen": "127.0.0.1:0"}, metrics={"listen": None}, log={"format": "text"},
                     leader_election={"enabled": True, "identity": name, "kubeconfig": str(kubeconfig),
-                                     "lease_duration_s": 3, "renew_deadline_s": 2.0, "retry_period_s": 0.5,
-                                     "clock_skew_margin_s": 0.5})
+                                     # room for a loaded machine: a late renewal must not move the lease
+                                     "lease_duration_s": 8, "renew_deadline_s": 6.0, "retry_period_s": 0.5,
+                                     "clock_skew_margin_s": 1.0})
                 services[name] = build_services(settings, clock=WallClock(), logger=logging.getLogger(f"e2e-{name}"))
             daemons = {n: s.daemon for n, s in services.items()}
             applied: list[tuple[str, int]] = []
