@@ -3,8 +3,10 @@
 `LiveFleet` advances a `Fleet` in real time × speed on a background thread and
 serves what a real fleet serves:
 
-- one HTTP `/metrics` per replica whose engine is up (vLLM names; a new port when a
-  replica becomes ready, closed when it is drained away or crashes; a replica
+- one HTTP server per replica whose engine is up, with `/metrics` (vLLM names) and the
+  engine's OpenAI-compatible API (`/v1/completions`, `/v1/chat/completions`, `/health`,
+  `/v1/models`: openai_api.py), so real traffic can reach it through a real proxy (a new
+  port when a replica becomes ready, closed when it is drained away or crashes; a replica
   still starting serves nothing, like a vLLM server loading weights), one per
   GPU node (DCGM exporter names) and one for the router (llm-d EPP names), which
   also serves `/sd`: Prometheus HTTP service discovery listing every current target;
@@ -40,9 +42,11 @@ from controller.clock import Clock, WallClock
 from controller.sim.control_plane import ControlPlane, GrpcEndpoint, serve_control
 from controller.sim.exposition import NodeCollector, ReplicaCollector, RouterCollector
 from controller.sim.http_endpoint import HttpEndpoint, metrics_route
+from controller.sim.openai_api import ApiError, Progress, ReplicaApi, ReplicaSink, read_body, send_json
 from controller.sim.scenario import Scenario, ScenarioError, load_scenario
 
 if TYPE_CHECKING:
+    from controller.sim.engine import Replica
     from controller.sim.fleet import Fleet
 
 log = logging.getLogger(__name__)
@@ -91,6 +95,8 @@ class LiveFleet:
         self._node_collectors: dict[str, NodeCollector] = {}
         self._router: HttpEndpoint | None = None
         self._grpc: tuple[GrpcEndpoint, GrpcEndpoint] | None = None
+        self.progress = Progress()  # bumped after every advance: the HTTP API's streams wait on it
+        self._served: dict[str, int] = {}
         self._unix0 = 0.0
         self._mono0 = 0.0
         self._sim0 = 0.0
@@ -142,7 +148,8 @@ class LiveFleet:
         """Where everything is served right now (the replica list changes as replicas come and go)."""
         assert self._router is not None and self._grpc is not None, "not started"
         with self._targets_lock:
-            replicas = [{"id": rid, "pool": t.labels["pool"], "metrics": t.endpoint.url("/metrics")}
+            replicas = [{"id": rid, "pool": t.labels["pool"], "metrics": t.endpoint.url("/metrics"),
+                         "api": t.endpoint.url(""), "address": t.endpoint.address}
                         for rid, t in self._replicas.items()]
             nodes = [{"id": nid, "metrics": t.endpoint.url("/metrics")} for nid, t in self._nodes.items()]
         return {"replicas": replicas, "nodes": nodes, "router_metrics": self._router.url("/metrics"),
@@ -187,6 +194,15 @@ class LiveFleet:
             out["tasks_resolved"] = resolved
             return out
 
+    def served(self) -> dict[str, int]:
+        """Requests each replica's HTTP API accepted so far, by replica id (gone replicas included)."""
+        with self._targets_lock:
+            return dict(self._served)
+
+    def _count_served(self, rid: str) -> None:
+        with self._targets_lock:
+            self._served[rid] = self._served.get(rid, 0) + 1
+
     def _running(self) -> Fleet:
         assert self.fleet is not None, "not started"
         return self.fleet
@@ -213,6 +229,7 @@ class LiveFleet:
                             break
                         fleet.run_until(min(target, now + chunk_sim_s))
                         plane.check_deadlines()
+                    self.progress.bump()
                     self._sync_targets()
                 with self.lock:
                     plane.check_deadlines()
@@ -230,6 +247,7 @@ class LiveFleet:
         with self.lock:
             replicas = {r.replica_id: r for r in fleet.replica_stats()}
             nodes = {n.node_id: n for n in fleet.node_stats()}
+            engines = self._engines()
         with self._targets_lock:
             gone_r = [rid for rid in self._replicas if rid not in replicas]
             new_r = [rid for rid in replicas if rid not in self._replicas]
@@ -253,7 +271,8 @@ class LiveFleet:
             registry = CollectorRegistry(auto_describe=False)
             registry.register(ReplicaCollector(stats, enable_prefix_caching=pool.engine.enable_prefix_caching,
                                                created_unix_s=self.clock.now_s()))
-            ep = HttpEndpoint(self.host, {"/metrics": metrics_route(registry, self.lock)}, rid)
+            ep = HttpEndpoint(self.host, {"/metrics": metrics_route(registry, self.lock)}, rid,
+                              self._api_handlers(fleet, engines[rid], stats.model_name, stats.max_model_len))
             labels = {"kind": "vllm", "pool": stats.pool, "replica": rid, "pod": rid, "namespace": K8S_NAMESPACE}
             with self._targets_lock:
                 self._replicas[rid] = _Target(ep, labels)
@@ -270,6 +289,44 @@ class LiveFleet:
                 self._nodes[nid] = _Target(ep, labels)
                 self._node_collectors[nid] = collector
             log.info("node %s up: %s", nid, ep.url("/metrics"))
+
+    def _engines(self) -> dict[str, Replica]:
+        """Engines of ready and draining replicas by id (call under the lock)."""
+        return {i.rid: i.engine for p in self._running().pools.values() for i in p.insts
+                if i.engine is not None and i.engine.alive}
+
+    def _api_handlers(self, fleet: Fleet, engine: Replica, model: str, max_model_len: int) -> dict:
+        with self.lock:
+            if not isinstance(engine.sink, ReplicaSink):
+                engine.sink = ReplicaSink(fleet)
+        api = ReplicaApi(fleet, engine, self.lock, self.progress, served_model=model, max_model_len=max_model_len,
+                         on_served=self._count_served)
+
+        def simple(fn: Callable[[], tuple[int, bytes, str]]) -> Callable[[Any], None]:
+            def handle(h) -> None:
+                status, body, ctype = fn()
+                h.send_response(status)
+                h.send_header("Content-Type", ctype)
+                h.send_header("Content-Length", str(len(body)))
+                h.end_headers()
+                h.wfile.write(body)
+
+            return handle
+
+        def completion(chat: bool) -> Callable[[Any], None]:
+            def handle(h) -> None:
+                try:
+                    body = read_body(h)
+                except ApiError as exc:
+                    h.close_connection = True
+                    send_json(h, exc.status, {"error": {"message": str(exc), "type": exc.kind, "code": exc.status}})
+                    return
+                api.handle(h, body, chat=chat)
+
+            return handle
+
+        return {("POST", "/v1/completions"): completion(False), ("POST", "/v1/chat/completions"): completion(True),
+                ("GET", "/health"): simple(api.health), ("GET", "/v1/models"): simple(api.models)}
 
     def _replicas_on(self, node_id: str) -> Callable[[], list]:
         def replicas() -> list:
