@@ -103,6 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
     p.set_defaults(func=_handler("controller.sim.live:cmd_sim"))
 
+    # ---- data plane
+    p = sub.add_parser("picker", help="endpoint picker for Envoy's ext_proc that applies Governor's routing policy",
+                       description="Serve Envoy's ext_proc (pick a replica per request: traffic weights, prefix "
+                       "affinity, in-flight caps, per-class admission) and RouterControl for Governor.")
+    from controller.dataplane.cli import add_arguments as _picker_args
+
+    _picker_args(p)
+    p.set_defaults(func=_handler("controller.dataplane.cli:cmd_picker"))
+    p = sub.add_parser("replay", help="replay a trace against an OpenAI-compatible URL (bounded; client TTFT/TPOT)",
+                       description="Send a trace's requests at their arrival times to URL (streaming), bounded in "
+                       "concurrency, requests and time; print one JSON summary line.")
+    from controller.dataplane.cli import add_replay_arguments
+
+    add_replay_arguments(p)
+    p.set_defaults(func=_handler("controller.dataplane.replay:cmd_replay"))
+
     # ---- bench
     p = sub.add_parser("bench", help="benchmarks: simulator speed, policies side by side, models, tick overhead")
     bsub = p.add_subparsers(dest="bench_command", metavar="BENCH", required=True)

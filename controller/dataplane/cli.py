@@ -1,0 +1,150 @@
+"""The data plane's commands: `governor picker` (flags → PickerConfig, run until SIGINT/SIGTERM) and
+the flags of `governor replay` (replay.py runs it).
+
+`governor picker` prints one JSON line {"event": "listening", "extproc": ..., "router_control": ...,
+"metrics": ...} on stdout; logs go to stderr. The module imports only argparse at load time (the
+CLI builds every parser on each call). Must not: hold picker logic (picker.py) or server
+plumbing (server.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from controller.dataplane.server import PickerConfig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pool", action="append", default=[], metavar="POOL=HOST:PORT[,HOST:PORT...]",
+                   help="a pool and its replicas' addresses (repeat per pool); or name the pools with "
+                        "POOL= and let --discovery fill them in")
+    p.add_argument("--group", action="append", default=[], metavar="GROUP=POOL[,POOL...]",
+                   help="a route group and its pools (repeat); default: one group 'default' with every pool")
+    p.add_argument("--discovery", default="", metavar="URL",
+                   help="Prometheus HTTP service discovery JSON listing the replicas (labels pool, kind=vllm), "
+                        "read every --scrape-interval; e.g. `governor sim`'s /sd")
+    p.add_argument("--class-header", default="x-governor-class", help="header carrying the priority class")
+    p.add_argument("--group-header", default="x-governor-route-group", help="header naming the route group")
+    p.add_argument("--hold-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="give up on a held request after this long (503); Envoy's message_timeout must be longer")
+    p.add_argument("--scrape-interval", type=float, default=1.0, metavar="SECONDS",
+                   help="how often to read each engine's /metrics (and the discovery URL)")
+    p.add_argument("--block-chars", type=int, default=256, help="characters per prompt block for affinity hashing")
+    p.add_argument("--affinity-blocks", type=int, default=4, help="leading prompt blocks that choose a home replica")
+    p.add_argument("--default-weight", action="append", default=[], metavar="POOL=W",
+                   help="traffic weight in force until Governor speaks and after its policy expires (default 1)")
+    p.add_argument("--default-inflight-cap", type=int, default=0, help="default per-replica in-flight cap (0 = none)")
+    p.add_argument("--default-scorer", default="3,2,2", metavar="PREFIX,QUEUE,KV",
+                   help="default scorer weights (affinity, queue, KV usage)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (all three ports)")
+    p.add_argument("--extproc-port", type=int, default=9002, help="ext_proc gRPC port Envoy connects to (0 = any)")
+    p.add_argument("--control-port", type=int, default=9003, help="RouterControl gRPC port Governor calls (0 = any)")
+    p.add_argument("--metrics-port", type=int, default=9004, help="Prometheus /metrics port (0 = any)")
+
+
+def _split(items: list[str], flag: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, rest = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"{flag} {item!r}: expected NAME=VALUE[,VALUE...]")
+        if name in out:
+            raise ValueError(f"{flag} {item!r}: {name!r} given twice")
+        out[name] = [v.strip() for v in rest.split(",") if v.strip()]
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> PickerConfig:
+    """The PickerConfig the flags describe; ValueError naming the bad flag."""
+    from controller.dataplane.policy import ClassSettings, PoolSettings, Settings
+    from controller.dataplane.server import PickerConfig
+    from controller.types import PRIORITY_CLASSES
+
+    endpoints = _split(args.pool, "--pool")
+    if not endpoints:
+        raise ValueError("--pool: name at least one pool (POOL=HOST:PORT,... or POOL= with --discovery)")
+    for pool, addrs in endpoints.items():
+        for a in addrs:
+            host, _, port = a.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"--pool {pool}: {a!r} is not HOST:PORT")
+    groups = _split(args.group, "--group") or {"default": sorted(endpoints)}
+    grouped = {p for ps in groups.values() for p in ps}
+    if grouped != set(endpoints):
+        raise ValueError(f"--group: the groups' pools {sorted(grouped)} must be exactly the --pool pools "
+                         f"{sorted(endpoints)}")
+    try:
+        prefix, queue, kv = (float(x) for x in args.default_scorer.split(","))
+    except ValueError:
+        raise ValueError(f"--default-scorer {args.default_scorer!r}: expected three numbers PREFIX,QUEUE,KV") from None
+    weights = {}
+    for pool, vals in _split(args.default_weight, "--default-weight").items():
+        if pool not in endpoints or len(vals) != 1:
+            raise ValueError(f"--default-weight {pool}: expected one of {sorted(endpoints)}=WEIGHT")
+        weights[pool] = float(vals[0])
+    if args.default_inflight_cap < 0:
+        raise ValueError(f"--default-inflight-cap {args.default_inflight_cap}: must be >= 0")
+    defaults = Settings({p: PoolSettings(weights.get(p, 1.0), args.default_inflight_cap, prefix, queue, kv)
+                         for p in endpoints}, {c: ClassSettings() for c in PRIORITY_CLASSES})
+    return PickerConfig(groups=groups, endpoints={p: a for p, a in endpoints.items() if a},
+                        discovery_url=args.discovery, defaults=defaults, class_header=args.class_header.lower(),
+                        group_header=args.group_header.lower(), hold_timeout_s=args.hold_timeout,
+                        scrape_interval_s=args.scrape_interval, block_chars=args.block_chars,
+                        affinity_blocks=args.affinity_blocks, host=args.host, extproc_port=args.extproc_port,
+                        control_port=args.control_port, metrics_port=args.metrics_port)
+
+
+def cmd_picker(args: argparse.Namespace) -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        print(f"governor picker: {exc}", file=sys.stderr)
+        return 2
+
+    from controller.dataplane.server import start_picker
+
+    async def main() -> int:
+        try:
+            running = await start_picker(cfg)
+        except (OSError, ValueError) as exc:
+            print(f"governor picker: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps({"event": "listening", **running.listening()}), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await running.stop()
+        return 0
+
+    return asyncio.run(main())
+
+
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", help="trace file (the simulator's formats: Azure CSV, Mooncake or generic JSONL, "
+                                 "generic CSV; see docs/SIMULATOR.md)")
+    p.add_argument("--url", required=True, help="base URL of an OpenAI-compatible server (Envoy, a router, a replica)")
+    p.add_argument("--chat", action="store_true", help="send /v1/chat/completions instead of /v1/completions")
+    p.add_argument("--model", default="", help="the model field to send (default: none; the server's own)")
+    p.add_argument("--concurrency", type=int, default=64, help="at most this many requests in flight")
+    p.add_argument("--max-requests", type=int, default=1000, help="send at most this many requests")
+    p.add_argument("--duration", type=float, default=60.0, metavar="SECONDS",
+                   help="stop sending after this many wall seconds (in-flight requests finish)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="> 1 compresses the trace's arrival times")
+    p.add_argument("--start", type=float, default=0.0, metavar="SECONDS", help="skip the trace's first SECONDS")
+    p.add_argument("--class-mix", default="0.2,0.6,0.2", metavar="CRIT,STD,SHED",
+                   help="fractions of requests sent as critical, standard, sheddable (header x-governor-class)")
+    p.add_argument("--class-header", default="x-governor-class", help="header carrying the priority class")
+    p.add_argument("--max-output", type=int, default=256, help="cap each request's max_tokens")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="per-request timeout")
+    p.add_argument("--seed", type=int, default=0, help="seed of the class draw and the prompts' text")

@@ -1,0 +1,475 @@
+"""`governor picker`: the endpoint picker as a gRPC ext_proc server for Envoy, with RouterControl.
+
+Envoy's `ext_proc` filter (request headers SEND, request body BUFFERED, response headers
+SEND) opens one gRPC stream per HTTP request. For each one the picker reads the priority
+class from a header (`x-governor-class` by default; unknown or absent → standard), the route
+group from another (`x-governor-route-group`; absent → the first group) and the prompt from the
+buffered JSON body (`prompt`, or the chat `messages`), asks the pure `Picker` (picker.py) and
+answers with either
+
+- a header mutation setting `x-gateway-destination-endpoint: host:port` (the Gateway API
+  Inference Extension's convention; Envoy's ORIGINAL_DST cluster sends the request there), or
+- an ImmediateResponse: 429 (shed, rate limit) or 503 (queue budget, hold timeout, no
+  endpoint) with `retry-after`.
+
+A held request's stream simply waits: Envoy's `message_timeout` must exceed the hold timeout.
+The request's slot is freed when Envoy closes the stream (the HTTP exchange is over).
+
+Beside it: `governor.v1.RouterControl` (policy.py's semantics) and the gRPC health service on
+a control port; Prometheus metrics on an HTTP port; a loop that scrapes each engine's /metrics
+(and, with `--discovery`, the replica list) every `--scrape-interval`. Everything runs on one
+asyncio loop, so the Picker is never touched from two threads (scrapes run in worker threads
+and hand their results back to the loop).
+
+Must not: decide what Governor decides (it only applies RoutingPolicy), or block the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep_pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from envoy.type.v3 import http_status_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from controller.dataplane.picker import Endpoint, HeldRequest, Picker
+from controller.dataplane.policy import PolicyStore, PoolSettings, Settings
+from controller.dataplane.scrape import ScrapeError, fetch, parse_engine_metrics, parse_http_sd
+from controller.gen.governor.v1 import control_pb2 as pb
+from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
+from controller.types import PRIORITY_CLASSES
+
+log = logging.getLogger(__name__)
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+POOL_HEADER = "x-governor-pool"
+PICK_BUCKETS = (0.0001, 0.0002, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01,
+                0.025, 0.05, 0.1, 0.25)
+HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class PickerConfig:
+    groups: dict[str, list[str]]  # route group → pools
+    endpoints: dict[str, list[str]] = field(default_factory=dict)  # pool → host:port (static membership)
+    discovery_url: str = ""  # Prometheus HTTP SD JSON (replaces static membership when set)
+    defaults: Settings | None = None  # in force before Governor speaks and after its command expires
+    class_header: str = "x-governor-class"
+    group_header: str = "x-governor-route-group"
+    hold_timeout_s: float = 30.0
+    scrape_interval_s: float = 1.0
+    block_chars: int = 256
+    affinity_blocks: int = 4
+    host: str = "127.0.0.1"
+    extproc_port: int = 0
+    control_port: int = 0
+    metrics_port: int = 0
+
+    def __post_init__(self) -> None:
+        pools = [p for ps in self.groups.values() for p in ps]
+        unknown = sorted(set(self.endpoints) - set(pools))
+        if unknown:
+            raise ValueError(f"endpoints: pools {unknown} are in no route group ({self.groups})")
+        if not (math.isfinite(self.hold_timeout_s) and self.hold_timeout_s > 0):
+            raise ValueError(f"hold_timeout_s: {self.hold_timeout_s!r} must be > 0")
+        if not (math.isfinite(self.scrape_interval_s) and self.scrape_interval_s > 0):
+            raise ValueError(f"scrape_interval_s: {self.scrape_interval_s!r} must be > 0")
+        if self.defaults is None:
+            self.defaults = Settings({p: PoolSettings() for p in pools})
+        missing = sorted(set(pools) - set(self.defaults.pools))
+        if missing:
+            raise ValueError(f"defaults: no settings for pools {missing}")
+
+
+def _header(headers: ep_pb.HttpHeaders, name: str) -> str | None:
+    for h in headers.headers.headers:
+        if h.key.lower() == name:
+            return h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+    return None
+
+
+def prompt_text(body: bytes) -> str:
+    """The text affinity hashes: `prompt` of a completion, the chat messages' `role: content` lines."""
+    if not body:
+        return ""
+    try:
+        req = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return ""
+    if not isinstance(req, dict):
+        return ""
+    prompt = req.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        return prompt[0]
+    msgs = req.get("messages")
+    if isinstance(msgs, list):
+        return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in msgs if isinstance(m, dict))
+    return ""
+
+
+def _set_header(key: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
+
+
+def immediate(status: int, retry_after_s: int, reason: str) -> ep_pb.ProcessingResponse:
+    body = json.dumps({"error": {"message": f"governor picker: {reason}", "type": reason, "code": status}})
+    return ep_pb.ProcessingResponse(immediate_response=ep_pb.ImmediateResponse(
+        status=http_status_pb2.HttpStatus(code=status),
+        headers=ep_pb.HeaderMutation(set_headers=[_set_header("retry-after", str(retry_after_s)),
+                                                  _set_header("content-type", "application/json")]),
+        body=body.encode(), details=f"governor_{reason}"))
+
+
+class PickerService:
+    """The picker's state on its event loop: Picker, PolicyStore, held futures, the scrape loop."""
+
+    def __init__(self, cfg: PickerConfig) -> None:
+        self.cfg = cfg
+        assert cfg.defaults is not None  # set by PickerConfig
+        self.picker = Picker(cfg.groups, block_chars=cfg.block_chars, affinity_blocks=cfg.affinity_blocks)
+        self.store = PolicyStore(cfg.defaults)
+        for pool, addrs in cfg.endpoints.items():
+            self.picker.set_endpoints(pool, addrs)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.pick_latency = Histogram("governor_picker_pick_latency_seconds",
+                                      "Time to decide one request (body parsed to answer sent), held ones excluded",
+                                      buckets=PICK_BUCKETS, registry=self.registry)
+        self.hold_time = Histogram("governor_picker_hold_seconds", "Time requests spent held before a replica",
+                                   buckets=HOLD_BUCKETS, registry=self.registry)
+        self.registry.register(_Collector(self))
+        self._fallback = True
+        self._stop = asyncio.Event()
+        self.scrape_errors = 0
+
+    # ------------------------------------------------------------------ policy
+
+    def settings(self) -> Settings:
+        a = self.store.settings(time.time())
+        if a.fallback != self._fallback:
+            self._fallback = a.fallback
+            if a.fallback:
+                log.warning("policy generation %d (%s) expired at %.3f: the picker's defaults are in force",
+                            a.generation, a.decision_id, a.valid_until_unix_s)
+        return a.settings
+
+    def apply_policy(self, msg: pb.RoutingPolicy) -> pb.Ack:
+        ack = self.store.apply(msg, time.time())
+        if ack.status == pb.ACK_STATUS_APPLIED:
+            self._fallback = False
+            log.info("applied routing policy generation %d (%s)", msg.meta.generation, msg.meta.decision_id)
+            self._wake(self.picker.dispatch_held(self.settings()))
+        return ack
+
+    # ------------------------------------------------------------------ requests
+
+    async def decide(self, cls: str, group: str | None,
+                     prompt: str) -> tuple[Endpoint | None, ep_pb.ProcessingResponse]:
+        """The endpoint (or None) and the answer for the body (or headers) message of one request."""
+        t0 = time.perf_counter()
+        try:
+            r = self.picker.route(cls, prompt, self.settings(), time.monotonic(), group)
+        except ValueError as exc:
+            return None, immediate(400, 0, str(exc))
+        if r.endpoint is not None:
+            resp = self._route_to(r.endpoint)
+            self.pick_latency.observe(time.perf_counter() - t0)
+            return r.endpoint, resp
+        if r.held is None:
+            self.pick_latency.observe(time.perf_counter() - t0)
+            return None, immediate(r.status, r.retry_after_s, r.reason)
+        return await self._hold(r.held)
+
+    async def _hold(self, h: HeldRequest) -> tuple[Endpoint | None, ep_pb.ProcessingResponse]:
+        fut: asyncio.Future[Endpoint] = asyncio.get_running_loop().create_future()
+        h.token = fut
+        t0 = time.monotonic()
+        try:
+            ep = await asyncio.wait_for(asyncio.shield(fut), self.cfg.hold_timeout_s)
+        except TimeoutError:
+            if self.picker.abandon(h):
+                return None, immediate(503, 1, "hold_timeout")
+            ep = fut.result()  # dispatched in the same instant
+        except asyncio.CancelledError:
+            if not self.picker.abandon(h) and h.endpoint is not None:
+                self.release(h.endpoint)
+            raise
+        self.hold_time.observe(time.monotonic() - t0)
+        return ep, self._route_to(ep)
+
+    @staticmethod
+    def _route_to(ep: Endpoint) -> ep_pb.ProcessingResponse:
+        mutation = ep_pb.HeaderMutation(set_headers=[_set_header(DESTINATION_HEADER, ep.address),
+                                                     _set_header(POOL_HEADER, ep.pool)])
+        return ep_pb.ProcessingResponse(request_body=ep_pb.BodyResponse(
+            response=ep_pb.CommonResponse(header_mutation=mutation)))
+
+    def release(self, ep: Endpoint) -> None:
+        self._wake(self.picker.finish(ep, self.settings()))
+
+    @staticmethod
+    def _wake(dispatched: list[HeldRequest]) -> None:
+        for h in dispatched:
+            fut = h.token
+            if isinstance(fut, asyncio.Future) and not fut.done() and h.endpoint is not None:
+                fut.set_result(h.endpoint)
+
+    # ------------------------------------------------------------------ readings
+
+    async def scrape_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            t0 = loop.time()
+            try:
+                await self.scrape_once()
+            except Exception:  # a bad reading must not stop the loop; it is logged and counted
+                self.scrape_errors += 1
+                log.exception("scrape failed")
+            with_deadline = max(0.0, self.cfg.scrape_interval_s - (loop.time() - t0))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), with_deadline)
+
+    async def scrape_once(self) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = min(1.0, self.cfg.scrape_interval_s)
+        if self.cfg.discovery_url:
+            try:
+                body = await loop.run_in_executor(None, fetch, self.cfg.discovery_url, timeout)
+                for pool, addrs in parse_http_sd(body, self.picker.endpoints).items():
+                    self.picker.set_endpoints(pool, addrs)
+            except ScrapeError as exc:
+                self.scrape_errors += 1
+                log.warning("discovery: %s", exc)
+        eps = [e for es in self.picker.endpoints.values() for e in es]
+
+        def read(e: Endpoint) -> tuple[Endpoint, tuple[float, float] | None]:
+            try:
+                return e, parse_engine_metrics(fetch(f"http://{e.address}/metrics", timeout).decode())
+            except (ScrapeError, UnicodeDecodeError):
+                return e, None
+
+        results = await asyncio.gather(*(loop.run_in_executor(None, read, e) for e in eps))
+        for e, reading in results:
+            if reading is None:
+                self.scrape_errors += 1
+                e.healthy = False  # unreachable: no new requests until it answers again
+            else:
+                e.engine_queue, e.kv_usage = reading
+                e.healthy = True
+        self._wake(self.picker.dispatch_held(self.settings()))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class _Collector:
+    """Arrivals per class (total and the last whole second), held, rejections, endpoints, policy."""
+
+    def __init__(self, svc: PickerService) -> None:
+        self.svc = svc
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):  # prometheus_client's collector protocol
+        p = self.svc.picker
+        c = p.counters
+        now = time.monotonic()
+        arrivals = CounterMetricFamily("governor_picker_arrivals", "Requests that reached the picker",
+                                       labels=["class"])
+        rate = GaugeMetricFamily("governor_picker_arrivals_last_second",
+                                 "Arrivals in the last whole second (requests/s, finer than a scrape)",
+                                 labels=["class"])
+        held_total = CounterMetricFamily("governor_picker_held", "Requests held for a replica with room",
+                                         labels=["class"])
+        held_now = GaugeMetricFamily("governor_picker_held_now", "Requests held right now", labels=["class"])
+        for cls in PRIORITY_CLASSES:
+            arrivals.add_metric([cls], c.arrivals[cls])
+            rate.add_metric([cls], c.last_second_rate(cls, now))
+            held_total.add_metric([cls], c.held[cls])
+            held_now.add_metric([cls], p.held_count(cls))
+        rejected = CounterMetricFamily("governor_picker_rejected", "Requests rejected (shed, rate limit, queue "
+                                       "budget, hold timeout, no endpoint)", labels=["class", "reason"])
+        for (cls, reason), n in sorted(c.rejected.items()):
+            rejected.add_metric([cls, reason], n)
+        inflight = GaugeMetricFamily("governor_picker_endpoint_inflight", "Requests in flight per replica",
+                                     labels=["pool", "endpoint"])
+        picks = CounterMetricFamily("governor_picker_picks", "Requests sent per replica", labels=["pool", "endpoint"])
+        for pool, eps in list(p.endpoints.items()):
+            for e in list(eps):
+                inflight.add_metric([pool, e.address], e.inflight)
+                picks.add_metric([pool, e.address], e.picks)
+        a = self.svc.store.settings(time.time())
+        fallback = GaugeMetricFamily("governor_picker_policy_fallback",
+                                     "1 while the picker's defaults are in force (no live RoutingPolicy)")
+        fallback.add_metric([], 1.0 if a.fallback else 0.0)
+        gen = GaugeMetricFamily("governor_picker_policy_generation", "Generation of the last applied RoutingPolicy")
+        gen.add_metric([], a.generation)
+        return [arrivals, rate, held_total, held_now, rejected, inflight, picks, fallback, gen]
+
+
+# =========================================================================== gRPC
+
+
+class ExtProcServicer(ep_grpc.ExternalProcessorServicer):
+    def __init__(self, svc: PickerService) -> None:
+        self.svc = svc
+
+    async def Process(self, request_iterator: AsyncIterator[ep_pb.ProcessingRequest],  # noqa: N802 - gRPC name
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[ep_pb.ProcessingResponse]:
+        svc = self.svc
+        cfg = svc.cfg
+        ep: Endpoint | None = None
+        cls, group = "standard", None
+        try:
+            async for msg in request_iterator:
+                kind = msg.WhichOneof("request")
+                if kind == "request_headers":
+                    raw_cls = (_header(msg.request_headers, cfg.class_header) or "standard").strip().lower()
+                    cls = raw_cls if raw_cls in PRIORITY_CLASSES else "standard"
+                    group = _header(msg.request_headers, cfg.group_header)
+                    if msg.request_headers.end_of_stream:  # no body (a GET): decide now
+                        ep, resp = await svc.decide(cls, group, "")
+                        if resp.HasField("request_body"):
+                            resp = ep_pb.ProcessingResponse(request_headers=ep_pb.HeadersResponse(
+                                response=resp.request_body.response))
+                        yield resp
+                    else:
+                        yield ep_pb.ProcessingResponse(request_headers=ep_pb.HeadersResponse())
+                elif kind == "request_body":
+                    if ep is not None or not msg.request_body.end_of_stream:
+                        yield ep_pb.ProcessingResponse(request_body=ep_pb.BodyResponse())
+                        continue
+                    ep, resp = await svc.decide(cls, group, prompt_text(msg.request_body.body))
+                    yield resp
+                elif kind == "response_headers":
+                    yield ep_pb.ProcessingResponse(response_headers=ep_pb.HeadersResponse())
+                elif kind == "response_body":
+                    yield ep_pb.ProcessingResponse(response_body=ep_pb.BodyResponse())
+                elif kind == "request_trailers":
+                    yield ep_pb.ProcessingResponse(request_trailers=ep_pb.TrailersResponse())
+                elif kind == "response_trailers":
+                    yield ep_pb.ProcessingResponse(response_trailers=ep_pb.TrailersResponse())
+        finally:
+            if ep is not None:
+                svc.release(ep)
+
+
+class RouterControlServicer(pb_grpc.RouterControlServicer):
+    def __init__(self, svc: PickerService) -> None:
+        self.svc = svc
+
+    async def ApplyRoutingPolicy(self, request: pb.RoutingPolicy,  # noqa: N802 - gRPC method name
+                                 context: grpc.aio.ServicerContext) -> pb.Ack:
+        return self.svc.apply_policy(request)
+
+    async def GetRoutingPolicy(self, request: pb.GetRoutingPolicyRequest,  # noqa: N802 - gRPC method name
+                               context: grpc.aio.ServicerContext) -> pb.RoutingPolicy:
+        return self.svc.store.to_message(time.time())
+
+
+@dataclass
+class RunningPicker:
+    """A started picker: its addresses and how to stop it (from the loop it runs on)."""
+
+    svc: PickerService
+    extproc: grpc.aio.Server
+    control: grpc.aio.Server
+    extproc_address: str
+    control_address: str
+    metrics_url: str
+    metrics_server: object
+    scrape_task: asyncio.Task
+
+    async def stop(self, grace_s: float = 0.5) -> None:
+        self.svc.stop()
+        await self.scrape_task
+        await self.extproc.stop(grace_s)
+        await self.control.stop(grace_s)
+        shutdown = getattr(self.metrics_server, "shutdown", None)
+        if shutdown is not None:
+            await asyncio.get_running_loop().run_in_executor(None, shutdown)
+
+    def listening(self) -> Mapping[str, str]:
+        return {"extproc": self.extproc_address, "router_control": self.control_address,
+                "metrics": self.metrics_url}
+
+
+def _hp(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def start_picker(cfg: PickerConfig) -> RunningPicker:
+    """Start the ext_proc server, RouterControl (+ health), the metrics endpoint and the scrape loop."""
+    from prometheus_client import start_http_server
+
+    svc = PickerService(cfg)
+    options = [("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 100_000)]
+    extproc = grpc.aio.server(options=options)
+    ep_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(svc), extproc)
+    port = extproc.add_insecure_port(_hp(cfg.host, cfg.extproc_port))
+    control = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pb_grpc.add_RouterControlServicer_to_server(RouterControlServicer(svc), control)
+    hs = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, control)
+    cport = control.add_insecure_port(_hp(cfg.host, cfg.control_port))
+    if port == 0 or cport == 0:
+        raise OSError(f"cannot listen for gRPC on {cfg.host}")
+    server, _thread = start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)
+    mport = server.server_address[1]
+    await extproc.start()
+    await control.start()
+    for name in ("", "governor.v1.RouterControl"):
+        await hs.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await svc.scrape_once()
+    task = asyncio.create_task(svc.scrape_loop())
+    return RunningPicker(svc, extproc, control, _hp(cfg.host, port), _hp(cfg.host, cport),
+                         f"http://{_hp(cfg.host, mport)}/metrics", server, task)
+
+
+class PickerThread:
+    """A picker on its own event loop in a background thread (tests, benches and the demo embed it this way)."""
+
+    def __init__(self, cfg: PickerConfig) -> None:
+        import threading
+
+        self.cfg = cfg
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="picker", daemon=True)
+        self.running: RunningPicker | None = None
+
+    def start(self, timeout_s: float = 10.0) -> RunningPicker:
+        self._thread.start()
+        self.running = asyncio.run_coroutine_threadsafe(start_picker(self.cfg), self.loop).result(timeout_s)
+        return self.running
+
+    def call(self, fn, timeout_s: float = 5.0):
+        """Run `fn()` on the picker's loop (the only thread that may touch its state) and return its result."""
+        async def run():
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout_s)
+
+    def stop(self) -> None:
+        if self.running is not None:
+            asyncio.run_coroutine_threadsafe(self.running.stop(), self.loop).result(10.0)
+            self.running = None
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5.0)
+        self.loop.close()
