@@ -1,0 +1,218 @@
+"""The picker's pure decision: admission, pool split, affinity, in-flight cap and holds, policy rules."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from controller.dataplane.picker import Endpoint, Picker, Route, prefix_key, rendezvous_home
+from controller.dataplane.policy import ClassSettings, PolicyStore, PoolSettings, Settings
+from controller.gen.governor.v1 import control_pb2 as pb
+
+POOLS = {"a": ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"], "b": ["10.0.1.1:8000", "10.0.1.2:8000"]}
+
+
+def _picker(**kw) -> Picker:
+    p = Picker({"g": ["a", "b"]}, block_chars=16, affinity_blocks=2, **kw)
+    for pool, addrs in POOLS.items():
+        p.set_endpoints(pool, addrs)
+    return p
+
+
+def _settings(a: PoolSettings | None = None, b: PoolSettings | None = None, **admission: ClassSettings) -> Settings:
+    return Settings({"a": a or PoolSettings(), "b": b or PoolSettings()}, admission)
+
+
+def _ep(r: Route) -> Endpoint:
+    assert r.endpoint is not None, r
+    return r.endpoint
+
+
+def _finish_all(p: Picker, s: Settings) -> None:
+    for eps in p.endpoints.values():
+        for e in eps:
+            while e.inflight:
+                p.finish(e, s)
+
+
+@pytest.mark.parametrize("wa,wb", [(3.0, 1.0), (1.0, 0.0), (0.7, 0.3), (0.0, 0.0)])
+def test_pool_split_follows_the_weights_exactly(wa, wb):
+    p = _picker()
+    s = _settings(PoolSettings(traffic_weight=wa), PoolSettings(traffic_weight=wb))
+    n = 1000
+    pools: collections.Counter[str] = collections.Counter()
+    for i in range(n):
+        r = p.route("standard", f"prompt {i}", s, float(i))
+        pools[_ep(r).pool] += 1
+        p.finish(_ep(r), s)
+    share = (wa / (wa + wb)) if wa + wb else 0.5
+    assert abs(pools["a"] - n * share) <= 1
+
+
+def test_pools_without_a_healthy_endpoint_get_no_traffic():
+    p = _picker()
+    s = _settings()
+    for e in p.endpoints["b"]:
+        e.healthy = False
+    got = {_ep(p.route("standard", "x", s, 0.0)).pool for _ in range(10)}
+    assert got == {"a"}
+
+
+def test_shared_prefix_lands_on_one_replica_at_high_affinity_and_spreads_at_zero():
+    p = _picker()
+    prefix = "system prompt shared by everyone, long enough for two blocks. "
+    high = _settings(PoolSettings(traffic_weight=1, prefix_weight=10), PoolSettings(traffic_weight=0))
+    got: collections.Counter[str] = collections.Counter()
+    for i in range(30):
+        r = p.route("standard", prefix + f"user {i}", high, 0.0)
+        got[_ep(r).address] += 1  # in flight: the queue score pulls the other way, affinity wins
+    assert len(got) == 1
+    _finish_all(p, high)
+    zero = _settings(PoolSettings(traffic_weight=1, prefix_weight=0), PoolSettings(traffic_weight=0))
+    got = collections.Counter()
+    for i in range(30):
+        r = p.route("standard", prefix + f"user {i}", zero, 0.0)
+        got[_ep(r).address] += 1
+    assert sorted(got.values()) == [10, 10, 10]
+
+
+def test_affinity_yields_to_a_much_longer_queue():
+    p = _picker()
+    s = _settings(PoolSettings(traffic_weight=1, prefix_weight=1, queue_weight=2), PoolSettings(traffic_weight=0))
+    prompt = "a prompt prefix that is long enough to hash"
+    home = _ep(p.route("standard", prompt, s, 0.0))
+    home.engine_queue = 50.0  # its engine is swamped (another picker's traffic)
+    assert p.route("standard", prompt, s, 0.0).endpoint is not home
+
+
+def test_consistent_hashing_moves_few_keys_when_a_replica_joins():
+    addrs = [f"10.0.0.{i}:8000" for i in range(8)]
+    keys = [k for i in range(2000) if (k := prefix_key(f"prompt number {i} " * 4, 16, 2)) is not None]
+    assert len(keys) == 2000
+    before = [rendezvous_home(k, addrs) for k in keys]
+    after = [rendezvous_home(k, [*addrs, "10.0.0.99:8000"]) for k in keys]
+    moved = sum(x != y for x, y in zip(before, after, strict=True))
+    assert all(y in (x, "10.0.0.99:8000") for x, y in zip(before, after, strict=True))
+    assert 0.05 < moved / len(keys) < 0.2  # ~1/9 of the keys move, all of them to the new replica
+    assert prefix_key("short", 16, 2) is None
+
+
+def test_beyond_the_cap_standard_and_sheddable_are_held_and_critical_passes():
+    p = _picker()
+    s = _settings(PoolSettings(traffic_weight=1, inflight_cap=1), PoolSettings(traffic_weight=0))
+    first = [_ep(p.route("standard", f"p{i}", s, 0.0)) for i in range(3)]
+    assert len({e.address for e in first}) == 3
+    held_std = p.route("standard", "wait", s, 0.0).held
+    held_shed = p.route("sheddable", "wait too", s, 0.0).held
+    assert held_std is not None and held_shed is not None
+    crit = p.route("critical", "urgent", s, 0.0)
+    assert crit.endpoint is not None  # passes the cap
+    held_std2 = p.route("standard", "wait 2", s, 0.0).held
+    assert p.finish(_ep(crit), s) == []  # its replica is still at the cap with its first request
+    # slots free one by one: held standard requests go first (class order, then FCFS), sheddable last
+    assert p.finish(first[0], s) == [held_std] and held_std.endpoint is first[0]
+    assert p.finish(first[1], s) == [held_std2]
+    assert p.finish(first[2], s) == [held_shed]
+    assert p.held_count("standard") == 0 and p.held_count("sheddable") == 0
+    assert p.counters.held == {"critical": 0, "standard": 2, "sheddable": 1}
+
+
+def test_queue_budget_rejects_beyond_it_and_abandon_frees_the_budget():
+    p = _picker()
+    s = _settings(PoolSettings(traffic_weight=1, inflight_cap=1), PoolSettings(traffic_weight=0),
+                  standard=ClassSettings(queue_budget=1))
+    for i in range(3):
+        assert p.route("standard", f"p{i}", s, 0.0).endpoint is not None
+    h = p.route("standard", "held", s, 0.0).held
+    assert h is not None
+    r = p.route("standard", "over budget", s, 0.0)
+    assert (r.status, r.reason) == (503, "queue_budget") and r.retry_after_s >= 1
+    assert p.abandon(h) and not p.abandon(h)
+    assert p.route("standard", "room again", s, 0.0).held is not None
+
+
+def test_shed_fraction_is_exact_and_per_class():
+    p = _picker()
+    s = _settings(sheddable=ClassSettings(shed_fraction=0.25))
+    codes: collections.Counter[int] = collections.Counter()
+    for i in range(100):
+        r = p.route("sheddable", "x", s, float(i))
+        codes[r.status] += 1
+        if r.endpoint is not None:
+            p.finish(r.endpoint, s)
+        assert p.route("standard", "y", s, float(i)).status == 0
+    assert codes == {429: 25, 0: 75}
+
+
+def test_rate_limit_is_a_token_bucket_with_retry_after():
+    p = _picker()
+    s = _settings(standard=ClassSettings(rate_limit_rps=2.0))
+    got = [p.route("standard", "x", s, 0.0).status for _ in range(3)]
+    assert got == [0, 0, 429]
+    assert p.route("standard", "x", s, 0.25).status == 429
+    assert p.route("standard", "x", s, 0.5).status == 0  # one token back after 0.5 s
+    assert p.counters.rejected[("standard", "rate_limit")] == 2
+
+
+def test_arrivals_per_second_are_counted_per_class():
+    p = _picker()
+    s = _settings()
+    for t in (10.1, 10.2, 10.9, 11.5):
+        p.route("critical", "x", s, t)
+    assert p.counters.last_second_rate("critical", 11.7) == 3
+    assert p.counters.last_second_rate("critical", 12.1) == 1
+    assert p.counters.last_second_rate("standard", 11.7) == 0
+    assert p.counters.arrivals["critical"] == 4
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="one route group only"):
+        Picker({"g": ["a"], "h": ["a"]})
+    p = _picker()
+    with pytest.raises(ValueError, match="unknown priority class 'gold'"):
+        p.route("gold", "x", _settings(), 0.0)
+    with pytest.raises(ValueError, match="unknown route group 'nope'"):
+        p.route("standard", "x", _settings(), 0.0, "nope")
+    with pytest.raises(ValueError, match="unknown pool 'c'"):
+        p.set_endpoints("c", ["1.2.3.4:1"])
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def _policy(gen: int, did: str, until: float, **pools: float) -> pb.RoutingPolicy:
+    msg = pb.RoutingPolicy(meta=pb.CommandMeta(decision_id=did, generation=gen, valid_until_unix_s=until))
+    for name, w in pools.items():
+        msg.pools.add(pool=name, traffic_weight=w, inflight_cap=4,
+                      weights=pb.ScorerWeights(prefix=1.0, queue=0.5, kv_usage=0.25))
+    msg.admission.add(priority_class="sheddable", shed_fraction=0.5)
+    return msg
+
+
+def test_policy_store_generations_replay_stale_invalid_and_deadline():
+    defaults = _settings()
+    st = PolicyStore(defaults)
+    assert st.settings(0.0).fallback and st.settings(0.0).settings is defaults
+    ack = st.apply(_policy(1, "d1", 100.0, a=3.0), now_unix_s=10.0)
+    assert ack.status == pb.ACK_STATUS_APPLIED
+    live = st.settings(50.0)
+    assert not live.fallback
+    assert live.settings.pools["a"] == PoolSettings(3.0, 4, 1.0, 0.5, 0.25)
+    assert live.settings.pools["b"] == PoolSettings()  # left out: keeps what was in force
+    assert live.settings.admission_of("sheddable").shed_fraction == 0.5
+    assert st.apply(_policy(1, "d1", 100.0, a=3.0), 20.0).status == pb.ACK_STATUS_REPLAY
+    assert st.apply(_policy(1, "other", 100.0, a=3.0), 20.0).status == pb.ACK_STATUS_STALE_GENERATION
+    assert st.apply(_policy(0, "d0", 100.0, a=3.0), 20.0).status == pb.ACK_STATUS_INVALID
+    bad = st.apply(_policy(2, "d2", 100.0, c=1.0), 20.0)
+    assert bad.status == pb.ACK_STATUS_INVALID and "pools[0].pool: unknown pool 'c'" in bad.message
+    bad = st.apply(_policy(2, "d2", 100.0, a=-1.0), 20.0)
+    assert "pools[0].traffic_weight: -1.0" in bad.message
+    assert st.apply(_policy(2, "d2", 15.0, a=1.0), 20.0).status == pb.ACK_STATUS_INVALID  # already expired
+    assert st.settings(99.9).settings.pools["a"].traffic_weight == 3.0
+    after = st.settings(100.0)
+    assert after.fallback and after.settings is defaults and after.generation == 1
+    msg = st.to_message(100.0)
+    assert msg.meta.decision_id == "d1" and {p.pool: p.traffic_weight for p in msg.pools} == {"a": 1.0, "b": 1.0}
+    assert st.apply(_policy(1, "d1b", 200.0, a=3.0), 150.0).status == pb.ACK_STATUS_STALE_GENERATION
+    assert st.apply(_policy(2, "d2", 200.0, a=2.0), 150.0).status == pb.ACK_STATUS_APPLIED
