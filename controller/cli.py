@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second (default 1)")
     p.add_argument("--host", default="127.0.0.1", help="loopback address to listen on")
     p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument("--step-wall", type=float, default=0.05, metavar="SECONDS",
+                   help="wall seconds between advances of the simulated clock, (0, 0.1] (default 0.05); the "
+                        "replicas' HTTP API answers at this granularity")
     p.set_defaults(func=_handler("controller.sim.live:cmd_sim"))
 
     # ---- data plane
@@ -129,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace the scenario's trace.rate_scale (e.g. 1 for the trace's own rate)")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.sim_speed:cmd_bench_sim_speed"))
+    b = bsub.add_parser("dataplane", help="Envoy + governor picker on loopback: pool shares, pick latency, "
+                        "added latency, errors")
+    b.add_argument("--rate", type=float, default=500.0, help="requests per second, open loop (default 500)")
+    b.add_argument("--requests", type=int, default=3000, help="requests per phase (direct, through Envoy)")
+    b.add_argument("--weights", default="0.7,0.3", help="traffic weights of the two pools (default 0.7,0.3)")
+    b.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="bound on the whole run")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
+    b.set_defaults(func=_handler("controller.bench.dataplane:cmd_bench_dataplane"))
     b = bsub.add_parser("policies", help="replay a scenario once per policy and compare")
     b.add_argument("--scenario", required=True, help="scenario YAML file (see scenarios/)")
     b.add_argument("--policies", default=None,

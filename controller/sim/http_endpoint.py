@@ -69,6 +69,9 @@ class HttpEndpoint:
 
         class RequestHandler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # headers and body go out in separate writes: with Nagle on, a kept-alive connection waits
+            # for the peer's delayed ACK (~40 ms) before sending the body
+            disable_nagle_algorithm = True
 
             def _raw(self, method: str) -> bool:
                 fn = raw.get((method, self.path.split("?", 1)[0]))

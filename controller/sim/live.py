@@ -358,7 +358,7 @@ class LiveFleet:
 
 
 def cmd_sim(args) -> int:
-    """`governor sim SCENARIO [--for S] [--speed X] [--host H] [--seed N]`.
+    """`governor sim SCENARIO [--for S] [--speed X] [--host H] [--seed N] [--step-wall S]`.
 
     stdout: one JSON line {"event": "listening", ...} at start, one {"event": "summary", ...}
     at the end; logs go to stderr. Stops after --for wall seconds or on SIGINT/SIGTERM.
@@ -371,7 +371,8 @@ def cmd_sim(args) -> int:
         return 2
     try:
         scenario = load_scenario(args.scenario)
-        live = LiveFleet(scenario, speed=args.speed, host=args.host, seed=args.seed)
+        live = LiveFleet(scenario, speed=args.speed, host=args.host, seed=args.seed,
+                         step_wall_s=getattr(args, "step_wall", 0.05))
     except (ScenarioError, ValueError) as exc:
         print(f"governor sim: {exc}", file=sys.stderr)
         return 2
