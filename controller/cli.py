@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the configured policy (slo-feedback, mpc, static, hpa, kpa, sla-planner, "
                         "scorer-kpa); e.g. `--demo --policy mpc` to watch the planner")
     p.add_argument("--headless", action="store_true", help="print JSON lines instead of the live view")
+    p.add_argument("--dataplane", choices=["envoy"], default=None,
+                   help="with --demo: send the demo's traffic through Envoy and `governor picker` to replicas that "
+                        "serve the OpenAI API; Governor actuates the picker")
     p.set_defaults(func=_handler("controller.runtime.main:cmd_run"))
 
     # ---- sim

@@ -11,7 +11,8 @@ exact count as `prompt_tokens` (a Governor extension a real engine ignores).
 Client-side measures per request: TTFT (send → first streamed token), TPOT ((last − first
 token) / (tokens − 1)), end-to-end time and the HTTP status. Bounds: `--concurrency` in flight
 (later arrivals wait, and that wait counts in their TTFT, as a real client's would),
-`--max-requests`, `--duration` (no new sends after it) and a per-request `--timeout`.
+`--max-requests`, `--duration` (no new sends after it) and a per-request `--timeout`. Cancelled
+(the demo stopping), it returns the summary of the requests that finished.
 
 The HTTP/1.1 client is asyncio streams, one connection per request (no third-party client is a
 dependency). Must not: retry (a rejected request is counted, as the simulator's clients see it),
@@ -241,15 +242,22 @@ async def replay(url: str, requests: list[ReplayRequest], *, chat: bool, concurr
         res.cls = rq.cls
         return res
 
-    for rq in requests:
-        due = t0 + rq.at_s
-        if rq.at_s > duration_s:
-            break
-        wait = due - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)  # the trace's own inter-arrival time
-        tasks.append(asyncio.create_task(one(rq, due)))
-    results = list(await asyncio.gather(*tasks))
+    try:
+        for rq in requests:
+            due = t0 + rq.at_s
+            if rq.at_s > duration_s:
+                break
+            wait = due - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)  # the trace's own inter-arrival time
+            tasks.append(asyncio.create_task(one(rq, due)))
+        results = list(await asyncio.gather(*tasks))
+    except asyncio.CancelledError:
+        # stopped early (the demo ends): what finished is the summary; requests still in flight are dropped
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        results = [t.result() for t in tasks if not t.cancelled() and t.exception() is None]
     return Summary(results, time.monotonic() - t0)
 
 

@@ -57,6 +57,7 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 POOL_HEADER = "x-governor-pool"
 PICK_BUCKETS = (0.000025, 0.00005, 0.000075, 0.0001, 0.0002, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.0015,
                 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+REJECT_CODES = {"shed": "429", "rate_limit": "429"}  # the others (queue budget, hold timeout, no endpoint): 503
 HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -314,13 +315,42 @@ class _Collector:
             for e in list(eps):
                 inflight.add_metric([pool, e.address], e.inflight)
                 picks.add_metric([pool, e.address], e.picks)
+        epp = self._epp_families(p)
         a = self.svc.store.settings(time.time())
         fallback = GaugeMetricFamily("governor_picker_policy_fallback",
                                      "1 while the picker's defaults are in force (no live RoutingPolicy)")
         fallback.add_metric([], 1.0 if a.fallback else 0.0)
         gen = GaugeMetricFamily("governor_picker_policy_generation", "Generation of the last applied RoutingPolicy")
         gen.add_metric([], a.generation)
-        return [arrivals, rate, held_total, held_now, rejected, inflight, picks, fallback, gen]
+        return [arrivals, rate, held_total, held_now, rejected, inflight, picks, fallback, gen, *epp]
+
+    @staticmethod
+    def _epp_families(p: Picker) -> list:
+        """The same counts under the llm-d EPP names Governor's telemetry reads from a router target
+        (controller/telemetry/window.py), labelled by `priority`, so the daemon scrapes the picker as a router."""
+        c = p.counters
+        total = CounterMetricFamily("llm_d_epp_request_total", "Requests received by the picker.",
+                                    labels=["priority"])
+        shed = CounterMetricFamily("llm_d_epp_governor_shed_total", "Governor extension: requests rejected "
+                                   "(429 or 503).", labels=["priority"])
+        admitted = CounterMetricFamily("llm_d_epp_governor_admitted_total", "Governor extension: requests admitted.",
+                                       labels=["priority"])
+        errors = CounterMetricFamily("llm_d_epp_request_error_total", "Requests rejected, by code.",
+                                     labels=["priority", "error_code"])
+        queue = GaugeMetricFamily("llm_d_epp_flow_control_queue_size", "Requests held by the picker.",
+                                  labels=["priority"])
+        for cls in PRIORITY_CLASSES:
+            rej = dict.fromkeys(("429", "503"), 0)
+            for (k, reason), n in list(c.rejected.items()):
+                if k == cls:
+                    rej[REJECT_CODES.get(reason, "503")] += n
+            total.add_metric([cls], c.arrivals[cls])
+            shed.add_metric([cls], sum(rej.values()))
+            admitted.add_metric([cls], c.arrivals[cls] - sum(rej.values()))
+            for code, n in rej.items():
+                errors.add_metric([cls, code], n)
+            queue.add_metric([cls], p.held_count(cls))
+        return [total, shed, admitted, errors, queue]
 
 
 # =========================================================================== gRPC

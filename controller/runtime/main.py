@@ -264,6 +264,11 @@ def cmd_run(args) -> int:
         print(f"governor: --policy {policy!r} is not a policy; choose one of {', '.join(POLICY_NAMES)}",
               file=sys.stderr)
         return 2
+    dataplane = None
+    if getattr(args, "dataplane", None) and not args.demo:
+        print("governor: --dataplane envoy runs with --demo (a real fleet's data plane is deployed, see "
+              "docs/OPERATING.md)", file=sys.stderr)
+        return 2
     if args.demo and args.config:
         print("governor: --demo runs its own simulated fleet with its own config, so --config is not used with it "
               "(choose the policy with --policy, e.g. --demo --policy mpc)", file=sys.stderr)
@@ -277,10 +282,23 @@ def cmd_run(args) -> int:
         except ScenarioError as exc:
             print(f"governor: {exc}", file=sys.stderr)
             return 2
-        live = LiveFleet(scenario, speed=1.0)
-        listening = live.start()
-        tmp = tempfile.TemporaryDirectory(prefix="governor-demo-")
-        settings = demo_settings(scenario, listening, tmp.name)
+        if getattr(args, "dataplane", None) == "envoy":
+            from controller.runtime.dataplane_demo import DataplaneDemo
+
+            try:
+                dataplane = DataplaneDemo(duration_s=args.for_s or 3600.0)
+                listening = dataplane.start()
+            except (OSError, RuntimeError, ScenarioError) as exc:
+                print(f"governor: cannot start the data plane: {exc}", file=sys.stderr)
+                return 2
+            live = dataplane.live
+            tmp = tempfile.TemporaryDirectory(prefix="governor-demo-")
+            settings = dataplane.settings(demo_settings(dataplane.scenario, listening, tmp.name))
+        else:
+            live = LiveFleet(scenario, speed=1.0)
+            listening = live.start()
+            tmp = tempfile.TemporaryDirectory(prefix="governor-demo-")
+            settings = demo_settings(scenario, listening, tmp.name)
     else:
         try:
             settings = load_settings(args.config)
@@ -309,6 +327,8 @@ def cmd_run(args) -> int:
     try:
         services = build_services(settings, clock=clock, logger=logger, on_tick=on_tick)
     except (ValueError, OSError) as exc:
+        if dataplane is not None:
+            dataplane.stop()
         if live:
             live.stop()
         if log_file is not None:
@@ -324,6 +344,9 @@ def cmd_run(args) -> int:
                        "metrics": services.metrics_url}
     if live is not None:
         listening_event["fleet"] = live.listening()
+    if dataplane is not None:
+        listening_event["dataplane"] = {k: dataplane.info[k] for k in ("envoy", "router_control", "picker_metrics",
+                                                                        "envoy_admin")}
     logger.info("governor started", extra={**listening_event, "mode": services.daemon.mode.value,
                                            "policy": settings.policy, "pools": [p.name for p in settings.pools]})
     try:
@@ -363,6 +386,10 @@ def cmd_run(args) -> int:
         services.close()
         if live is not None:
             summary = live.summary() if hasattr(live, "summary") else None
+            if dataplane is not None:
+                dataplane.stop()
+                if headless and dataplane.summary is not None:
+                    out.emit({"event": "replay", **dataplane.summary.to_dict()})
             live.stop()
             if headless and summary is not None:
                 out.emit({"event": "summary", **(summary if isinstance(summary, dict) else summary.to_dict())})
