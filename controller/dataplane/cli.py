@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pool", action="append", default=[], metavar="POOL=HOST:PORT[,HOST:PORT...]",
-                   help="a pool and its replicas' addresses (repeat per pool); or name the pools with "
-                        "POOL= and let --discovery fill them in")
+                   help="a pool and its replicas' addresses (repeat per pool); POOL=dns:NAME:PORT: every address "
+                        "NAME resolves to, re-read every --scrape-interval (a headless Service); or POOL= and let "
+                        "--discovery fill it in")
     p.add_argument("--group", action="append", default=[], metavar="GROUP=POOL[,POOL...]",
                    help="a route group and its pools (repeat); default: one group 'default' with every pool")
     p.add_argument("--discovery", default="", metavar="URL",
@@ -70,11 +71,16 @@ def config_from_args(args: argparse.Namespace) -> PickerConfig:
     endpoints = _split(args.pool, "--pool")
     if not endpoints:
         raise ValueError("--pool: name at least one pool (POOL=HOST:PORT,... or POOL= with --discovery)")
+    dns: dict[str, tuple[str, int]] = {}
     for pool, addrs in endpoints.items():
         for a in addrs:
-            host, _, port = a.rpartition(":")
+            host, _, port = a.removeprefix("dns:").rpartition(":")
             if not host or not port.isdigit():
-                raise ValueError(f"--pool {pool}: {a!r} is not HOST:PORT")
+                raise ValueError(f"--pool {pool}: {a!r} is not HOST:PORT or dns:NAME:PORT")
+            if a.startswith("dns:"):
+                if len(addrs) != 1:
+                    raise ValueError(f"--pool {pool}: dns:NAME:PORT stands alone (it lists the pool's replicas)")
+                dns[pool] = (host, int(port))
     groups = _split(args.group, "--group") or {"default": sorted(endpoints)}
     grouped = {p for ps in groups.values() for p in ps}
     if grouped != set(endpoints):
@@ -93,7 +99,7 @@ def config_from_args(args: argparse.Namespace) -> PickerConfig:
         raise ValueError(f"--default-inflight-cap {args.default_inflight_cap}: must be >= 0")
     defaults = Settings({p: PoolSettings(weights.get(p, 1.0), args.default_inflight_cap, prefix, queue, kv)
                          for p in endpoints}, {c: ClassSettings() for c in PRIORITY_CLASSES})
-    return PickerConfig(groups=groups, endpoints={p: a for p, a in endpoints.items() if a},
+    return PickerConfig(groups=groups, endpoints={p: a for p, a in endpoints.items() if a and p not in dns}, dns=dns,
                         discovery_url=args.discovery, defaults=defaults, class_header=args.class_header.lower(),
                         group_header=args.group_header.lower(), hold_timeout_s=args.hold_timeout,
                         scrape_interval_s=args.scrape_interval, block_chars=args.block_chars,

@@ -103,8 +103,9 @@ def synth_prompt(prompt_tokens: int, block_ids: tuple[int, ...], block_tokens: i
 
 
 def build_requests(trace, *, chat: bool, model: str, max_requests: int, time_scale: float, start_s: float,
-                   class_mix: tuple[float, float, float], max_output: int, seed: int) -> list[ReplayRequest]:
-    """The first `max_requests` trace requests from `start_s` on, as HTTP bodies with send times."""
+                   class_mix: tuple[float, float, float], max_output: int, seed: int,
+                   until_s: float = math.inf) -> list[ReplayRequest]:
+    """The first `max_requests` trace requests from `start_s` on, sent before `until_s`, as HTTP bodies."""
     rng = random.Random(seed)
     out: list[ReplayRequest] = []
     weights = list(class_mix)
@@ -112,7 +113,7 @@ def build_requests(trace, *, chat: bool, model: str, max_requests: int, time_sca
         t = float(trace.arrival_s[i])
         if t < start_s:
             continue
-        if len(out) >= max_requests:
+        if len(out) >= max_requests or (t - start_s) / time_scale > until_s:
             break
         n_prompt = int(trace.prompt_tokens[i])
         ids = trace.block_hashes[i] if trace.block_hashes is not None else ()
@@ -292,7 +293,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 2
     reqs = build_requests(trace, chat=args.chat, model=args.model, max_requests=args.max_requests,
                           time_scale=args.time_scale, start_s=args.start, class_mix=(mix[0], mix[1], mix[2]),
-                          max_output=args.max_output, seed=args.seed)
+                          max_output=args.max_output, seed=args.seed, until_s=args.duration)
     summary = asyncio.run(replay(args.url.rstrip("/"), reqs, chat=args.chat, concurrency=args.concurrency,
                                  duration_s=args.duration, timeout_s=args.timeout, class_header=args.class_header))
     print(json.dumps(summary.to_dict()), flush=True)

@@ -8,7 +8,9 @@ buffered JSON body (`prompt`, or the chat `messages`), asks the pure `Picker` (p
 answers with either
 
 - a header mutation setting `x-gateway-destination-endpoint: host:port` (the Gateway API
-  Inference Extension's convention; Envoy's ORIGINAL_DST cluster sends the request there), or
+  Inference Extension's convention; Envoy's ORIGINAL_DST cluster sends the request there), with
+  the same value as dynamic metadata `envoy.lb` / `x-gateway-destination-endpoint` for gateways
+  that route on metadata (Envoy's override_host policy), or
 - an ImmediateResponse: 429 (shed, rate limit) or 503 (queue budget, hold timeout, no
   endpoint) with `retry-after`.
 
@@ -17,7 +19,8 @@ The request's slot is freed when Envoy closes the stream (the HTTP exchange is o
 
 Beside it: `governor.v1.RouterControl` (policy.py's semantics) and the gRPC health service on
 a control port; Prometheus metrics on an HTTP port; a loop that scrapes each engine's /metrics
-(and, with `--discovery`, the replica list) every `--scrape-interval`. Everything runs on one
+and refreshes the replica list (`--discovery` HTTP SD JSON, or `dns:NAME:PORT` pools: every
+address a headless Service's name resolves to) every `--scrape-interval`. Everything runs on one
 asyncio loop, so the Picker is never touched from two threads (scrapes run in worker threads
 and hand their results back to the loop).
 
@@ -40,6 +43,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -65,6 +69,8 @@ HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 class PickerConfig:
     groups: dict[str, list[str]]  # route group → pools
     endpoints: dict[str, list[str]] = field(default_factory=dict)  # pool → host:port (static membership)
+    # pool → (DNS name, port): every address the name resolves to (a headless Service lists its ready pods)
+    dns: dict[str, tuple[str, int]] = field(default_factory=dict)
     discovery_url: str = ""  # Prometheus HTTP SD JSON (replaces static membership when set)
     defaults: Settings | None = None  # in force before Governor speaks and after its command expires
     class_header: str = "x-governor-class"
@@ -80,7 +86,7 @@ class PickerConfig:
 
     def __post_init__(self) -> None:
         pools = [p for ps in self.groups.values() for p in ps]
-        unknown = sorted(set(self.endpoints) - set(pools))
+        unknown = sorted((set(self.endpoints) | set(self.dns)) - set(pools))
         if unknown:
             raise ValueError(f"endpoints: pools {unknown} are in no route group ({self.groups})")
         if not (math.isfinite(self.hold_timeout_s) and self.hold_timeout_s > 0):
@@ -99,6 +105,14 @@ def _header(headers: ep_pb.HttpHeaders, name: str) -> str | None:
         if h.key.lower() == name:
             return h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
     return None
+
+
+def resolve(name: str, port: int) -> list[str]:
+    """host:port for every address `name` resolves to, sorted (blocking: run in a worker thread)."""
+    import socket
+
+    infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    return sorted({_hp(str(i[4][0]), port) for i in infos})
 
 
 def prompt_text(body: bytes) -> str:
@@ -217,8 +231,11 @@ class PickerService:
     def _route_to(ep: Endpoint) -> ep_pb.ProcessingResponse:
         mutation = ep_pb.HeaderMutation(set_headers=[_set_header(DESTINATION_HEADER, ep.address),
                                                      _set_header(POOL_HEADER, ep.pool)])
+        # the same endpoint as dynamic metadata (namespace envoy.lb), which Gateway API implementations read
+        meta = struct_pb2.Struct()
+        meta.update({"envoy.lb": {DESTINATION_HEADER: ep.address}})
         return ep_pb.ProcessingResponse(request_body=ep_pb.BodyResponse(
-            response=ep_pb.CommonResponse(header_mutation=mutation)))
+            response=ep_pb.CommonResponse(header_mutation=mutation)), dynamic_metadata=meta)
 
     def release(self, ep: Endpoint) -> None:
         self._wake(self.picker.finish(ep, self.settings()))
@@ -256,6 +273,13 @@ class PickerService:
             except ScrapeError as exc:
                 self.scrape_errors += 1
                 log.warning("discovery: %s", exc)
+        for pool, (name, port) in self.cfg.dns.items():
+            try:
+                addrs = await loop.run_in_executor(None, resolve, name, port)
+                self.picker.set_endpoints(pool, addrs)
+            except OSError as exc:
+                self.scrape_errors += 1
+                log.warning("pool %s: cannot resolve %s: %s (keeping the last membership)", pool, name, exc)
         eps = [e for es in self.picker.endpoints.values() for e in es]
 
         def read(e: Endpoint) -> tuple[Endpoint, tuple[float, float] | None]:

@@ -82,7 +82,8 @@ class DataplaneDemo:
         spec = self.trace_scenario.trace
         trace = load_trace(spec, Path(self.trace_scenario.base_dir), np.random.default_rng(1))
         reqs = build_requests(trace, chat=False, model="", max_requests=100_000, time_scale=1.0, start_s=0.0,
-                              class_mix=(0.2, 0.6, 0.2), max_output=self.max_output, seed=1)
+                              class_mix=(0.2, 0.6, 0.2), max_output=self.max_output, seed=1,
+                              until_s=self.duration_s)
         self._loop = asyncio.new_event_loop()
 
         def run() -> None:
