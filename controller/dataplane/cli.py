@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--discovery", default="", metavar="URL",
                    help="Prometheus HTTP service discovery JSON listing the replicas (labels pool, kind=vllm), "
                         "read every --scrape-interval; e.g. `governor sim`'s /sd")
+    p.add_argument("--follow", default="", metavar="HOST:PORT",
+                   help="copy the routing policy of the picker whose RouterControl listens there, every "
+                        "--scrape-interval (run several pickers; Governor commands one)")
     p.add_argument("--class-header", default="x-governor-class", help="header carrying the priority class")
     p.add_argument("--group-header", default="x-governor-route-group", help="header naming the route group")
     p.add_argument("--hold-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -100,7 +103,8 @@ def config_from_args(args: argparse.Namespace) -> PickerConfig:
     defaults = Settings({p: PoolSettings(weights.get(p, 1.0), args.default_inflight_cap, prefix, queue, kv)
                          for p in endpoints}, {c: ClassSettings() for c in PRIORITY_CLASSES})
     return PickerConfig(groups=groups, endpoints={p: a for p, a in endpoints.items() if a and p not in dns}, dns=dns,
-                        discovery_url=args.discovery, defaults=defaults, class_header=args.class_header.lower(),
+                        discovery_url=args.discovery, follow=args.follow, defaults=defaults,
+                        class_header=args.class_header.lower(),
                         group_header=args.group_header.lower(), hold_timeout_s=args.hold_timeout,
                         scrape_interval_s=args.scrape_interval, block_chars=args.block_chars,
                         affinity_blocks=args.affinity_blocks, host=args.host, extproc_port=args.extproc_port,

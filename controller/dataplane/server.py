@@ -18,11 +18,12 @@ A held request's stream simply waits: Envoy's `message_timeout` must exceed the 
 The request's slot is freed when Envoy closes the stream (the HTTP exchange is over).
 
 Beside it: `governor.v1.RouterControl` (policy.py's semantics) and the gRPC health service on
-a control port; Prometheus metrics on an HTTP port; a loop that scrapes each engine's /metrics
-and refreshes the replica list (`--discovery` HTTP SD JSON, or `dns:NAME:PORT` pools: every
-address a headless Service's name resolves to) every `--scrape-interval`. Everything runs on one
-asyncio loop, so the Picker is never touched from two threads (scrapes run in worker threads
-and hand their results back to the loop).
+a control port (with `--follow HOST:PORT` the picker also copies another picker's policy every
+scrape interval, so several pickers obey the one that Governor commands); Prometheus metrics on
+an HTTP port; a loop that scrapes each engine's /metrics and refreshes the replica list
+(`--discovery` HTTP SD JSON, or `dns:NAME:PORT` pools: every address a headless Service's name
+resolves to) every `--scrape-interval`. Everything runs on one asyncio loop, so the Picker is
+never touched from two threads (scrapes run in worker threads and hand their results back).
 
 Must not: decide what Governor decides (it only applies RoutingPolicy), or block the loop.
 """
@@ -72,6 +73,7 @@ class PickerConfig:
     # pool → (DNS name, port): every address the name resolves to (a headless Service lists its ready pods)
     dns: dict[str, tuple[str, int]] = field(default_factory=dict)
     discovery_url: str = ""  # Prometheus HTTP SD JSON (replaces static membership when set)
+    follow: str = ""  # host:port of another picker's RouterControl whose policy this one copies
     defaults: Settings | None = None  # in force before Governor speaks and after its command expires
     class_header: str = "x-governor-class"
     group_header: str = "x-governor-route-group"
@@ -170,6 +172,7 @@ class PickerService:
         self.registry.register(_Collector(self))
         self._fallback = True
         self._stop = asyncio.Event()
+        self._follow_channel: grpc.aio.Channel | None = None
         self.scrape_errors = 0
 
     # ------------------------------------------------------------------ policy
@@ -262,8 +265,27 @@ class PickerService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), with_deadline)
 
+    async def follow_once(self) -> None:
+        """Copy the leader picker's policy (same generation and id: a replay; expired there: refused here)."""
+        if not self.cfg.follow:
+            return
+        if self._follow_channel is None:
+            self._follow_channel = grpc.aio.insecure_channel(self.cfg.follow)
+        stub = pb_grpc.RouterControlStub(self._follow_channel)
+        try:
+            msg = await stub.GetRoutingPolicy(pb.GetRoutingPolicyRequest(), timeout=1.0)
+        except grpc.aio.AioRpcError as exc:
+            self.scrape_errors += 1
+            log.warning("follow %s: %s", self.cfg.follow, exc.code().name)
+            return
+        if msg.HasField("meta") and msg.meta.generation > 0 and msg.meta.valid_until_unix_s > time.time():
+            ack = self.apply_policy(msg)
+            if ack.status == pb.ACK_STATUS_INVALID:
+                log.warning("follow %s: the leader's policy is not valid here: %s", self.cfg.follow, ack.message)
+
     async def scrape_once(self) -> None:
         loop = asyncio.get_running_loop()
+        await self.follow_once()
         timeout = min(1.0, self.cfg.scrape_interval_s)
         if self.cfg.discovery_url:
             try:
@@ -300,6 +322,10 @@ class PickerService:
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def close(self) -> None:
+        if self._follow_channel is not None:
+            await self._follow_channel.close()
 
 
 class _Collector:
@@ -453,6 +479,7 @@ class RunningPicker:
     async def stop(self, grace_s: float = 0.5) -> None:
         self.svc.stop()
         await self.scrape_task
+        await self.svc.close()
         await self.extproc.stop(grace_s)
         await self.control.stop(grace_s)
         shutdown = getattr(self.metrics_server, "shutdown", None)

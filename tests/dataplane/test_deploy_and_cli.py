@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
+import grpc
 import pytest
 import yaml
 
@@ -13,8 +15,11 @@ from controller.cli import build_parser
 from controller.dataplane.cli import config_from_args
 from controller.dataplane.envoy import envoy_binary, render_bootstrap
 from controller.dataplane.scrape import ScrapeError, parse_engine_metrics, parse_http_sd
-from controller.dataplane.server import prompt_text, resolve
+from controller.dataplane.server import PickerConfig, PickerThread, prompt_text, resolve
+from controller.gen.governor.v1 import control_pb2 as pb
+from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
 from controller.paths import PROJECT_ROOT
+from tests.dataplane.conftest import wait_for
 
 ENVOY_DIR = PROJECT_ROOT / "deploy" / "envoy"
 
@@ -132,3 +137,34 @@ def test_demo_with_envoy_governs_the_picker_and_the_replayed_traffic_succeeds():
     assert max(t["arrival_rps"] or 0 for t in ticks) > 5
     replay = next(e for e in events if e["event"] == "replay")
     assert replay["requests"] > 50 and replay["errors"] == 0
+
+
+@pytest.mark.e2e
+def test_a_follower_picker_obeys_the_policy_governor_sends_to_its_leader():
+    groups = {"g": ["a", "b"]}
+    leader = PickerThread(PickerConfig(groups=groups, endpoints={"a": ["127.0.0.1:9"], "b": ["127.0.0.1:9"]},
+                                       scrape_interval_s=0.1))
+    lead = leader.start()
+    follower = PickerThread(PickerConfig(groups=groups, endpoints={"a": ["127.0.0.1:9"], "b": ["127.0.0.1:9"]},
+                                         scrape_interval_s=0.1, follow=lead.control_address))
+    fol = follower.start()
+    try:
+        msg = pb.RoutingPolicy(meta=pb.CommandMeta(decision_id="d-7", generation=7,
+                                                   valid_until_unix_s=time.time() + 1.0))
+        msg.pools.add(pool="a", traffic_weight=0.25, inflight_cap=3)
+        msg.admission.add(priority_class="sheddable", shed_fraction=0.5)
+        with grpc.insecure_channel(lead.control_address) as ch:
+            assert pb_grpc.RouterControlStub(ch).ApplyRoutingPolicy(msg, timeout=5).status == pb.ACK_STATUS_APPLIED
+
+        def followed():
+            a = fol.svc.store.settings(time.time())
+            return (a.generation, a.decision_id, a.fallback, a.settings.pools["a"].inflight_cap,
+                    a.settings.admission_of("sheddable").shed_fraction)
+
+        wait_for(lambda: follower.call(followed) == (7, "d-7", False, 3, 0.5), 5, "the follower to copy the policy")
+        # the leader's deadline holds for the follower too: both fall back to their defaults
+        wait_for(lambda: follower.call(followed)[2], 5, "the follower to fall back")
+        assert follower.call(followed)[3:] == (0, 0.0)
+    finally:
+        follower.stop()
+        leader.stop()
