@@ -268,13 +268,15 @@ class Picker:
                     out.append(h)
         return out
 
-    def abandon(self, h: HeldRequest) -> bool:
-        """The edge gave up on a held request (timeout, client gone). True if it was still held."""
+    def abandon(self, h: HeldRequest, reason: str = "hold_timeout") -> bool:
+        """The edge gave up on a held request: True if it was still held. `reason` "hold_timeout" counts
+        as a rejection (503); "client_gone" (the client left while it waited) does not."""
         if h.done:
             return False
         h.done = True
         self._classes[h.cls].held -= 1
-        self.counters.rejected[(h.cls, "hold_timeout")] = self.counters.rejected.get((h.cls, "hold_timeout"), 0) + 1
+        if reason == "hold_timeout":
+            self.counters.rejected[(h.cls, reason)] = self.counters.rejected.get((h.cls, reason), 0) + 1
         return True
 
     # ------------------------------------------------------------------ parts

@@ -6,7 +6,8 @@
   `sglang:token_usage` are read as the same three.
 - `fetch` (blocking; the server runs it in a worker thread) GETs a URL with a timeout.
 - `parse_http_sd`: Prometheus HTTP service discovery JSON (the live simulator's `/sd`, or any
-  service that serves it): targets with `kind: vllm` (or no kind) and a `pool` label.
+  service that serves it): targets with `kind: vllm` (or no kind) and a `pool` label, except those
+  labelled `draining: "true"` (the simulator marks replicas that are draining).
 
 Must not: decide anything or keep state.
 """
@@ -78,5 +79,7 @@ def parse_http_sd(body: bytes, pools: Iterable[str]) -> dict[str, list[str]]:
         labels = g.get("labels") or {}
         if labels.get("kind", "vllm") not in ("vllm", "sglang") or labels.get("pool") not in out:
             continue
+        if str(labels.get("draining", "")).lower() == "true":
+            continue  # finishing its requests, taking no new ones
         out[labels["pool"]].extend(str(t) for t in g.get("targets") or [])
     return out

@@ -224,7 +224,7 @@ class PickerService:
                 return None, immediate(503, 1, "hold_timeout")
             ep = fut.result()  # dispatched in the same instant
         except asyncio.CancelledError:
-            if not self.picker.abandon(h) and h.endpoint is not None:
+            if not self.picker.abandon(h, "client_gone") and h.endpoint is not None:
                 self.release(h.endpoint)
             raise
         self.hold_time.observe(time.monotonic() - t0)

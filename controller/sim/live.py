@@ -344,9 +344,15 @@ class LiveFleet:
     def targets(self) -> list[dict]:
         """Prometheus HTTP SD: every current target with its labels."""
         assert self._router is not None
+        with self.lock:
+            draining = {rid for rid, e in self._engines().items() if e.draining}
         with self._targets_lock:
-            out = [{"targets": [t.endpoint.address], "labels": dict(t.labels)}
-                   for t in list(self._replicas.values()) + list(self._nodes.values())]
+            # a draining replica stays scraped (it still serves its requests) but is marked, as
+            # Kubernetes drops a terminating pod from a Service's ready endpoints
+            out = [{"targets": [t.endpoint.address],
+                    "labels": {**t.labels, **({"draining": "true"} if rid in draining else {})}}
+                   for rid, t in self._replicas.items()]
+            out += [{"targets": [t.endpoint.address], "labels": dict(t.labels)} for t in self._nodes.values()]
         out.append({"targets": [self._router.address], "labels": {"kind": "router"}})
         return out
 

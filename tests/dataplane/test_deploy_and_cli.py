@@ -60,7 +60,8 @@ def test_engine_readings_and_discovery_are_parsed():
         parse_engine_metrics("up 1\n")
     sd = json.dumps([{"targets": ["10.0.0.1:8000"], "labels": {"kind": "vllm", "pool": "a"}},
                      {"targets": ["10.0.0.9:9400"], "labels": {"kind": "dcgm", "pool": "a"}},
-                     {"targets": ["10.0.0.2:8000"], "labels": {"pool": "zz"}}]).encode()
+                     {"targets": ["10.0.0.2:8000"], "labels": {"pool": "zz"}},
+                     {"targets": ["10.0.0.3:8000"], "labels": {"pool": "a", "draining": "true"}}]).encode()
     assert parse_http_sd(sd, ["a", "b"]) == {"a": ["10.0.0.1:8000"], "b": []}
     with pytest.raises(ScrapeError, match="not JSON"):
         parse_http_sd(b"<html>", ["a"])

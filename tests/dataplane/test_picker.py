@@ -129,7 +129,10 @@ def test_queue_budget_rejects_beyond_it_and_abandon_frees_the_budget():
     r = p.route("standard", "over budget", s, 0.0)
     assert (r.status, r.reason) == (503, "queue_budget") and r.retry_after_s >= 1
     assert p.abandon(h) and not p.abandon(h)
-    assert p.route("standard", "room again", s, 0.0).held is not None
+    assert p.counters.rejected[("standard", "hold_timeout")] == 1
+    h2 = p.route("standard", "room again", s, 0.0).held
+    assert h2 is not None and p.abandon(h2, "client_gone")
+    assert p.counters.rejected[("standard", "hold_timeout")] == 1  # a client that left is not a rejection
 
 
 def test_shed_fraction_is_exact_and_per_class():

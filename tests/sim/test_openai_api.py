@@ -107,3 +107,38 @@ def test_bad_requests_get_openai_style_errors(live):
             _post(rep["api"] + path, body)
         assert exc.value.code == code
         assert text in json.loads(exc.value.read())["error"]["message"]
+
+
+@pytest.mark.e2e
+def test_a_draining_replica_finishes_its_stream_refuses_new_requests_and_leaves_discovery():
+    lf = LiveFleet(SCENARIO, step_wall_s=0.01)
+    info = lf.start()
+    try:
+        a100 = [r for r in info["replicas"] if r["pool"] == "llama8b-a100"]
+        streams = {r["id"]: _post(r["api"] + "/v1/completions", {"prompt": "x " * 10, "max_tokens": 100,
+                                                                 "stream": True}) for r in a100}
+        for resp in streams.values():
+            assert resp.readline().startswith(b"data: ")  # streaming: the engines have the requests
+        fleet = lf.fleet
+        assert fleet is not None
+        with lf.lock:
+            fleet.set_pool_target("llama8b-a100", replicas=1, warm_standby=0)
+
+        def sd_labels() -> dict:
+            return {t["labels"]["replica"]: t["labels"] for t in lf.targets() if t["labels"].get("kind") == "vllm"}
+
+        marked = [r for r in a100 if sd_labels()[r["id"]].get("draining") == "true"]
+        assert len(marked) == 1  # one of the two drains; the other stays unmarked
+        victim = marked[0]
+        resp = streams[victim["id"]]
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            _post(victim["api"] + "/v1/completions", {"prompt": "late", "max_tokens": 1})
+        assert exc.value.code == 503
+        for r in streams.values():
+            assert r.read().splitlines()[-2:] == [b"data: [DONE]", b""]  # both streams ran to the end
+        deadline = time.monotonic() + 10
+        while victim["id"] in sd_labels():
+            assert time.monotonic() < deadline, "the drained replica stayed in discovery"
+            time.sleep(0.01)  # polling the live fleet under a deadline
+    finally:
+        lf.stop()
