@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import json
 import math
-import subprocess
 import sys
 import time
 import urllib.request
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
+from controller.dataplane.child import GovernorChild
 from controller.dataplane.envoy import EnvoyProcess
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
@@ -59,29 +59,6 @@ class Phase:
     def pct_ms(self, q: float) -> float:
         ok = [x for x, s in zip(self.latencies_s, self.statuses, strict=True) if s == 200]
         return round(float(np.percentile(ok, q)) * 1000, 3) if ok else math.nan
-
-
-class _Child:
-    """A `governor` subprocess that prints one JSON listening line first."""
-
-    def __init__(self, args: list[str], timeout_s: float) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "controller", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, cwd=PROJECT_ROOT, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # the child prints it as soon as it listens
-        if not line:
-            self.stop()
-            raise RuntimeError(f"governor {args[0]} exited before listening (code {self.proc.poll()})")
-        self.info = json.loads(line)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
 
 
 async def _post(host: str, port: int, body: bytes) -> int:
@@ -168,16 +145,16 @@ def histogram_quantile(q: float, before: list[tuple[float, float]], after: list[
 def run_bench(*, rate: float, requests: int, weights: tuple[float, float], timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     with ExitStack() as stack:
-        sim = _Child(["sim", str(SCENARIO), "--step-wall", "0.005"], 30)
+        sim = GovernorChild(["sim", str(SCENARIO), "--step-wall", "0.005"])
         stack.callback(sim.stop)
         replicas = sim.info["replicas"]
         pools: dict[str, list[dict]] = {}
         for r in replicas:
             pools.setdefault(r["pool"], []).append(r)
         names = sorted(pools)
-        picker = _Child(["picker", *[a for p in names for a in ("--pool", p + "=" + ",".join(
+        picker = GovernorChild(["picker", *[a for p in names for a in ("--pool", p + "=" + ",".join(
             r["address"] for r in pools[p]))], "--extproc-port", "0", "--control-port", "0", "--metrics-port", "0",
-                         "--scrape-interval", "0.5"], 30)
+                         "--scrape-interval", "0.5"])
         stack.callback(picker.stop)
         host, port = picker.info["extproc"].rsplit(":", 1)
         envoy = EnvoyProcess(picker_address=host, picker_port=int(port))

@@ -158,3 +158,5 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output", type=int, default=256, help="cap each request's max_tokens")
     p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="per-request timeout")
     p.add_argument("--seed", type=int, default=0, help="seed of the class draw and the prompts' text")
+    p.add_argument("--block-tokens", type=int, default=None,
+                   help="tokens per prefix block of the trace's hash_ids (default: 512 for Mooncake, else 16)")

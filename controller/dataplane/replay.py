@@ -11,8 +11,8 @@ exact count as `prompt_tokens` (a Governor extension a real engine ignores).
 Client-side measures per request: TTFT (send → first streamed token), TPOT ((last − first
 token) / (tokens − 1)), end-to-end time and the HTTP status. Bounds: `--concurrency` in flight
 (later arrivals wait, and that wait counts in their TTFT, as a real client's would),
-`--max-requests`, `--duration` (no new sends after it) and a per-request `--timeout`. Cancelled
-(the demo stopping), it returns the summary of the requests that finished.
+`--max-requests`, `--duration` (no new sends after it) and a per-request `--timeout`. Stopped
+early (SIGINT or SIGTERM; the demo stopping), it prints the summary of the requests that finished.
 
 The HTTP/1.1 client is asyncio streams, one connection per request (no third-party client is a
 dependency). Must not: retry (a rejected request is counted, as the simulator's clients see it),
@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -286,7 +287,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         path = Path(args.trace)
         fmt = detect_format(path)
-        trace = read_trace_file(path, fmt, hash_block_tokens=16 if fmt != "mooncake" else 512, servegen=None,
+        block = args.block_tokens or (512 if fmt == "mooncake" else 16)
+        trace = read_trace_file(path, fmt, hash_block_tokens=block, servegen=None,
                                 rng=np.random.default_rng(args.seed))
     except (TraceError, OSError) as exc:
         print(f"governor replay: {exc}", file=sys.stderr)
@@ -294,7 +296,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     reqs = build_requests(trace, chat=args.chat, model=args.model, max_requests=args.max_requests,
                           time_scale=args.time_scale, start_s=args.start, class_mix=(mix[0], mix[1], mix[2]),
                           max_output=args.max_output, seed=args.seed, until_s=args.duration)
-    summary = asyncio.run(replay(args.url.rstrip("/"), reqs, chat=args.chat, concurrency=args.concurrency,
-                                 duration_s=args.duration, timeout_s=args.timeout, class_header=args.class_header))
+    async def run() -> Summary:
+        task = asyncio.ensure_future(replay(args.url.rstrip("/"), reqs, chat=args.chat,
+                                            concurrency=args.concurrency, duration_s=args.duration,
+                                            timeout_s=args.timeout, class_header=args.class_header))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # stop early: the summary of what finished
+            loop.add_signal_handler(sig, task.cancel)
+        return await task
+
+    summary = asyncio.run(run())
     print(json.dumps(summary.to_dict()), flush=True)
     return 0

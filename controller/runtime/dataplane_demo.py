@@ -4,11 +4,14 @@
 
 - the fleet is scenarios/dataplane/fleet.yaml in live mode (the demo's two Llama-3-8B pools,
   no traffic of their own): each replica serves the OpenAI API and /metrics;
-- the picker finds the replicas through the simulator's HTTP service discovery (so it follows
-  scale-ups and drains) and scrapes their /metrics;
+- `governor picker` (a child process) finds the replicas through the simulator's HTTP service
+  discovery (so it follows scale-ups and drains) and scrapes their /metrics;
 - Envoy (a child process, deploy/envoy/loopback.yaml) asks the picker for every request;
-- the replayer (controller/dataplane/replay.py) sends the demo scenario's trace (Azure 2023
-  conversations, 3x surge at 20 s) through Envoy, streaming, on a background thread;
+- `governor replay` (a child process) sends the demo scenario's trace (Azure 2023 conversations,
+  3x surge at 20 s, written to a JSONL file after the scenario's transforms) through Envoy,
+  streaming. The picker and the replayer run in their own processes so that they do not compete
+  with the simulated fleet for this process' GIL (with all in one process, the client-side TTFT
+  measured mostly Python's queueing);
 - Governor scrapes the engines (discovery) and the picker (as a router target), and actuates the
   picker over RouterControl and the simulated autoscaler over AutoscalerControl.
 
@@ -17,18 +20,17 @@ Must not: decide anything (the daemon does) or outlive `stop()` (every part it s
 
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
-import threading
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from controller.config import ScrapeTargetSettings, Settings
+from controller.dataplane.child import GovernorChild
 from controller.dataplane.envoy import EnvoyProcess
-from controller.dataplane.replay import Summary, build_requests, replay
-from controller.dataplane.server import PickerConfig, PickerThread
 from controller.paths import PROJECT_ROOT
 from controller.sim.live import LiveFleet
 from controller.sim.scenario import Scenario, load_scenario
@@ -50,12 +52,11 @@ class DataplaneDemo:
         self.max_output = max_output
         self.concurrency = concurrency
         self.live = LiveFleet(self.scenario, step_wall_s=0.01)
-        self.picker: PickerThread | None = None
+        self.picker: GovernorChild | None = None
         self.envoy: EnvoyProcess | None = None
-        self.summary: Summary | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task | None = None
-        self._thread: threading.Thread | None = None
+        self.replayer: GovernorChild | None = None
+        self.summary: dict | None = None
+        self._dir = tempfile.TemporaryDirectory(prefix="governor-dataplane-")
         self.info: dict[str, Any] = {}
 
     def start(self) -> dict[str, Any]:
@@ -64,14 +65,17 @@ class DataplaneDemo:
             groups: dict[str, list[str]] = {}
             for p in self.scenario.pools:
                 groups.setdefault(p.group, []).append(p.name)
-            self.picker = PickerThread(PickerConfig(groups=groups, discovery_url=listening["discovery"],
-                                                    scrape_interval_s=0.5, hold_timeout_s=20.0))
-            running = self.picker.start()
-            host, port = running.extproc_address.rsplit(":", 1)
+            self.picker = GovernorChild(["picker", *[f"--pool={p.name}=" for p in self.scenario.pools],
+                                         *[f"--group={g}={','.join(ps)}" for g, ps in groups.items()],
+                                         "--discovery", listening["discovery"], "--scrape-interval", "0.5",
+                                         "--hold-timeout", "20", "--extproc-port", "0", "--control-port", "0",
+                                         "--metrics-port", "0"])
+            host, port = self.picker.info["extproc"].rsplit(":", 1)
             self.envoy = EnvoyProcess(picker_address=host, picker_port=int(port), message_timeout_s=30.0)
             url = self.envoy.start()
-            self.info = {**listening, "router_control": running.control_address, "picker_metrics": running.metrics_url,
-                         "envoy": url, "envoy_admin": self.envoy.admin_url}
+            self.info = {**listening, "router_control": self.picker.info["router_control"],
+                         "picker_metrics": self.picker.info["metrics"], "envoy": url,
+                         "envoy_admin": self.envoy.admin_url}
             self._start_replay(url)
         except BaseException:
             self.stop()
@@ -81,24 +85,21 @@ class DataplaneDemo:
     def _start_replay(self, url: str) -> None:
         spec = self.trace_scenario.trace
         trace = load_trace(spec, Path(self.trace_scenario.base_dir), np.random.default_rng(1))
-        reqs = build_requests(trace, chat=False, model="", max_requests=100_000, time_scale=1.0, start_s=0.0,
-                              class_mix=(0.2, 0.6, 0.2), max_output=self.max_output, seed=1,
-                              until_s=self.duration_s)
-        self._loop = asyncio.new_event_loop()
-
-        def run() -> None:
-            assert self._loop is not None
-            asyncio.set_event_loop(self._loop)
-            self._task = self._loop.create_task(replay(url, reqs, chat=False, concurrency=self.concurrency,
-                                                       duration_s=self.duration_s, timeout_s=120.0))
-            try:
-                self.summary = self._loop.run_until_complete(self._task)
-                log.info("replay finished: %s", self.summary.to_dict())
-            except asyncio.CancelledError:
-                pass
-
-        self._thread = threading.Thread(target=run, name="replay", daemon=True)
-        self._thread.start()
+        path = Path(self._dir.name) / "demo-trace.jsonl"
+        with open(path, "w") as f:
+            for i in range(len(trace)):
+                if float(trace.arrival_s[i]) > self.duration_s:
+                    break
+                rec: dict[str, Any] = {"arrival_s": float(trace.arrival_s[i]),
+                                       "prompt_tokens": int(trace.prompt_tokens[i]),
+                                       "output_tokens": int(trace.output_tokens[i])}
+                if trace.block_hashes is not None:
+                    rec["hash_ids"] = [int(h) for h in trace.block_hashes[i]]
+                f.write(json.dumps(rec) + "\n")
+        self.replayer = GovernorChild(["replay", str(path), "--url", url, "--block-tokens",
+                                       str(trace.hash_block_tokens), "--duration", f"{self.duration_s:g}",
+                                       "--max-requests", "100000", "--max-output", str(self.max_output),
+                                       "--concurrency", str(self.concurrency), "--seed", "1"], wait_listening=False)
 
     def settings(self, base: Settings) -> Settings:
         """The demo daemon's settings with the picker as its router (actuated, and scraped as a router target)."""
@@ -110,10 +111,12 @@ class DataplaneDemo:
         return base.model_copy(update={"actuators": actuators, "telemetry": telemetry})
 
     def stop(self) -> None:
-        if self._loop is not None and self._task is not None and not self._task.done():
-            self._loop.call_soon_threadsafe(self._task.cancel)
-        if self._thread is not None:
-            self._thread.join(10.0)
+        if self.replayer is not None:
+            self.summary = self.replayer.last_json()
+            self.replayer.stop()
+            self.replayer = None
+            if self.summary is not None:
+                log.info("replay: %s", self.summary)
         if self.envoy is not None:
             self.envoy.stop()
             self.envoy = None
@@ -121,3 +124,4 @@ class DataplaneDemo:
             self.picker.stop()
             self.picker = None
         self.live.stop()
+        self._dir.cleanup()

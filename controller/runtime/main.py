@@ -389,7 +389,7 @@ def cmd_run(args) -> int:
             if dataplane is not None:
                 dataplane.stop()
                 if headless and dataplane.summary is not None:
-                    out.emit({"event": "replay", **dataplane.summary.to_dict()})
+                    out.emit({"event": "replay", **dataplane.summary})
             live.stop()
             if headless and summary is not None:
                 out.emit({"event": "summary", **(summary if isinstance(summary, dict) else summary.to_dict())})
