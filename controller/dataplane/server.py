@@ -427,7 +427,7 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):
                         ep, resp = await svc.decide(cls, group, "")
                         if resp.HasField("request_body"):
                             resp = ep_pb.ProcessingResponse(request_headers=ep_pb.HeadersResponse(
-                                response=resp.request_body.response))
+                                response=resp.request_body.response), dynamic_metadata=resp.dynamic_metadata)
                         yield resp
                     else:
                         yield ep_pb.ProcessingResponse(request_headers=ep_pb.HeadersResponse())

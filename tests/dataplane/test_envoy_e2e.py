@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 
 import pytest
 
@@ -132,3 +133,11 @@ def test_after_the_validity_deadline_the_picker_falls_back_to_its_defaults(datap
     policy = dp.control.GetRoutingPolicy(pb.GetRoutingPolicyRequest(), timeout=5)
     assert policy.meta.valid_until_unix_s < time.time()
     assert all(a.shed_fraction == 0 for a in policy.admission)
+
+
+def test_requests_without_a_body_are_picked_at_their_headers(dataplane: DataPlane):
+    with urllib.request.urlopen(dataplane.url + "/v1/models", timeout=10) as r:
+        models = json.loads(r.read())
+    assert models["data"][0]["id"] == "meta-llama/Meta-Llama-3-8B-Instruct"
+    with urllib.request.urlopen(dataplane.url + "/health", timeout=10) as r:
+        assert r.status == 200
