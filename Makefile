@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench models protos check-protos clean dashboards perf-tables
+.PHONY: run test lint bench models protos check-protos clean dashboards perf-tables demo-trace
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -50,9 +50,15 @@ models: $(STAMP)
 protos: $(STAMP)
 	$(VPY) protos/generate.py
 
-# Regenerates controller/perf/figures_table.py (the planner's step-time figures) from the performance model.
+# Regenerates the performance tables the daemon ships from ../shared/data: controller/perf/figures_table.py
+# (the planner's step-time figures) and controller/perf/physics_table.py (the learned models' prior physics).
 perf-tables: $(STAMP)
 	$(VPY) -m controller.perf.figures_gen --write
+	$(VPY) -m controller.perf.physics_gen --write
+
+# Regenerates the demo's packaged trace, controller/sim/demo/azure2023_conv_demo.csv, from ../shared/data.
+demo-trace: $(STAMP)
+	$(VPY) -m controller.sim.demo_trace --write
 
 # Regenerates grafana/*.json from grafana/dashboards.py (Grafana Foundation SDK, a dev extra).
 dashboards: $(STAMP)

@@ -7,6 +7,12 @@ times on `TOKEN_GRID`, the per-context-token decode cost, the attention cost per
 work and the KV capacity. A real fleet of a known model × SKU × TP uses the same table; its errors are what
 the learned corrections absorb.
 
+The daemon (`physics_for_pool_spec`) reads no file: a calibrated engine's values come from the
+packaged table `controller.perf.physics_table` (exactly what probing gives; `make perf-tables`
+regenerates it from ../shared/data), any other engine's from the roofline prior
+(`controller.perf.roofline`). The simulator's training runs (`physics_for_scenario_pool`) probe the
+model itself, at the scenario's engine settings.
+
 Must not: keep state between calls beyond IterationModel's own per-key cache, or import the simulator.
 """
 
@@ -14,11 +20,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.core.coupling import TOKEN_GRID, PoolPhysics
+from controller.core.coupling import PoolPhysics
 from controller.perf.iteration import IterationModel
+from controller.perf.physics_gen import BLOCK_SIZE, GPU_MEMORY_UTILIZATION, PhysicsRow, probe
+from controller.perf.physics_table import PHYSICS
 
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-DEFAULT_BLOCK_SIZE = 16
+DEFAULT_GPU_MEMORY_UTILIZATION = GPU_MEMORY_UTILIZATION
+DEFAULT_BLOCK_SIZE = BLOCK_SIZE
 
 
 def physics_key(model: str, sku: str, tp: int) -> str:
@@ -34,17 +42,16 @@ def build_physics(model: str, sku: str, tp: int, *, gpu_memory_utilization: floa
     tokens = 145 ms; decode context 92 ns per token; KV capacity ≈ 452k tokens at util 0.9.
     """
     im = IterationModel.build(model, sku, int(tp), data_dir)
-    decode = tuple(im.step_time_s(0, 0.0, int(n), 0) for n in TOKEN_GRID)
-    prefill = tuple(im.step_time_s(int(n), 0.0, 0, 0) for n in TOKEN_GRID)
-    ctx_probe = 100_000
-    ctx = (im.step_time_s(0, 0.0, 8, ctx_probe) - im.step_time_s(0, 0.0, 8, 0)) / ctx_probe
-    work = 1024.0 * 2048.0
-    attn = (im.step_time_s(1024, work, 0, 0) - im.step_time_s(1024, 0.0, 0, 0)) / work
-    kv_tokens = im.kv_capacity_blocks(gpu_memory_utilization, block_size) * block_size
-    seq = (im.step_time_s(512, 0.0, 64, 0) - im.step_time_s(576, 0.0, 0, 0)) / 64
-    return PoolPhysics(key=physics_key(model, sku, tp), decode_step_s=decode, prefill_step_s=prefill,
-                       decode_ctx_s_per_token=max(ctx, 0.0), prefill_attn_s_per_work=max(attn, 0.0),
-                       kv_capacity_tokens=float(kv_tokens), mixed_seq_s=max(seq, 0.0), max_num_seqs=int(max_num_seqs),
+    return physics_from_row(physics_key(model, sku, tp), probe(im, gpu_memory_utilization, block_size),
+                            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+
+
+def physics_from_row(key: str, row: PhysicsRow, *, max_num_seqs: int = 256,
+                     max_num_batched_tokens: int = 8192) -> PoolPhysics:
+    decode, prefill, ctx, attn, seq, kv_tokens = row
+    return PoolPhysics(key=key, decode_step_s=tuple(decode), prefill_step_s=tuple(prefill),
+                       decode_ctx_s_per_token=ctx, prefill_attn_s_per_work=attn,
+                       kv_capacity_tokens=float(kv_tokens), mixed_seq_s=seq, max_num_seqs=int(max_num_seqs),
                        max_num_batched_tokens=int(max_num_batched_tokens))
 
 
@@ -57,6 +64,11 @@ def physics_for_scenario_pool(pool) -> PoolPhysics:
 
 
 def physics_for_pool_spec(pool) -> PoolPhysics:
-    """PoolPhysics of a daemon pool (controller.types.PoolSpec or config PoolSettings): TP = GPUs per replica."""
-    return build_physics(pool.model, pool.sku, int(pool.gpus_per_replica), max_num_seqs=pool.max_num_seqs,
-                         max_num_batched_tokens=pool.max_num_batched_tokens)
+    """PoolPhysics of a daemon pool (controller.types.PoolSpec or config PoolSettings): TP = GPUs per
+    replica, from the packaged table. ValueError names an engine the table does not hold."""
+    key = physics_key(pool.model, pool.sku, int(pool.gpus_per_replica))
+    row = PHYSICS.get(key)
+    if row is None:
+        raise ValueError(f"no calibrated physics for {key}; calibrated engines: {sorted(PHYSICS)}")
+    return physics_from_row(key, row, max_num_seqs=pool.max_num_seqs,
+                            max_num_batched_tokens=pool.max_num_batched_tokens)

@@ -1,6 +1,6 @@
 """Model artifacts on disk: skops files plus a JSON manifest each. Never pickle.
 
-Layout of a models directory (the shipped `models/` or `<state_dir>/models/`):
+Layout of a models directory (the shipped `controller/models/` or `<state_dir>/models/`):
 
     coupling.skops            the CouplingModels state (plain values + fitted scikit-learn estimators)
     coupling.manifest.json    kind, format, features, targets, training window/rows/sources, seed,
@@ -41,10 +41,9 @@ from controller.core.coupling import (
     coupling_to_state,
 )
 from controller.core.forecast import ForecasterModel, forecaster_from_state, forecaster_to_state
-from controller.paths import PROJECT_ROOT
 
-# the prior artifacts shipped with Governor (`make models` refits them)
-SHIPPED_MODELS_DIR = PROJECT_ROOT / "models"
+# the prior artifacts shipped with Governor, package data of the wheel (`make models` refits them)
+SHIPPED_MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 MANIFEST_VERSION = 1
 KINDS = ("coupling", "forecast")
 # The only non-builtin types an artifact may contain. QuantileRegressor is what `fit_coupling`

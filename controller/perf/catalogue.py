@@ -37,7 +37,8 @@ class GpuSku:
     price_source: str
     dense_bf16_flops: float  # peak dense BF16 tensor FLOP/s (no sparsity)
     attention_flops_frac: float  # achievable share of dense_bf16_flops in prefill attention kernels
-    vidur_prefix: str  # file prefix in calibration/vidur
+    vidur_prefix: str | None = None  # file prefix in calibration/vidur; None: not profiled (roofline only)
+    interconnect_bytes_per_s: float = 0.0  # GPU-to-GPU bandwidth per GPU (NVLink / Infinity Fabric / PCIe)
 
     @property
     def memory_bytes(self) -> float:
@@ -57,6 +58,7 @@ SKUS: Mapping[str, GpuSku] = MappingProxyType(
             dense_bf16_flops=312e12,
             attention_flops_frac=0.50,  # FlashAttention-2 forward reaches ~50-70 % of peak on A100
             vidur_prefix="a100",
+            interconnect_bytes_per_s=600e9,  # NVLink 3, A100 datasheet
         ),
         "h100-80gb": GpuSku(
             name="h100-80gb",
@@ -69,9 +71,63 @@ SKUS: Mapping[str, GpuSku] = MappingProxyType(
             dense_bf16_flops=989e12,
             attention_flops_frac=0.40,  # FlashAttention-2 on Hopper ~35-45 % of peak (FA3 reaches more)
             vidur_prefix="h100",
+            interconnect_bytes_per_s=900e9,  # NVLink 4, H100 SXM datasheet
+        ),
+        # The SKUs below are not profiled: the planner and the learned models' prior time them with the
+        # roofline (controller.perf.roofline). Figures from the vendors' data sheets; prices are
+        # indicative (a pool always states its own usd_per_gpu_hour in the daemon's config).
+        "h200-141gb": GpuSku(
+            name="h200-141gb",
+            dcgm_model_name="NVIDIA H200",
+            memory_gib=143771 / 1024,  # 141 GB HBM3e; nvidia-smi reports 143,771 MiB
+            hbm_bytes_per_s=4.8e12,  # NVIDIA H200 SXM datasheet
+            usd_per_gpu_hour=5.41,
+            price_source="AWS EC2 Capacity Blocks, p5e.48xlarge (8x H200) effective rate $43.26/h / 8 GPUs "
+            "(US East (Ohio), rates to January 2025); indicative",
+            dense_bf16_flops=989e12,  # same Hopper tensor cores as H100 SXM (1,979 TFLOPS with sparsity)
+            attention_flops_frac=0.40,
+            interconnect_bytes_per_s=900e9,  # NVLink 4
+        ),
+        "l40s-48gb": GpuSku(
+            name="l40s-48gb",
+            dcgm_model_name="NVIDIA L40S",
+            memory_gib=46068 / 1024,  # 48 GB GDDR6 with ECC; nvidia-smi reports 46,068 MiB
+            hbm_bytes_per_s=864e9,  # GDDR6, NVIDIA L40S datasheet
+            usd_per_gpu_hour=1.86,
+            price_source="AWS EC2 On-Demand, us-east-1, g6e.xlarge (1x L40S) about $1.86/h; indicative",
+            dense_bf16_flops=362.05e12,  # datasheet BF16 tensor 362.05 TFLOPS dense (733 with sparsity)
+            attention_flops_frac=0.40,
+            interconnect_bytes_per_s=32e9,  # no NVLink: PCIe Gen4 x16, 64 GB/s bidirectional
+        ),
+        "l4-24gb": GpuSku(
+            name="l4-24gb",
+            dcgm_model_name="NVIDIA L4",
+            memory_gib=23034 / 1024,  # 24 GB GDDR6; nvidia-smi reports 23,034 MiB
+            hbm_bytes_per_s=300e9,  # GDDR6, NVIDIA L4 datasheet
+            usd_per_gpu_hour=0.80,
+            price_source="AWS EC2 On-Demand, us-east-1, g6.xlarge (1x L4) about $0.80/h; indicative",
+            dense_bf16_flops=121e12,  # datasheet BF16 tensor 242 TFLOPS with sparsity, half dense
+            attention_flops_frac=0.40,
+            interconnect_bytes_per_s=32e9,  # PCIe Gen4 x16, 64 GB/s bidirectional
+        ),
+        "mi300x-192gb": GpuSku(
+            name="mi300x-192gb",
+            dcgm_model_name="AMD Instinct MI300X",  # AMD's device-metrics exporter, not DCGM
+            memory_gib=192.0,  # 8 stacks x 24 GiB HBM3, AMD Instinct MI300X data sheet
+            hbm_bytes_per_s=5.3e12,  # AMD Instinct MI300X data sheet
+            usd_per_gpu_hour=6.00,
+            price_source="no AWS instance; indicative cloud rate for one MI300X, set usd_per_gpu_hour",
+            dense_bf16_flops=1307.4e12,  # data sheet peak BF16 dense (2,614.9 with sparsity)
+            attention_flops_frac=0.40,
+            interconnect_bytes_per_s=896e9,  # 7 Infinity Fabric links x 128 GB/s per GPU
         ),
     }
 )
+# Short names an operator may write in a config ("l40s" for "l40s-48gb").
+SKU_ALIASES: Mapping[str, str] = MappingProxyType({
+    "a100": "a100-80gb", "h100": "h100-80gb", "h200": "h200-141gb", "l40s": "l40s-48gb", "l4": "l4-24gb",
+    "mi300x": "mi300x-192gb",
+})
 
 # Share of peak HBM bandwidth a streaming read reaches. The Vidur profiles themselves reach it for
 # weight reads at 1 token: A100 Llama-3-8B reads 13.96 GB of layer weights in 9.70 ms = 1.44 TB/s
@@ -86,7 +142,7 @@ NCCL_LAUNCH_S = 20e-6  # Vidur's default nccl_cpu_launch_overhead_ms = 0.02, per
 
 @dataclass(frozen=True, slots=True)
 class ModelArch:
-    """Architecture constants from the public model cards / config.json (Meta Llama on Hugging Face)."""
+    """Architecture constants from the public model cards / config.json on Hugging Face."""
 
     name: str
     served_name: str  # what vLLM reports as model_name
@@ -97,11 +153,19 @@ class ModelArch:
     kv_heads: int
     head_dim: int
     vocab: int
-    weight_bytes_per_param: int
+    weight_bytes_per_param: float
     max_model_len: int
-    intermediate: int  # MLP hidden size (n_expanded_embd in Vidur)
-    vidur_name: str  # file stem in calibration/vidur
-    ratio_proxy: str  # model whose H100/A100 ratio derives missing profiles (same hidden size)
+    intermediate: int  # MLP hidden size per expert (n_expanded_embd in Vidur)
+    vidur_name: str | None = None  # file stem in calibration/vidur; None: not profiled (roofline only)
+    ratio_proxy: str | None = None  # model whose H100/A100 ratio derives missing profiles (same hidden size)
+    experts: int = 1  # MLP experts per layer (mixture of experts)
+    experts_per_token: int = 1  # experts each token goes through
+    qkv_bias: bool = False  # Qwen2 carries biases on the Q, K and V projections
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token goes through (all of them, unless mixture of experts)."""
+        return self.params - self.layers * (self.experts - self.experts_per_token) * 3 * self.hidden * self.intermediate
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -116,7 +180,9 @@ class ModelArch:
         """Parameters implied by the shapes (untied embedding and LM head, RMSNorm weights)."""
         q = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
-        per_layer = self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        per_layer = (self.hidden * (q + 2 * kv) + q * self.hidden + self.experts * 3 * self.hidden * self.intermediate
+                     + 2 * self.hidden + (q + 2 * kv if self.qkv_bias else 0)
+                     + (self.hidden * self.experts if self.experts > 1 else 0))  # the router
         return self.layers * per_layer + 2 * self.vocab * self.hidden + self.hidden
 
 
@@ -146,8 +212,44 @@ MODELS: Mapping[str, ModelArch] = MappingProxyType(
             weight_bytes_per_param=2, max_model_len=4096, intermediate=28_672,
             vidur_name="Llama-2-70b-hf", ratio_proxy="llama-2-70b",
         ),
+        # Not profiled (roofline only). Shapes from each model's config.json on Hugging Face; every
+        # `params` equals `counted_params()` (tests/perf check it) and the published parameter counts.
+        "llama-3.1-8b": ModelArch(  # meta-llama/Llama-3.1-8B-Instruct: Llama-3-8B's shapes, 128k context
+            name="llama-3.1-8b", served_name="meta-llama/Llama-3.1-8B-Instruct", params=8_030_261_248,
+            layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, vocab=128_256,
+            weight_bytes_per_param=2, max_model_len=131_072, intermediate=14_336,
+        ),
+        "llama-3.1-70b": ModelArch(  # meta-llama/Llama-3.1-70B-Instruct (Llama 3.3 70B has the same shapes)
+            name="llama-3.1-70b", served_name="meta-llama/Llama-3.1-70B-Instruct", params=70_553_706_496,
+            layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, vocab=128_256,
+            weight_bytes_per_param=2, max_model_len=131_072, intermediate=28_672,
+        ),
+        "qwen-2.5-7b": ModelArch(  # Qwen/Qwen2.5-7B-Instruct (7.61B parameters)
+            name="qwen-2.5-7b", served_name="Qwen/Qwen2.5-7B-Instruct", params=7_615_616_512,
+            layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128, vocab=152_064,
+            weight_bytes_per_param=2, max_model_len=32_768, intermediate=18_944, qkv_bias=True,
+        ),
+        "qwen-2.5-72b": ModelArch(  # Qwen/Qwen2.5-72B-Instruct (72.7B parameters)
+            name="qwen-2.5-72b", served_name="Qwen/Qwen2.5-72B-Instruct", params=72_706_203_648,
+            layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, vocab=152_064,
+            weight_bytes_per_param=2, max_model_len=32_768, intermediate=29_568, qkv_bias=True,
+        ),
+        "mistral-7b": ModelArch(  # mistralai/Mistral-7B-Instruct-v0.3 (7.25B parameters, 32,768 vocab)
+            name="mistral-7b", served_name="mistralai/Mistral-7B-Instruct-v0.3", params=7_248_023_552,
+            layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, vocab=32_768,
+            weight_bytes_per_param=2, max_model_len=32_768, intermediate=14_336,
+        ),
+        "mixtral-8x7b": ModelArch(  # mistralai/Mixtral-8x7B-Instruct-v0.1: 46.7B parameters, 12.9B active
+            name="mixtral-8x7b", served_name="mistralai/Mixtral-8x7B-Instruct-v0.1", params=46_702_792_704,
+            layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, vocab=32_000,
+            weight_bytes_per_param=2, max_model_len=32_768, intermediate=14_336, experts=8, experts_per_token=2,
+        ),
     }
 )
+# Names an operator may write in a config for the same architecture.
+MODEL_ALIASES: Mapping[str, str] = MappingProxyType({
+    "llama-3.3-70b": "llama-3.1-70b", "mistral-7b-v0.3": "mistral-7b", "mixtral-8x7b-v0.1": "mixtral-8x7b",
+})
 
 # Memory vLLM keeps outside the KV cache on every GPU (it profiles this; we estimate it):
 # CUDA context, NCCL buffers and CUDA graphs ≈ 1 GiB, plus the activation peak of the profiling
@@ -189,3 +291,8 @@ STACK_OVERHEADS: Mapping[str, StackOverhead] = MappingProxyType(
     }
 )
 ZERO_OVERHEAD = StackOverhead(0.0, 0.0, 0.0, 0.0)
+
+# The SKUs and models with Vidur profiles: the calibrated step-time model (controller.perf.iteration)
+# builds these; the roofline (controller.perf.roofline) times every other pair.
+CALIBRATED_SKUS: tuple[str, ...] = tuple(k for k, v in SKUS.items() if v.vidur_prefix is not None)
+CALIBRATED_MODELS: tuple[str, ...] = tuple(k for k, v in MODELS.items() if v.vidur_name is not None)

@@ -4,7 +4,8 @@ The simulator's engine asks `IterationModel.step_time_s` how long one continuous
 takes, and `kv_capacity_blocks` / `fb_used_mib_per_gpu` how much KV cache a replica holds and what
 DCGM would show; the learned models' prior physics and the planner's fitted step-time figures are
 probed from the same model. This module only computes (the profiles come through
-controller.perf.profiles); it must not read the wall clock, keep mutable state (the `build` memo
+controller.perf.profiles, or, without the shared data, from the packaged compact grids of
+controller.perf.steps_table); it must not read the wall clock, keep mutable state (the `build` memo
 is a cache of a pure function of read-only files), or write anywhere.
 
 Where each term comes from (docs/SIMULATOR.md has the calibration table):
@@ -70,6 +71,7 @@ from controller.perf.catalogue import (
 )
 from controller.perf.curves import grid_interp, interp, tail_slope
 from controller.perf.profiles import all_reduce_profile, kernel_profile
+from controller.perf.steps_table import STEP_GRIDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,24 +128,34 @@ class IterationModel:
     _coll_grid_s: tuple[float, ...]
     _tails: tuple[float, float, float]
 
-    def __init__(self, model: ModelArch, sku: GpuSku, tp: int, data_dir: Path, overhead: StackOverhead) -> None:
+    def __init__(self, model: ModelArch, sku: GpuSku, tp: int, data_dir: Path | None,
+                 overhead: StackOverhead) -> None:
         _check_fits(model, sku, tp)
-        tokens, per_layer, per_iter, provenance = kernel_profile(data_dir, sku, model, tp)
-        if tp > 1:
-            sizes, ar_s = all_reduce_profile(data_dir, sku, tp)
-            coll_fixed = NCCL_LAUNCH_S + overhead.collective_skew_s * tp**1.25
+        if data_dir is None:
+            # The packaged compact grid (controller/perf/steps_table.py): the summed step time of the
+            # profiles on fewer knots. `breakdown` then shows it all as non-attention time.
+            tokens, summed, tail, provenance = packaged_grid(model.name, sku.name, tp)
+            per_layer = [g / model.layers for g in summed]
+            per_iter = [0.0] * len(tokens)
+            coll_grid = [0.0] * len(tokens)
+            tails = (tail, 0.0, 0.0)
         else:
-            sizes, ar_s, coll_fixed = (), (), 0.0
-        n_coll = 2 * model.layers  # after attention (O projection) and after the MLP (down projection)
+            tokens, per_layer, per_iter, provenance = kernel_profile(data_dir, sku, model, tp)
+            if tp > 1:
+                sizes, ar_s = all_reduce_profile(data_dir, sku, tp)
+                coll_fixed = NCCL_LAUNCH_S + overhead.collective_skew_s * tp**1.25
+            else:
+                sizes, ar_s, coll_fixed = (), (), 0.0
+            n_coll = 2 * model.layers  # after attention (O projection) and after the MLP (down projection)
 
-        def coll_at(n: float) -> float:
-            return n_coll * (interp(sizes, ar_s, n * model.hidden * 2) + coll_fixed) if tp > 1 else 0.0
+            def coll_at(n: float) -> float:
+                return n_coll * (interp(sizes, ar_s, n * model.hidden * 2) + coll_fixed) if tp > 1 else 0.0
 
-        # Each component on the token grid, with its own slope past the last point; the hot path
-        # interpolates their sum, `breakdown` each one, so the two agree exactly.
-        coll_grid = [coll_at(n) for n in tokens]
-        tails = (model.layers * tail_slope(tokens, per_layer), tail_slope(tokens, per_iter),
-                 n_coll * tail_slope(sizes, ar_s) * model.hidden * 2 if tp > 1 else 0.0)
+            # Each component on the token grid, with its own slope past the last point; the hot path
+            # interpolates their sum, `breakdown` each one, so the two agree exactly.
+            coll_grid = [coll_at(n) for n in tokens]
+            tails = (model.layers * tail_slope(tokens, per_layer), tail_slope(tokens, per_iter),
+                     n_coll * tail_slope(sizes, ar_s) * model.hidden * 2 if tp > 1 else 0.0)
         grid_s = [model.layers * pl + pi + c for pl, pi, c in zip(per_layer, per_iter, coll_grid, strict=True)]
         s = object.__setattr__
         s(self, "model", model)
@@ -211,8 +223,20 @@ class IterationModel:
             raise ValueError(f"unknown sku {sku!r}; known SKUs: {sorted(SKUS)}")
         if isinstance(tp, bool) or not isinstance(tp, int):
             raise ValueError(f"tp must be an int, got {tp!r}")
-        root = Path(data_dir) if data_dir is not None else shared_data_dir()
-        return _build_cached(model, sku, tp, root.resolve(), overhead)
+        if MODELS[model].vidur_name is None or SKUS[sku].vidur_prefix is None:
+            raise ValueError(f"{model} on {sku} is in the catalogue but not calibrated (no Vidur profile); "
+                             f"calibrated: {calibrated_names()}; controller.perf.roofline times the others")
+        if data_dir is not None:
+            return _build_cached(model, sku, tp, Path(data_dir).resolve(), overhead)
+        try:
+            root = shared_data_dir()
+        except FileNotFoundError as exc:
+            # An installed package without the shared data: the packaged grid, made with the default overheads.
+            if overhead != STACK_OVERHEADS.get(sku, ZERO_OVERHEAD):
+                raise ValueError(f"{model} on {sku} with other serving-stack overheads needs the profiles: "
+                                 f"{exc}") from None
+            return _build_cached(model, sku, tp, None, overhead)
+        return _build_cached(model, sku, tp, root, overhead)
 
     # -- hot path ------------------------------------------------------------------------------
 
@@ -317,6 +341,24 @@ class IterationModel:
                              parts.decode_attention_s, parts.prefill_attention_s, host)
 
 
+def packaged_grid(model: str, sku: str, tp: int) -> tuple[tuple[int, ...], tuple[float, ...], float, str]:
+    """(tokens, summed step time of the kernels and collectives, slope past the last knot, provenance)
+    of one calibrated engine from the packaged table; ValueError names an engine it lacks."""
+    key = f"{model}/{sku}/tp{tp}"
+    row = STEP_GRIDS.get(key)
+    if row is None:
+        raise ValueError(f"no packaged step-time grid for {key} (and no shared data); packaged: {sorted(STEP_GRIDS)}")
+    tokens, summed, tail = row
+    return tokens, summed, tail, "packaged grid controller/perf/steps_table.py (compact fit of the Vidur profiles)"
+
+
+def calibrated_names() -> str:
+    """The profiled models and SKUs, for messages."""
+    models = sorted(k for k, m in MODELS.items() if m.vidur_name is not None)
+    skus = sorted(k for k, g in SKUS.items() if g.vidur_prefix is not None)
+    return f"models {models}, SKUs {skus}"
+
+
 def _check_util(util: float) -> None:
     if not (isinstance(util, (int, float)) and 0.0 < util <= 1.0):
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
@@ -337,5 +379,5 @@ def _check_fits(model: ModelArch, sku: GpuSku, tp: int) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _build_cached(model: str, sku: str, tp: int, data_dir: Path, overhead: StackOverhead) -> IterationModel:
+def _build_cached(model: str, sku: str, tp: int, data_dir: Path | None, overhead: StackOverhead) -> IterationModel:
     return IterationModel(MODELS[model], SKUS[sku], tp, data_dir, overhead)

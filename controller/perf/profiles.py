@@ -129,7 +129,7 @@ def kernel_profile(data_dir: Path, sku: GpuSku, arch: ModelArch,
         provenance = f"Vidur {own.name}"
     else:
         base_sku = SKUS["a100-80gb"]
-        proxy = MODELS[arch.ratio_proxy]
+        proxy = MODELS[arch.ratio_proxy or arch.name]
         base_path = _vidur_path(data_dir, base_sku, arch)
         num_path = _vidur_path(data_dir, sku, proxy)
         den_path = _vidur_path(data_dir, base_sku, proxy)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.paths import shared_data_dir
-from controller.perf.catalogue import GIB, SKUS, STACK_OVERHEADS
+from controller.perf.catalogue import CALIBRATED_SKUS, GIB, STACK_OVERHEADS
 from controller.perf.fit import SPLITWISE_DECODE_CONTEXT_TOKENS, fit_stack_overhead
 from controller.perf.iteration import IterationModel
 from controller.perf.profiles import sageserve_decode_ms, splitwise_medians
@@ -171,7 +171,7 @@ def calibration_table_markdown(data_dir: Path | None = None) -> str:
     ]
     for label, meas, sim in extra:
         lines.append(f"| SageServe | {label} | {meas:.1f} | {sim:.1f} | {(sim - meas) / meas * 100:+.0f} % |")
-    for sku in SKUS:
+    for sku in CALIBRATED_SKUS:
         for tp in (2, 4):
             m = IterationModel.build("llama-2-70b", sku, tp, root)
             for kind, key, sim in (
@@ -270,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     data_dir = Path(args.data_dir) if args.data_dir else None
     if args.fit:
-        for sku in SKUS:
+        for sku in CALIBRATED_SKUS:
             print(f"{sku}: {fit_stack_overhead(sku, data_dir)}")
             for tps in ((4, 8), (2, 4, 8)):
                 print(f"  fitted on tp {tps}: {fit_stack_overhead(sku, data_dir, tps)}")

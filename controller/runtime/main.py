@@ -28,7 +28,6 @@ from controller.core.step import Controller
 from controller.obs.logs import setup_logging
 from controller.obs.metrics import DaemonMetrics
 from controller.obs.otel import build_tick_telemetry
-from controller.paths import PROJECT_ROOT
 from controller.policies.registry import POLICY_NAMES, build_policy
 from controller.runtime.actuators import build_actuator
 from controller.runtime.daemon import Daemon, TickReport
@@ -48,7 +47,8 @@ from controller.telemetry import build_source
 from controller.transport import TlsConfig
 from controller.types import Mode
 
-DEMO_SCENARIO = PROJECT_ROOT / "scenarios" / "demo.yaml"
+# The demo ships inside the package (scenarios/demo.yaml links to it): `--demo` needs no checkout.
+DEMO_SCENARIO = Path(__file__).resolve().parents[1] / "sim" / "demo" / "demo.yaml"
 
 
 @dataclass
