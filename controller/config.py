@@ -20,7 +20,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -40,6 +39,8 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from controller import promql
+from controller.config_catalogue import CatalogueSettings, catalogue_problems, pool_engines
+from controller.perf.engines import Engine
 from controller.types import PRIORITY_CLASSES, FleetSpec, Mode, PoolSpec, SloSpec
 
 ENV_PREFIX = "GOVERNOR_"
@@ -450,6 +451,7 @@ class Settings(BaseSettings):
     state_dir: str = "governor-state"
     telemetry: TelemetrySettings = TelemetrySettings()
     pools: list[PoolSettings] = Field(default_factory=list)
+    catalogue: CatalogueSettings = CatalogueSettings()  # models and SKUs beyond the built-in catalogue
     slo: SloSettings = SloSettings()
     actuators: ActuatorsSettings = ActuatorsSettings()
     api: ApiSettings = ApiSettings()
@@ -483,6 +485,11 @@ class Settings(BaseSettings):
             if pool.startup_warm_s > pool.startup_cold_s:
                 p.append((("pools", i, "startup_warm_s"),
                           f"{pool.startup_warm_s:g} must be <= startup_cold_s ({pool.startup_cold_s:g})"))
+        # Every pool's engine (model × SKU × TP) resolves, as `governor run` resolves it.
+        cat_problems = catalogue_problems(self.catalogue)
+        p.extend(cat_problems)
+        if not cat_problems:
+            p.extend(pool_engines(self.catalogue, self.pools)[1])
         roles: dict[str, set[str]] = {}
         for pool in self.pools:
             roles.setdefault(pool.group, set()).add(pool.role)
@@ -563,10 +570,17 @@ class Settings(BaseSettings):
 
     # ------------------------------------------------------------------ views for the rest of the daemon
 
+    def engines(self) -> dict[str, Engine]:
+        """Each pool's engine (catalogue names, planner figures, prior physics), by pool name."""
+        return pool_engines(self.catalogue, self.pools)[0]
+
     def fleet_spec(self) -> FleetSpec:
-        """The static fleet description the core plans with (price per replica = $/GPU-hour × GPUs)."""
+        """The static fleet description the core plans with (price per replica = $/GPU-hour × GPUs;
+        model and SKU by their catalogue names, so "l40s" reads as "l40s-48gb")."""
+        engines = self.engines()
         pools = tuple(
-            PoolSpec(name=p.name, model=p.model, sku=p.sku, engine=p.engine, gpus_per_replica=p.gpus_per_replica,
+            PoolSpec(name=p.name, model=engines[p.name].arch.name, sku=engines[p.name].sku.name, engine=p.engine,
+                     gpus_per_replica=p.gpus_per_replica,
                      usd_per_replica_hour=p.usd_per_gpu_hour * p.gpus_per_replica, min_replicas=p.min_replicas,
                      max_replicas=p.max_replicas, startup_warm_s=p.startup_warm_s, startup_cold_s=p.startup_cold_s,
                      role=p.role, group=p.group, max_num_seqs=p.max_num_seqs,
@@ -760,21 +774,10 @@ def load_settings(path: str | Path | None) -> Settings:
 # --------------------------------------------------------------------------- CLI handlers
 
 
-def cmd_validate(args) -> int:
-    """`governor config validate FILE`: exit 0 with a one-line summary, or 2 with every problem on stderr."""
-    try:
-        settings = load_settings(args.file)
-    except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    print(f"{args.file}: ok: {settings.summary()}")
-    return 0
-
-
 def cmd_schema(args) -> int:
     """`governor config schema`: the config's JSON schema on stdout."""
     print(json.dumps(Settings.model_json_schema(), indent=2))
     return 0
 
 
-__all__ = ["ConfigError", "Settings", "cmd_schema", "cmd_validate", "is_loopback", "load_settings", "parse_settings"]
+__all__ = ["ConfigError", "Settings", "cmd_schema", "is_loopback", "load_settings", "parse_settings"]

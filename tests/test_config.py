@@ -15,11 +15,11 @@ from controller.config import (
     ConfigError,
     Settings,
     cmd_schema,
-    cmd_validate,
     is_loopback,
     load_settings,
     parse_settings,
 )
+from controller.preflight import cmd_validate
 from controller.types import FleetSpec, Mode, PoolSpec
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "governor.example.yaml"
@@ -147,13 +147,13 @@ def test_env_overrides_the_file_and_merges_nested_keys(tmp_path, monkeypatch):
 
 
 def test_env_can_replace_a_list_as_json(tmp_path, monkeypatch):
-    monkeypatch.setenv("GOVERNOR_POOLS", json.dumps([{"name": "only", "model": "m", "sku": "h100-80gb",
+    monkeypatch.setenv("GOVERNOR_POOLS", json.dumps([{"name": "only", "model": "llama-3-8b", "sku": "h100-80gb",
                                                       "usd_per_gpu_hour": 2.0}]))
     assert [p.name for p in load_settings(write(tmp_path, BASE)).pools] == ["only"]
 
 
 def test_env_alone_without_a_file(monkeypatch):
-    monkeypatch.setenv("GOVERNOR_POOLS", '[{"name": "a", "model": "m", "sku": "x", "usd_per_gpu_hour": 1}]')
+    monkeypatch.setenv("GOVERNOR_POOLS", '[{"name": "a", "model": "mistral-7b", "sku": "l4", "usd_per_gpu_hour": 1}]')
     monkeypatch.setenv("GOVERNOR_SEED", "42")
     s = load_settings(None)
     assert s.seed == 42 and s.pool_names() == ("a",)

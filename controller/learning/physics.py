@@ -21,9 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from controller.core.coupling import PoolPhysics
+from controller.perf.engines import Catalogue, Engine, resolve_engine
 from controller.perf.iteration import IterationModel
 from controller.perf.physics_gen import BLOCK_SIZE, GPU_MEMORY_UTILIZATION, PhysicsRow, probe
-from controller.perf.physics_table import PHYSICS
 
 DEFAULT_GPU_MEMORY_UTILIZATION = GPU_MEMORY_UTILIZATION
 DEFAULT_BLOCK_SIZE = BLOCK_SIZE
@@ -63,12 +63,12 @@ def physics_for_scenario_pool(pool) -> PoolPhysics:
                          max_num_batched_tokens=e.max_num_batched_tokens)
 
 
-def physics_for_pool_spec(pool) -> PoolPhysics:
+def physics_for_pool_spec(pool, engine: Engine | None = None) -> PoolPhysics:
     """PoolPhysics of a daemon pool (controller.types.PoolSpec or config PoolSettings): TP = GPUs per
-    replica, from the packaged table. ValueError names an engine the table does not hold."""
-    key = physics_key(pool.model, pool.sku, int(pool.gpus_per_replica))
-    row = PHYSICS.get(key)
-    if row is None:
-        raise ValueError(f"no calibrated physics for {key}; calibrated engines: {sorted(PHYSICS)}")
-    return physics_from_row(key, row, max_num_seqs=pool.max_num_seqs,
+    replica. `engine` is the pool's resolved engine (`Settings.engines()`, which knows the config's
+    declared models and SKUs); without it the built-in catalogue resolves the pool. A calibrated engine
+    gets the packaged table's values, any other the roofline's. ValueError names what does not resolve."""
+    if engine is None:
+        engine = resolve_engine(Catalogue.builtin(), pool.model, pool.sku, int(pool.gpus_per_replica))
+    return physics_from_row(engine.key, engine.physics, max_num_seqs=pool.max_num_seqs,
                             max_num_batched_tokens=pool.max_num_batched_tokens)

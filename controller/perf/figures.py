@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from controller.perf.catalogue import GIB, SKUS
+from controller.perf.catalogue import GIB, MODELS, SKUS
 from controller.perf.figures_table import FITTED_FIGURES
 from controller.types import PoolSpec
 
@@ -87,15 +87,20 @@ def figures_key(pool: PoolSpec) -> str:
 
 
 def figures_for(pool: PoolSpec, table: Mapping[str, EngineFigures] = PROFILED_FIGURES) -> EngineFigures:
-    """The pool's step-time figures: from the table, else a roofline estimate.
-
-    Roofline (for an engine nobody profiled): a = weight bytes / (tp × HBM × 0.6);
-    d = 2 × params / (tp × FLOPs × 0.5); per-token KV bytes from a Llama-like shape
+    """The pool's step-time figures: from the table, else for a catalogue model and SKU the roofline
+    prior (controller.perf.roofline), else (a name outside the catalogue, which the daemon's config
+    refuses; tests and hand-built specs may use one) a guess from the parameter count in the name:
+    a = weight bytes / (tp × HBM × 0.6); d = 2 × params / (tp × FLOPs × 0.5); per-token KV bytes from a Llama-like shape
     (params^0.5 scaling). Example: a 13B model on one A100 → a = 26 GB / 1.22 TB/s = 21 ms.
     """
     key = figures_key(pool)
     if key in table:
         return table[key]
+    if pool.model in MODELS and pool.sku in SKUS:
+        # a catalogue engine: the roofline prior from its shapes and data sheet (controller.perf.roofline)
+        from controller.perf.roofline import roofline  # imports this module for EngineFigures
+
+        return roofline(MODELS[pool.model], SKUS[pool.sku], max(1, pool.gpus_per_replica)).figures()
     m = re.search(r"(\d+(?:\.\d+)?)b", pool.model.lower())
     params = float(m.group(1)) * 1e9 if m else 8e9
     bw, flops, mem = _sku_sheet(pool.sku)

@@ -11,9 +11,10 @@ the tick path. The MPC with `planning_model: learned` reads the current coupling
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
-from controller.core.coupling import CouplingModels, with_physics
+from controller.core.coupling import CouplingModels, PoolPhysics, with_physics
 from controller.core.features import ObservationRecord, PoolSettings
 from controller.learning.history import HistoryBuffer
 from controller.learning.physics import physics_for_pool_spec
@@ -26,9 +27,10 @@ from controller.types import Decision, FleetObservation, FleetSpec
 class Learning:
     def __init__(self, fleet: FleetSpec, state_dir: str | Path, *, clock, logger: logging.Logger, seed: int = 0,
                  models_dir: str | Path = SHIPPED_MODELS_DIR, refit_interval_s: float = 900.0,
-                 history_capacity: int = 5760) -> None:
+                 history_capacity: int = 5760, physics: Mapping[str, PoolPhysics] | None = None) -> None:
         self.log = logger
-        self.physics = {p.name: physics_for_pool_spec(p) for p in fleet.pools}
+        # `physics` by pool name (the composition root resolves the config's engines); else the built-in catalogue
+        self.physics = dict(physics) if physics is not None else {p.name: physics_for_pool_spec(p) for p in fleet.pools}
         coupling, forecaster, source = self._load(Path(models_dir))
         self.slot = ModelSlot(ModelSet(coupling, forecaster, source=source))
         self.history = HistoryBuffer(capacity=history_capacity, state_dir=str(state_dir))

@@ -25,10 +25,12 @@ from controller.clock import Clock, WallClock
 from controller.config import ConfigError, Settings, load_settings
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller
+from controller.learning.physics import physics_for_pool_spec
 from controller.obs.logs import setup_logging
 from controller.obs.metrics import DaemonMetrics
 from controller.obs.otel import build_tick_telemetry
 from controller.policies.registry import POLICY_NAMES, build_policy
+from controller.preflight import preflight
 from controller.runtime.actuators import build_actuator
 from controller.runtime.daemon import Daemon, TickReport
 from controller.runtime.leader import (
@@ -86,6 +88,10 @@ def build_controller(settings: Settings, learning: Learning | None = None) -> Co
     if settings.policy == "mpc":
         # In the daemon the planner's search is bounded by wall time (the bench uses an evaluation count).
         params.setdefault("timer", WallClock().monotonic_s)
+        # every pool's step-time figures as its engine resolved (calibrated table or roofline), so a model
+        # or SKU declared in the config plans like a built-in one; figures set in policy_params win
+        params["engine_figures"] = {**{n: e.figures for n, e in settings.engines().items()},
+                                    **dict(params.get("engine_figures") or {})}
         if params.get("planning_model") == "learned" and learning is not None:
             # the planner reads the model slot every tick: a refit that passed the gate is used next tick
             slot = learning.slot
@@ -149,7 +155,10 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
     store = StateStore(state_dir / "governor.db")
     closers: list[Any] = [store.close]
     try:
-        learning = Learning(settings.fleet_spec(), state_dir, clock=clock, logger=logger, seed=settings.seed)
+        fleet = settings.fleet_spec()
+        engines = settings.engines()
+        learning = Learning(fleet, state_dir, clock=clock, logger=logger, seed=settings.seed,
+                            physics={p.name: physics_for_pool_spec(p, engines[p.name]) for p in fleet.pools})
         closers.append(learning.stop)
         controller = build_controller(settings, learning)
         source = build_source(settings, clock)
@@ -301,7 +310,7 @@ def cmd_run(args) -> int:
             settings = demo_settings(scenario, listening, tmp.name)
     else:
         try:
-            settings = load_settings(args.config)
+            settings = preflight(args.config)  # what `governor config validate` checks
         except ConfigError as exc:
             print(f"governor: {exc}", file=sys.stderr)
             return 2

@@ -68,7 +68,6 @@ import math
 
 import numpy as np
 
-from controller.perf.catalogue import MODELS
 from controller.sim.fleet_accounting import AccountingMixin, SimSummary
 from controller.sim.fleet_clients import ClientsMixin
 from controller.sim.fleet_events import EventsMixin
@@ -105,7 +104,8 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
         self.router = Router(np.random.default_rng(r_ss))
         self.record_requests = record_requests
         self._init_events()
-        self.router_stats = RouterStats(model_name=MODELS[scenario.pools[0].model].served_name)
+        first = scenario.engine_catalogue().model(scenario.pools[0].model)
+        self.router_stats = RouterStats(model_name=first.served_name)
         # the order below is the order of side effects (validation errors, events pushed, random draws)
         self._init_pools(scenario)
         self._reset_admission()

@@ -43,6 +43,7 @@ class LifecycleMixin(FleetBase):
 
     def _init_pools(self, scenario: Scenario) -> None:
         rs = scenario.router
+        catalogue = scenario.engine_catalogue()
         self.pools: dict[str, PoolRT] = {}
         for spec in scenario.pools:
             e = spec.engine
@@ -52,7 +53,7 @@ class LifecycleMixin(FleetBase):
             route = PoolRoute(spec.name, spec.traffic_weight, rs.inflight_cap, rs.prefix_weight, rs.queue_weight,
                               rs.kv_weight)
             self.router.pools[spec.name] = route
-            self.pools[spec.name] = PoolRT(spec, route)
+            self.pools[spec.name] = PoolRT(spec, route, catalogue)
         self._pool_of_route = {p.route: p for p in self.pools.values()}
         names = sorted({p.group for p in scenario.pools})
         self._groups: list[RouteGroup] = []

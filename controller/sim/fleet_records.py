@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from controller.perf.catalogue import MODELS, SKUS
-from controller.perf.iteration import IterationModel
+from controller.perf.engines import Catalogue, step_model
 from controller.sim.engine import Replica
 from controller.sim.router import PoolRoute
 from controller.sim.scenario import PoolSpecModel
@@ -89,14 +88,15 @@ class Inst:
 class PoolRT:
     """One pool at run time."""
 
-    def __init__(self, spec: PoolSpecModel, route: PoolRoute) -> None:
+    def __init__(self, spec: PoolSpecModel, route: PoolRoute, catalogue: Catalogue | None = None) -> None:
         self.spec = spec
         self.name = spec.name
         self.role = spec.role
         self.tp = spec.tp
-        self.model = IterationModel.build(spec.model, spec.sku, spec.tp)
-        self.arch = MODELS[spec.model]
-        self.sku = SKUS[spec.sku]
+        cat = catalogue if catalogue is not None else Catalogue.builtin()
+        self.arch = cat.model(spec.model)
+        self.sku = cat.sku(spec.sku)
+        self.model = step_model(self.arch, self.sku, spec.tp)  # calibrated, else the roofline
         self.usd_per_gpu_hour = (spec.usd_per_gpu_hour if spec.usd_per_gpu_hour is not None
                                  else self.sku.usd_per_gpu_hour)
         self.kv_blocks = self.model.kv_capacity_blocks(spec.engine.gpu_memory_utilization, spec.engine.block_size)

@@ -7,17 +7,18 @@ start-up delays, SLOs).
 
 from __future__ import annotations
 
-from controller.perf.catalogue import SKUS
 from controller.sim.scenario import Scenario
 from controller.types import FleetSpec, PoolSpec, SloSpec
 
 
 def fleet_spec_from_scenario(scenario: Scenario) -> FleetSpec:
     pools = []
+    catalogue = scenario.engine_catalogue()
     for p in scenario.pools:
-        price = p.usd_per_gpu_hour if p.usd_per_gpu_hour is not None else SKUS[p.sku].usd_per_gpu_hour
+        price = p.usd_per_gpu_hour if p.usd_per_gpu_hour is not None else catalogue.sku(p.sku).usd_per_gpu_hour
         pools.append(PoolSpec(
-            name=p.name, model=p.model, sku=p.sku, engine="vllm", gpus_per_replica=p.tp,
+            name=p.name, model=catalogue.model(p.model).name, sku=catalogue.sku(p.sku).name, engine="vllm",
+            gpus_per_replica=p.tp,
             usd_per_replica_hour=price * p.tp, min_replicas=p.min_replicas, max_replicas=p.max_replicas,
             startup_warm_s=p.startup_warm_s, startup_cold_s=p.startup_cold_s, role=p.role, group=p.group,
             max_num_seqs=p.engine.max_num_seqs, max_num_batched_tokens=p.engine.max_num_batched_tokens,

@@ -14,10 +14,17 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from controller.config_catalogue import CatalogueSettings
+from controller.perf.catalogue import MODELS as CATALOGUE_MODELS
+from controller.perf.catalogue import SKUS as CATALOGUE_SKUS
+from controller.perf.engines import Catalogue
 from controller.types import PRIORITY_CLASSES
 
-SKUS = ("a100-80gb", "h100-80gb")
-MODELS = ("llama-3-8b", "llama-3-70b", "llama-2-7b", "llama-2-70b")
+# Any catalogue model and SKU (controller/perf/catalogue.py), or one the scenario declares under
+# `catalogue:` (the daemon config's schema): the calibrated Llama ones on A100/H100 are timed by the
+# calibrated model, the others by the roofline prior.
+SKUS = tuple(CATALOGUE_SKUS)
+MODELS = tuple(CATALOGUE_MODELS)
 # Engine cap bounds (vLLM's flags), the one copy: the schema, Fleet.set_pool_target and the
 # live control plane all check against these.
 MAX_NUM_SEQS_RANGE = (1, 4096)
@@ -95,8 +102,8 @@ class EngineSpec(_Strict):
 
 class PoolSpecModel(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
-    model: Literal["llama-3-8b", "llama-3-70b", "llama-2-7b", "llama-2-70b"]
-    sku: Literal["a100-80gb", "h100-80gb"]
+    model: str
+    sku: str
     tp: int = Field(default=1, ge=1, le=8)
     engine: EngineSpec = EngineSpec()
     replicas: int = Field(default=2, ge=0, le=512)  # initial serving replicas
@@ -221,10 +228,22 @@ class Scenario(_Strict):
     tasks: TaskSpec = TaskSpec()
     clients: ClientSpec = ClientSpec()
     faults: list[FaultSpec] = Field(default_factory=list)
+    catalogue: CatalogueSettings = CatalogueSettings()  # models and SKUs beyond the built-in catalogue
     base_dir: str = Field(default=".", exclude=True)  # directory of the file; set by load_scenario
+
+    def engine_catalogue(self) -> Catalogue:
+        """The built-in catalogue plus the scenario's declarations."""
+        return self.catalogue.build()
 
     @model_validator(mode="after")
     def _cross(self) -> Scenario:
+        cat = self.engine_catalogue()
+        for i, p in enumerate(self.pools):
+            for field, lookup in (("model", cat.model), ("sku", cat.sku)):
+                try:
+                    lookup(getattr(p, field))
+                except ValueError as exc:
+                    raise ValueError(f"pools[{i}].{field}: {exc}") from None
         names = [p.name for p in self.pools]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

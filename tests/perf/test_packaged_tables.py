@@ -36,9 +36,13 @@ def test_a_daemon_pool_gets_exactly_the_probed_physics(key):
                                                         max_num_batched_tokens=4096)
 
 
-def test_a_pool_outside_the_table_is_named():
-    with pytest.raises(ValueError, match="llama-3-8b/a100-80gb/tp3"):
+def test_a_pool_outside_the_table_gets_the_roofline_or_the_reason_it_cannot_run():
+    with pytest.raises(ValueError, match="tp=3 does not divide the 32 attention heads"):
         physics_for_pool_spec(PoolSpec("p", "llama-3-8b", "a100-80gb", gpus_per_replica=3))
+    ph = physics_for_pool_spec(PoolSpec("p", "qwen-2.5-7b", "l40s-48gb", gpus_per_replica=1))
+    assert ph.key == "qwen-2.5-7b/l40s-48gb/tp1" and ph.key not in PHYSICS
+    # memory-bound decode: one step reads the 15.2 GB of weights at 0.7 x 864 GB/s, about 25 ms
+    assert ph.decode_step_s[0] == pytest.approx(7_615_616_512 * 2 / (0.7 * 864e9), rel=0.05)
 
 
 def test_the_packaged_grid_times_steps_as_the_profiles_do(monkeypatch):

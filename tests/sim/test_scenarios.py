@@ -175,7 +175,7 @@ pools:
     ("old", "new", "expected"),
     [
         ("rate_scale: 2", "rate_scale: -1", "bad.yaml:4: trace.rate_scale: Input should be greater than 0"),
-        ("sku: a100-80gb", "sku: v100", "bad.yaml:8: pools.0.sku:"),
+        ("sku: a100-80gb", "sku: v100", "pools[0].sku: unknown sku 'v100'"),
         ("rate_scale: 2", "rate_scale: 2\n  surge: {at_s: 10, factor: 0.5}", "bad.yaml:5: trace.surge.factor:"),
         ("rate_scale: 2", "rate_scale: 2\n  servegen: {start_day: 13, days: 2}",
          "bad.yaml:5: trace.servegen: Value error, start_day + days (13 + 2) must be <= 14"),
