@@ -38,6 +38,10 @@ test: lint
 	  echo "installing Debian's kubernetes-client (kubectl, with kustomize) for the manifest tests"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null) \
 	  || { echo "could not install kubernetes-client (need root and Debian's package index)"; exit 1; }; }
+	@command -v openssl >/dev/null 2>&1 || { \
+	  echo "installing Debian's openssl (the TLS tests make their certificates with it)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssl >/dev/null) \
+	  || { echo "could not install openssl (need root and Debian's package index)"; exit 1; }; }
 	$(VPY) protos/generate.py --check
 	$(VPY) -m pytest -q tests
 

@@ -32,14 +32,13 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
-    field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from controller import promql
 from controller.config_catalogue import CatalogueSettings, catalogue_problems, pool_engines
+from controller.config_prometheus import HttpUrlStr, PrometheusSettings
 from controller.perf.engines import Engine
 from controller.types import PRIORITY_CLASSES, FleetSpec, Mode, PoolSpec, SloSpec
 
@@ -91,14 +90,7 @@ def _check_host_port(value: str) -> str:
     return value
 
 
-def _check_http_url(value: str) -> str:
-    if not value.startswith(("http://", "https://")) or len(value.split("://", 1)[1]) == 0:
-        raise ValueError(f"{value!r} is not an http:// or https:// URL")
-    return value
-
-
 HostPort = Annotated[str, AfterValidator(_check_host_port)]
-HttpUrlStr = Annotated[str, AfterValidator(_check_http_url)]
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 
 
@@ -118,31 +110,6 @@ class _Strict(BaseModel):
 
 
 # --------------------------------------------------------------------------- sections
-
-
-class PrometheusSettings(_Strict):
-    url: HttpUrlStr = "http://127.0.0.1:9090"
-    timeout_s: float = Field(default=5.0, gt=0, le=120)  # budget for one whole read (all queries)
-    pool_label: str = Field(default="pool", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-    queries: dict[str, str] = Field(default_factory=dict)  # name -> PromQL template ($pool, $window)
-    # read the series recorded by deploy/prometheus/governor-rules.yml with one query instead of evaluating
-    # every default query per read (controller/telemetry/rules.py); overridden queries still run raw
-    recording_rules: bool = False
-
-    @field_validator("queries")
-    @classmethod
-    def _known_queries(cls, v: dict[str, str]) -> dict[str, str]:
-        problems = []
-        for name, text in v.items():
-            if name not in promql.QUERIES:
-                problems.append(f"unknown query name {name!r} (known: {', '.join(promql.QUERY_NAMES)})")
-                continue
-            why = promql.template_problem(text)
-            if why:
-                problems.append(f"query {name!r} {why}")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return v
 
 
 class ScrapeTargetSettings(_Strict):

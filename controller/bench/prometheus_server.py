@@ -11,14 +11,19 @@ Listens on 127.0.0.1 only; `stop()` ends the process. Usage in a test:
 `static_targets` maps a `pool` label to host:port targets; `http_sd_url` adds an
 HTTP service-discovery job (the simulator serves one). Scrapes every second
 by default (`scrape_interval`); `rule_files` are loaded as recording rules,
-evaluated every `evaluation_interval` (default: the scrape interval).
+evaluated every `evaluation_interval` (default: the scrape interval). `web_config` is
+Prometheus' own `--web.config.file` (basic auth with bcrypt hashes, TLS): the server then serves
+https when it has `tls_server_config`, and this object's own readiness checks and queries use
+`ca_file` and `basic_auth` (username, password) to get in.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.parse
@@ -54,12 +59,17 @@ class PrometheusServer:
     def __init__(self, workdir: Path, static_targets: dict[str, list[str]] | None = None,
                  http_sd_url: str | None = None, scrape_interval: str = "1s",
                  extra_jobs: list[dict] | None = None, rule_files: list[Path] | None = None,
-                 evaluation_interval: str | None = None) -> None:
+                 evaluation_interval: str | None = None, web_config: dict | None = None,
+                 ca_file: Path | None = None, basic_auth: tuple[str, str] | None = None) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             raise RuntimeError("the prometheus binary is not installed (make test installs Debian's package)")
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        tls = bool(web_config and web_config.get("tls_server_config"))
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self._ssl = ssl.create_default_context(cafile=str(ca_file)) if tls else None
+        self._auth = ("Basic " + base64.b64encode(f"{basic_auth[0]}:{basic_auth[1]}".encode()).decode()
+                      if basic_auth else None)
         jobs: list[dict] = [{"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{self.port}"]}]}]
         for pool, targets in (static_targets or {}).items():
             jobs.append({"job_name": f"static-{pool}",
@@ -75,10 +85,15 @@ class PrometheusServer:
         workdir.mkdir(parents=True, exist_ok=True)
         cfg = workdir / "prometheus.yml"
         cfg.write_text(yaml.safe_dump(config))
+        args = [binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
+        if web_config:
+            web = workdir / "web.yml"
+            web.write_text(yaml.safe_dump(web_config))
+            args.append(f"--web.config.file={web}")
         self.log = (workdir / "prometheus.log").open("w")
         self.proc = subprocess.Popen(
-            [binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            args,
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         wait_until(self._ready, 30, what="prometheus /-/ready")
@@ -87,14 +102,20 @@ class PrometheusServer:
         if self.proc.poll() is not None:
             raise RuntimeError(f"prometheus exited with {self.proc.returncode}; see {self.log.name}")
         try:
-            with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
+            with self._open("/-/ready", timeout=1) as r:
                 return r.status == 200
         except OSError:
             return False
 
+    def _open(self, path: str, timeout: float):
+        req = urllib.request.Request(self.url + path)
+        if self._auth:
+            req.add_header("Authorization", self._auth)
+        return urllib.request.urlopen(req, timeout=timeout, context=self._ssl)
+
     def query(self, promql: str) -> list[dict]:
         qs = urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(f"{self.url}/api/v1/query?{qs}", timeout=5) as r:
+        with self._open(f"/api/v1/query?{qs}", timeout=5) as r:
             body = json.load(r)
         if body.get("status") != "success":
             raise RuntimeError(f"query failed: {body}")

@@ -2,6 +2,7 @@
 
 - `source.py`: the `TelemetrySource` protocol and `ScrapeTarget`;
 - `prometheus.py`: `PrometheusSource`, through the Prometheus HTTP API;
+- `http_client.py`: its HTTP session: bearer token / basic auth from files, headers, TLS;
 - `scrape.py`: `ScrapeSource`, straight from /metrics endpoints;
 - `rules.py`: the same queries as Prometheus recording rules (deploy/prometheus/governor-rules.yml);
 - `window.py`: `FamiliesWindow`, rates/quantiles/gauges from scraped families (no HTTP;
@@ -31,12 +32,18 @@ def build_source(settings: Settings, clock: Clock) -> TelemetrySource:
     tel = settings.telemetry
     pools = tuple(p.name for p in settings.pools)
     if tel.source == "prometheus":
+        from controller.telemetry.http_client import build_session
         from controller.telemetry.prometheus import PrometheusSource
 
         prom = tel.prometheus
+        basic = (prom.basic_auth.username, prom.basic_auth.password_file) if prom.basic_auth else None
+        session, auth = build_session(bearer_token_file=prom.bearer_token_file, basic_auth=basic,
+                                      headers=prom.headers, ca=prom.tls.ca, cert=prom.tls.cert, key=prom.tls.key,
+                                      server_name=prom.tls.server_name,
+                                      insecure_skip_verify=prom.tls.insecure_skip_verify)
         return PrometheusSource(pools, url=prom.url, timeout_s=prom.timeout_s, pool_label=prom.pool_label,
                                 window_s=tel.window_s, stale_after_s=tel.stale_after_s, queries=prom.queries,
-                                clock=clock, recording_rules=prom.recording_rules)
+                                clock=clock, recording_rules=prom.recording_rules, session=session, auth=auth)
     if tel.source == "scrape":
         from controller.telemetry.scrape import ScrapeSource
 

@@ -48,6 +48,7 @@ from urllib3.util.retry import Retry
 from controller import promql
 from controller.clock import Clock, WallClock
 from controller.telemetry import rules
+from controller.telemetry.http_client import keep_server_name
 from controller.telemetry.source import describe_error
 from controller.types import (
     PRIORITY_CLASSES,
@@ -156,9 +157,10 @@ class _Health:
 class PrometheusSource:
     """Reads the fleet through Prometheus (implements TelemetrySource).
 
-    `client` may be a pre-built PrometheusConnect (custom headers, auth, TLS);
-    by default one is built for `url` with no retries (the next tick is the retry)
-    and `timeout_s` as the request timeout. `recording_rules` reads the series
+    `client` may be a pre-built PrometheusConnect; by default one is built for `url` with no retries
+    (the next tick is the retry), `timeout_s` as the request timeout, and `session` / `auth` (auth,
+    headers, TLS: controller/telemetry/http_client.py) if given. A 401/403 answer is one transport
+    error, "authentication refused", for the whole read. `recording_rules` reads the series
     recorded by Governor's rules (rules.py) with one query instead of evaluating
     every default query.
     """
@@ -169,7 +171,8 @@ class PrometheusSource:
                  pool_label: str = promql.POOL, window_s: float = 60.0, stale_after_s: float = 60.0,
                  queries: Mapping[str, str] | None = None, clock: Clock | None = None,
                  classes: Sequence[str] = PRIORITY_CLASSES, client: PrometheusConnect | None = None,
-                 max_parallel: int = 4, recording_rules: bool = False) -> None:
+                 max_parallel: int = 4, recording_rules: bool = False, session: requests.Session | None = None,
+                 auth: requests.auth.AuthBase | None = None) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: {timeout_s} must be > 0")
         self.pools = tuple(pools)
@@ -189,9 +192,11 @@ class PrometheusSource:
         self._windowed = {r for r in self.records if r.rsplit(":", 1)[1].startswith(("rate", "histogram_quantile"))}
         self.clock = clock or WallClock()
         self.client = client or PrometheusConnect(
-            url=self.url, timeout=self.timeout_s,
+            url=self.url, timeout=self.timeout_s, session=session, auth=auth,
             retry=Retry(total=0, connect=0, read=0, status=0, redirect=0, raise_on_status=False),
         )
+        if session is not None:
+            keep_server_name(session, self.url)
         self._health = _Health(False, "not read yet")
         self._pool = futures.ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="prometheus-query")
 
@@ -199,8 +204,15 @@ class PrometheusSource:
         try:
             return self.client.custom_query(promql_text, params={"timeout": f"{max(1, int(remaining_s * 1000))}ms"},
                                             timeout=remaining_s)
-        except requests.RequestException as exc:  # refused, reset, timed out, not JSON: nothing can be trusted
+        except requests.RequestException as exc:  # refused, reset, timed out, TLS, not JSON: nothing can be trusted
             raise TransportError(describe_error(exc)) from None
+        except PrometheusApiClientException as exc:
+            # 401/403: every query will be refused the same way; one clear error instead of one per query
+            code = str(exc).removeprefix("HTTP Status Code ").split(" ", 1)[0]
+            if code in ("401", "403"):
+                raise TransportError(f"authentication refused (HTTP {code}): check telemetry.prometheus "
+                                     "basic_auth / bearer_token_file / headers") from None
+            raise
 
     def _run(self, queries: Mapping[str, str], deadline: float,
              results: dict[str, object], errors: list[str]) -> tuple[int, str | None]:

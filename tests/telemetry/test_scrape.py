@@ -189,7 +189,7 @@ def test_parse_discovery_builds_urls():
         ("https://10.0.0.9:9090/m", "", "router")]
 
 
-POOL_YAML = "pools:\n  - {name: a, model: m, sku: h100-80gb, usd_per_gpu_hour: 2}\n"
+POOL_YAML = "pools:\n  - {name: a, model: llama-3-8b, sku: h100-80gb, usd_per_gpu_hour: 2}\n"
 
 
 def test_build_source_picks_the_configured_source():
