@@ -84,6 +84,8 @@ _ASSIGNED = '{pod!=""}'
 _GPU_BUSY = ("max by ($pool, Hostname, hostname, gpu) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{sel}"
              " or DCGM_FI_DEV_GPU_UTIL{sel} / 100)")
 
+_FB_FRAC = "DCGM_FI_DEV_FB_USED{sel} / (DCGM_FI_DEV_FB_USED{sel} + DCGM_FI_DEV_FB_FREE{sel})"
+
 SHED_ERROR_CODES = ("429", "503")
 """Router error codes that mean "rejected by admission/shedding" (TELEMETRY.md §8: 429 shed, 503 no endpoint)."""
 _SHED_SELECTOR = '{error_code=~"' + "|".join(SHED_ERROR_CODES) + '"}'
@@ -114,10 +116,13 @@ _SPECS: tuple[QuerySpec, ...] = (
        " or rate(vllm:gpu_prefix_cache_hits_total[$window]))"
        " / sum by ($pool) (rate(vllm:prefix_cache_queries_total[$window])"
        " or rate(vllm:gpu_prefix_cache_queries_total[$window])))"
+       " or (sum by ($pool) (rate(sglang:cached_tokens_total[$window]))"
+       " / sum by ($pool) (rate(sglang:prompt_tokens_total[$window])))"
        " or avg by ($pool) (sglang:cache_hit_rate)",
        POOL, "PoolObservation.hit_rate", "pool_sample_time",
-       doc="Token-weighted prefix-cache hit rate: rate(hits) / rate(queries); SGLang exports the ratio as a gauge. "
-           "NaN when nothing was looked up in the window."),
+       doc="Token-weighted prefix-cache hit rate: rate(hits) / rate(queries); on SGLang rate(cached prompt tokens) / "
+           "rate(prompt tokens), else its cache_hit_rate gauge (its last logging interval). NaN when nothing was "
+           "looked up in the window."),
     _q("ttft_p50_s", _quantile(0.5, _TTFT, "$pool"), POOL, "PoolObservation.ttft_p50_s", "pool_sample_time"),
     _q("ttft_p95_s", _quantile(0.95, _TTFT, "$pool"), POOL, "PoolObservation.ttft_p95_s", "pool_sample_time"),
     _q("tpot_p50_s", _quantile(0.5, _ITL, "$pool"), POOL, "PoolObservation.tpot_p50_s", "pool_sample_time",
@@ -145,6 +150,12 @@ _SPECS: tuple[QuerySpec, ...] = (
        doc="Mean over the pool's GPUs of the graphics-engine-active ratio when profiling metrics are on, else "
            "DCGM_FI_DEV_GPU_UTIL (percent) / 100. Only GPUs mapped to a pod count when the exporter's Kubernetes "
            "mapping is on (idle GPUs of a node would dilute the mean); all GPUs otherwise."),
+    _q("gpu_mem_used_frac",
+       f"max by ($pool) ({_FB_FRAC.format(sel=_ASSIGNED)}) or max by ($pool) ({_FB_FRAC.format(sel='')})",
+       POOL, "PoolObservation.gpu_mem_used_frac", "gpu_sample_time",
+       doc="Memory headroom: framebuffer used / (used + free) of the pool's fullest GPU (DCGM_FI_DEV_FB_USED and "
+           "DCGM_FI_DEV_FB_FREE, MiB). vLLM claims gpu_memory_utilization of it at start, so above that share "
+           "something else holds the GPU's memory (another process, a leak, fragmentation)."),
     # ---------------------------------------------------------------- classes: llm-d router (EPP)
     _q("class_arrival_rps", _rate_sum(_EPP_REQUESTS, CLASS_LABEL), CLASS, "ClassObservation.arrival_rps",
        "class_sample_time", doc="Requests received by the router per second (legacy GIE name as fallback)."),

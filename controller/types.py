@@ -138,6 +138,7 @@ class PoolObservation:
     generation_tokens_rps: Reading = MISSING
     preemptions_rps: Reading = MISSING
     gpu_util_frac: Reading = MISSING  # DCGM GPU utilisation, 0..1
+    gpu_mem_used_frac: Reading = MISSING  # DCGM framebuffer used / (used + free) of the pool's fullest GPU, 0..1
 
 
 @dataclass(frozen=True, slots=True)

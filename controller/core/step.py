@@ -140,7 +140,7 @@ def observation_summary(obs: FleetObservation) -> dict[str, Any]:
         out["pools"][name] = {
             f: (json_safe(getattr(p, f).value) if getattr(p, f).ok else getattr(p, f).status.value)
             for f in ("replicas_ready", "replicas_starting", "arrival_rps", "running", "waiting", "kv_usage_frac",
-                      "hit_rate", "ttft_p95_s", "tpot_p95_s", "gpu_util_frac")
+                      "hit_rate", "ttft_p95_s", "tpot_p95_s", "gpu_util_frac", "gpu_mem_used_frac")
         }
     for name, c in obs.classes.items():
         out["classes"][name] = {

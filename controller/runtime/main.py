@@ -218,7 +218,8 @@ def demo_settings(scenario, listening: dict[str, Any], state_dir: str) -> Settin
     from controller.sim.fleetspec import fleet_spec_from_scenario
 
     spec = fleet_spec_from_scenario(scenario)
-    pools = [{"name": p.name, "model": p.model, "sku": p.sku, "gpus_per_replica": p.gpus_per_replica,
+    pools = [{"name": p.name, "model": p.model, "sku": p.sku, "engine": p.engine,
+              "gpus_per_replica": p.gpus_per_replica,
               "usd_per_gpu_hour": p.usd_per_replica_hour / p.gpus_per_replica, "min_replicas": max(1, p.min_replicas),
               "max_replicas": p.max_replicas, "startup_warm_s": p.startup_warm_s, "startup_cold_s": p.startup_cold_s,
               "role": p.role, "group": p.group, "max_num_seqs": p.max_num_seqs,

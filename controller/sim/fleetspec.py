@@ -17,7 +17,8 @@ def fleet_spec_from_scenario(scenario: Scenario) -> FleetSpec:
     for p in scenario.pools:
         price = p.usd_per_gpu_hour if p.usd_per_gpu_hour is not None else catalogue.sku(p.sku).usd_per_gpu_hour
         pools.append(PoolSpec(
-            name=p.name, model=catalogue.model(p.model).name, sku=catalogue.sku(p.sku).name, engine="vllm",
+            name=p.name, model=catalogue.model(p.model).name, sku=catalogue.sku(p.sku).name,
+            engine=p.engine.exposition,
             gpus_per_replica=p.tp,
             usd_per_replica_hour=price * p.tp, min_replicas=p.min_replicas, max_replicas=p.max_replicas,
             startup_warm_s=p.startup_warm_s, startup_cold_s=p.startup_cold_s, role=p.role, group=p.group,

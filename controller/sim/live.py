@@ -3,10 +3,11 @@
 `LiveFleet` advances a `Fleet` in real time × speed on a background thread and
 serves what a real fleet serves:
 
-- one HTTP server per replica whose engine is up, with `/metrics` (vLLM names) and the
-  engine's OpenAI-compatible API (`/v1/completions`, `/v1/chat/completions`, `/health`,
-  `/v1/models`: openai_api.py), so real traffic can reach it through a real proxy (a new
-  port when a replica becomes ready, closed when it is drained away or crashes; a replica
+- one HTTP server per replica whose engine is up, with `/metrics` (vLLM names, or SGLang's for a
+  pool with `engine.exposition: sglang`) and the engine's OpenAI-compatible API (`/v1/completions`,
+  `/v1/chat/completions`, `/health`, `/v1/models`: openai_api.py), so real traffic can reach it
+  through a real proxy (a new port when a replica becomes ready, closed when it is drained away or
+  crashes; a replica
   still starting serves nothing, like a vLLM server loading weights), one per
   GPU node (DCGM exporter names) and one for the router (llm-d EPP names), which
   also serves `/sd`: Prometheus HTTP service discovery listing every current target;
@@ -41,6 +42,7 @@ from prometheus_client import CollectorRegistry
 from controller.clock import Clock, WallClock
 from controller.sim.control_plane import ControlPlane, GrpcEndpoint, serve_control
 from controller.sim.exposition import NodeCollector, ReplicaCollector, RouterCollector
+from controller.sim.exposition_sglang import SglangReplicaCollector
 from controller.sim.http_endpoint import HttpEndpoint, metrics_route
 from controller.sim.openai_api import ApiError, Progress, ReplicaApi, ReplicaSink, read_body, send_json
 from controller.sim.scenario import Scenario, ScenarioError, load_scenario
@@ -269,11 +271,15 @@ class LiveFleet:
             stats = replicas[rid]
             pool = self.scenario.pool(stats.pool)
             registry = CollectorRegistry(auto_describe=False)
-            registry.register(ReplicaCollector(stats, enable_prefix_caching=pool.engine.enable_prefix_caching,
-                                               created_unix_s=self.clock.now_s()))
+            kind = pool.engine.exposition
+            if kind == "sglang":
+                registry.register(SglangReplicaCollector(stats, created_unix_s=self.clock.now_s()))
+            else:
+                registry.register(ReplicaCollector(stats, enable_prefix_caching=pool.engine.enable_prefix_caching,
+                                                   created_unix_s=self.clock.now_s()))
             ep = HttpEndpoint(self.host, {"/metrics": metrics_route(registry, self.lock)}, rid,
                               self._api_handlers(fleet, engines[rid], stats.model_name, stats.max_model_len))
-            labels = {"kind": "vllm", "pool": stats.pool, "replica": rid, "pod": rid, "namespace": K8S_NAMESPACE}
+            labels = {"kind": kind, "pool": stats.pool, "replica": rid, "pod": rid, "namespace": K8S_NAMESPACE}
             with self._targets_lock:
                 self._replicas[rid] = _Target(ep, labels)
             log.info("replica %s (%s) ready: %s", rid, stats.pool, ep.url("/metrics"))

@@ -98,6 +98,8 @@ class EngineSpec(_Strict):
     gpu_memory_utilization: float = Field(default=0.9, gt=0.1, le=0.99)
     block_size: int = Field(default=16, ge=1)
     enable_prefix_caching: bool = True
+    # which engine's /metrics the replicas serve: vLLM's names, or SGLang's (controller/sim/exposition_sglang.py)
+    exposition: Literal["vllm", "sglang"] = "vllm"
 
 
 class PoolSpecModel(_Strict):

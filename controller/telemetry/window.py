@@ -77,8 +77,10 @@ _ENGINE_SIGNALS: tuple[_Signal, ...] = (
     _Signal("waiting", ("vllm:num_requests_waiting", "sglang:num_queue_reqs"), GAUGE),
     _Signal("kv", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"), GAUGE, "mean"),
     _Signal("hit_gauge", ("sglang:cache_hit_rate",), GAUGE, "mean"),
-    _Signal("hits", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"), COUNTER),
-    _Signal("queries", ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"), COUNTER),
+    _Signal("hits", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total",
+                     "sglang:cached_tokens_total"), COUNTER),
+    _Signal("queries", ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total",
+                        "sglang:prompt_tokens_total"), COUNTER),
     _Signal("prompt", ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total"), COUNTER),
     _Signal("generation", ("vllm:generation_tokens_total", "sglang:generation_tokens_total"), COUNTER),
     _Signal("preemptions", ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total"), COUNTER),
@@ -106,7 +108,10 @@ _ROUTER_SIGNALS: tuple[_Signal, ...] = (
 _DCGM_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # ratio 0..1, needs profiling metrics
 _DCGM_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent 0..100, always collected
 
-_DCGM_NAMES = (_DCGM_ACTIVE, _DCGM_UTIL)
+_DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
+_DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"  # MiB
+
+_DCGM_NAMES = (_DCGM_ACTIVE, _DCGM_UTIL, _DCGM_FB_USED, _DCGM_FB_FREE)
 
 
 def read_sample_names(kind: str) -> frozenset[str]:
@@ -401,7 +406,7 @@ class FamiliesWindow:
         self._last_seen_s: dict[str, float] = {}
         # last computed views, held (and aged) when every target behind them fails
         self._engine_views: dict[str, tuple[float, PoolObservation]] = {}
-        self._gpu_views: dict[str, tuple[float, Reading]] = {}
+        self._gpu_views: dict[str, tuple[float, Reading, Reading]] = {}
         self._class_view: tuple[float, dict[str, ClassObservation]] | None = None
 
     def _history(self, target: ScrapeTarget) -> _TargetHistory:
@@ -458,8 +463,8 @@ class FamiliesWindow:
         pools = {}
         for pool in self.pools:
             obs = self._engine_view(now_s, pool, answered.get(pool, []), listed_engines.get(pool, 0), blind)
-            gpu = self._gpu_view(now_s, pool, dcgm_ok.get(pool, []), dcgm_listed.get(pool, 0))
-            pools[pool] = replace(obs, gpu_util_frac=gpu)
+            gpu, mem = self._gpu_view(now_s, pool, dcgm_ok.get(pool, []), dcgm_listed.get(pool, 0))
+            pools[pool] = replace(obs, gpu_util_frac=gpu, gpu_mem_used_frac=mem)
         classes = self._class_views(now_s, routers_ok, routers_listed)
         return FleetObservation(at_s=now_s, pools=pools, classes=classes, source=self.source_name,
                                 errors=tuple(errors))
@@ -515,16 +520,22 @@ class FamiliesWindow:
         self._engine_views[pool] = (now_s, obs)
         return obs
 
-    def _gpu_view(self, now_s: float, pool: str, results: list[TargetSamples], listed: int) -> Reading:
+    def _gpu_view(self, now_s: float, pool: str, results: list[TargetSamples],
+                  listed: int) -> tuple[Reading, Reading]:
+        """(GPU busy fraction, framebuffer used fraction of the fullest GPU) of the pool."""
         if listed == 0:
             self._gpu_views.pop(pool, None)
-            return MISSING
+            return MISSING, MISSING
         if not results:
             held = self._gpu_views.get(pool)
-            return MISSING if held is None else _aged(held[1], now_s - held[0], self.stale_after_s)
+            if held is None:
+                return MISSING, MISSING
+            return (_aged(held[1], now_s - held[0], self.stale_after_s),
+                    _aged(held[2], now_s - held[0], self.stale_after_s))
         reading = _r(_gpu_busy_frac(results))
-        self._gpu_views[pool] = (now_s, reading)
-        return reading
+        mem = _r(_fb_used_frac(results))
+        self._gpu_views[pool] = (now_s, reading, mem)
+        return reading, mem
 
     def _class_views(self, now_s: float, routers: list[_TargetHistory], listed: int) -> dict[str, ClassObservation]:
         if listed == 0:
@@ -584,6 +595,26 @@ def _gpu_busy_frac(results: list[TargetSamples]) -> float | None:
         return None
     values = [v for v, assigned in per_gpu.values() if assigned] or [v for v, _ in per_gpu.values()]
     return sum(values) / len(values)
+
+
+def _fb_used_frac(results: list[TargetSamples]) -> float | None:
+    """FB used / (used + free) of the pool's fullest GPU (GPUs mapped to a pod only, when any is)."""
+    per_gpu: dict[tuple, dict[str, float]] = {}
+    assigned: dict[tuple, bool] = {}
+    for i, families in enumerate(results):
+        samples = _flatten(families)
+        for name in (_DCGM_FB_USED, _DCGM_FB_FREE):
+            for s in samples.get(name, ()):
+                host = s.labels.get("Hostname") or s.labels.get("hostname") or str(i)
+                key = (host, s.labels.get("gpu", ""), s.labels.get("UUID") or s.labels.get("uuid", ""))
+                per_gpu.setdefault(key, {})[name] = float(s.value)
+                assigned[key] = bool(s.labels.get("pod"))
+    fracs = {k: v[_DCGM_FB_USED] / (v[_DCGM_FB_USED] + v[_DCGM_FB_FREE]) for k, v in per_gpu.items()
+             if len(v) == 2 and v[_DCGM_FB_USED] + v[_DCGM_FB_FREE] > 0}
+    if not fracs:
+        return None
+    values = [f for k, f in fracs.items() if assigned.get(k)] or list(fracs.values())
+    return max(values)
 
 
 __all__ = ["FamiliesWindow", "read_sample_names"]
