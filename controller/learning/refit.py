@@ -254,7 +254,9 @@ class RefitJob:
             self.slot.swap(coupling=coupling_new, forecaster=forecaster_new, source="refit")
             if self.store is not None:
                 try:
-                    training = {"source": "daemon history", "window_s": [t_first, split_s], "rows": rows_train}
+                    # `gate` marks an artifact the validation gate passed: only those are loaded at start
+                    training = {"source": "daemon history", "window_s": [t_first, split_s], "rows": rows_train,
+                                "gate": {"passed": True, "at_s": now_s}}
                     if coupling_new is not None:
                         self.store.save_coupling(coupling_new, training=training)
                     if forecaster_new is not None:

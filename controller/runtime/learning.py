@@ -31,7 +31,7 @@ class Learning:
         self.log = logger
         # `physics` by pool name (the composition root resolves the config's engines); else the built-in catalogue
         self.physics = dict(physics) if physics is not None else {p.name: physics_for_pool_spec(p) for p in fleet.pools}
-        coupling, forecaster, source = self._load(Path(models_dir))
+        coupling, forecaster, source = self._load(Path(models_dir), Path(state_dir) / "models")
         self.slot = ModelSlot(ModelSet(coupling, forecaster, source=source))
         self.history = HistoryBuffer(capacity=history_capacity, state_dir=str(state_dir))
         self.tracker = ModelTracker(self.physics, window=240)
@@ -39,17 +39,39 @@ class Learning:
                             store=ModelStore(Path(state_dir) / "models"),
                             config=RefitConfig(interval_s=refit_interval_s), seed=seed)
 
-    def _load(self, models_dir: Path):
+    def _load(self, models_dir: Path, refit_dir: Path):
+        """The newest refit the gate passed (state_dir/models, manifest checked) for each kind, else the
+        shipped prior; the physical prior alone when neither loads."""
         physics = list(self.physics.values())
-        try:
-            store = ModelStore(models_dir)
-            shipped, _ = store.load_coupling()
-            forecaster, _ = store.load_forecaster()
-            return with_physics(shipped, physics), forecaster, "shipped"
-        except ModelLoadError as exc:
-            self.log.warning(f"learned models refused, running on the physical prior alone: {exc}",
+        refit = ModelStore(refit_dir)
+        shipped = ModelStore(models_dir)
+        loaded: dict[str, tuple[object, str]] = {}
+        for kind, load in (("coupling", ModelStore.load_coupling), ("forecast", ModelStore.load_forecaster)):
+            if refit.exists(kind):
+                try:
+                    manifest = refit.read_manifest(kind)
+                    if not (manifest.data.get("training") or {}).get("gate", {}).get("passed"):
+                        raise ModelLoadError(f"{refit.manifest_path(kind)}: not marked as passing the refit gate")
+                    loaded[kind] = (load(refit)[0], "refit")
+                    continue
+                except ModelLoadError as exc:
+                    self.log.warning(f"refitted {kind} model refused, using the shipped one: {exc}",
+                                     extra={"event": "models"})
+            try:
+                loaded[kind] = (load(shipped)[0], "shipped")
+            except ModelLoadError as exc:
+                self.log.warning(f"shipped {kind} model refused: {exc}", extra={"event": "models"})
+        forecaster = loaded["forecast"][0] if "forecast" in loaded else None
+        if "coupling" not in loaded:
+            self.log.warning("learned models refused, running on the physical prior alone",
                              extra={"event": "models"})
-            return CouplingModels.prior_only(physics), None, "prior"
+            return CouplingModels.prior_only(physics), forecaster, "prior"
+        sources = {k: src for k, (_, src) in loaded.items()}
+        source = "refit" if "refit" in sources.values() else "shipped"
+        if source == "refit" and len(set(sources.values())) > 1:
+            source = ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
+        self.log.info(f"learned models loaded: {sources}", extra={"event": "models", "sources": sources})
+        return with_physics(loaded["coupling"][0], physics), forecaster, source  # type: ignore[arg-type]
 
     def start(self) -> None:
         self.job.start()

@@ -38,6 +38,8 @@ def test_a_better_candidate_is_swapped_in_and_stored(tmp_path):
     assert slot.get().version == 1 and slot.get().source == "refit"
     assert slot.get().coupling.holdout_errors["ttft_p95_s_mape"] < 0.2
     assert ModelStore(tmp_path).load_coupling()[0].calibration == slot.get().coupling.calibration
+    # marked as passing the gate: what a restart loads (tests/runtime/test_refit_restart.py)
+    assert ModelStore(tmp_path).read_manifest("coupling").data["training"]["gate"]["passed"] is True
     assert outcomes == [out]
 
 
