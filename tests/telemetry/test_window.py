@@ -306,3 +306,29 @@ def test_simulator_collectors_feed_the_window_in_process() -> None:
     c = obs.classes["critical"]
     assert (c.arrival_rps.value, c.admitted_rps.value, c.shed_rps.value) == pytest.approx((3.0, 2.0, 1.0))
     assert obs.errors == ()
+
+
+def test_an_sglang_replica_and_the_dcgm_framebuffer_feed_the_window_in_process() -> None:
+    """Direct scrape of an SGLang-named replica reads as the vLLM one (hit rate from cached / prompt
+    tokens), and DCGM FB used/free give the pool's memory use (its fullest GPU mapped to a pod)."""
+    from controller.sim.exposition import NodeCollector, collect_families
+    from controller.sim.exposition_sglang import SglangReplicaCollector
+    from controller.sim.stats import NodeStats, ReplicaStats
+
+    r = ReplicaStats(replica_id="a-0", pool="a", model_name="qwen-2.5-7b", node_id="n0", gpu_indices=(0,),
+                     num_gpu_blocks=27000, block_size=16, gpu_memory_utilization=0.9)
+    node = NodeStats(node_id="n0", sku="l40s-48gb", model_name_label="NVIDIA L40S", gpus=2, fb_total_mib=46068)
+    node.fb_used_mib[0] = 0.9 * 46068
+    node.fb_used_mib[1] = 0.99 * 46068  # the idle GPU (no pod) does not count
+    targets = [(ScrapeTarget("sim://a-0", "a", "sglang"), SglangReplicaCollector(r)),
+               (ScrapeTarget("sim://n0", "a", "dcgm"), NodeCollector(node, [r], now_s=lambda: 0.0))]
+    w = FamiliesWindow(["a"], window_s=60, stale_after_s=60, source_name="sim")
+    w.update(0.0, [(t, collect_families(c)) for t, c in targets])
+    r.num_requests_running, r.kv_cache_usage_perc = 5, 0.5
+    r.prefix_cache_queries, r.prefix_cache_hits = 3000.0, 1200.0
+    obs = w.update(15.0, [(t, collect_families(c)) for t, c in targets])
+    a = obs.pools["a"]
+    assert (a.replicas_ready.value, a.running.value, a.kv_usage_frac.value) == (1, 5, 0.5)
+    assert a.hit_rate.value == pytest.approx(0.4)
+    assert a.gpu_mem_used_frac.value == pytest.approx(0.9, abs=1e-4)
+    assert not a.request_tpot_p95_s.ok  # SGLang exports no per-request TPOT histogram
