@@ -84,6 +84,7 @@ def test_the_installed_package_runs_the_demo_and_validates_a_config(installed):
     assert {"listening", "tick", "summary"} <= kinds, kinds
     ticks = [e for e in events if e["event"] == "tick"]
     assert any(e["telemetry"] == "ok" for e in ticks), ticks[-2:]
+    assert any(0.5 < (e.get("gpu_mem_used_frac") or 0) <= 0.95 for e in ticks)  # DCGM FB of the demo's GPUs
     summary = next(e for e in events if e["event"] == "summary")
     assert summary["scenario"] == "demo" and summary["completed"] > 0
     assert "shared data not found" not in demo.stderr

@@ -98,9 +98,10 @@ def _record_live(args, out: Path) -> int:
     clock = WallClock()
     source = build_source(settings, clock)
     physics = {}
+    engines = settings.engines()  # the config's declared models and SKUs count too
     for p in settings.pools:
         try:
-            physics[p.name] = physics_for_pool_spec(p)
+            physics[p.name] = physics_for_pool_spec(p, engines.get(p.name))
         except ValueError as exc:
             progress(f"record: pool {p.name}: no physics ({exc}); its rows will not train the coupling models")
     window_s = float(settings.telemetry.window_s)

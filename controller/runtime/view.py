@@ -48,6 +48,7 @@ def pool_rows(report: TickReport, slo_ttft_s: float) -> list[dict[str, Any]]:
             "slo_ttft_s": slo_ttft_s,
             "hit_rate": val(p.hit_rate),
             "kv_usage_frac": val(p.kv_usage_frac),
+            "gpu_mem_used_frac": val(p.gpu_mem_used_frac),  # memory headroom: DCGM FB of the fullest GPU
             "telemetry": report.result.telemetry.get(name, "missing"),
             "reason": reason.code if reason else "steady",
             "reason_text": reason.message if reason else "",
