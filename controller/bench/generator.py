@@ -16,8 +16,8 @@ What a case is made of:
   (case k gets shape (k + a) mod 11 and fleet (k + b) mod F, a and b drawn from the seed), so any
   11 x F consecutive cases hold every pair. The case sets only the replica bounds and the start:
   max_replicas is at most `CASE_MAX_REPLICAS` (smaller when the request budget binds, below),
-  min_replicas as shipped, and the fleet starts at what the first `startup_cold_s` + 60 s need
-  at `START_UTILISATION` (a controller takes over a running fleet, as in the shipped scenarios).
+  min_replicas as shipped, and the fleet starts at what the busiest minute of the first
+  `startup_cold_s` + 60 s of arrivals needs at `START_UTILISATION` (a controller takes over a running fleet, as in the shipped scenarios).
 - Lengths: (prompt, output) pairs drawn with replacement from the fleet's own request trace
   (a fleet whose shipped trace is ServeGen rates, which have no lengths, uses the Azure
   conversation trace, the trace its synthetic lengths are modelled on), optionally reweighted
@@ -43,8 +43,9 @@ What a case is made of:
   requests are held under `MAX_REQUESTS` by a smaller max_replicas (not under
   `FAULT_MIN_REPLICAS` with a fault), else by a lower level, so a case replays in seconds.
 - Classes: the fleet's SLOs with one of `CLASS_SHARES`' share presets.
-- Faults: none, a crash of 20-40 % of the peak's replicas at the busiest minute, or 1-2 slow
-  replicas (x2-4 step time for 1-5 minutes) there (`FAULT_SHARES`).
+- Faults: none, a crash of 20-40 % of the peak's replicas, or 1-2 slow replicas (step time
+  `SLOW_FACTOR` for 1-3 minutes), within the busiest minute of arrivals after the first cold
+  start-up ordered at t = 0 could serve (`FAULT_SHARES`).
 - Length: 10-20 simulated minutes (at least three 70B cold start-ups plus 150 s, so what happens
   after the first cold start can serve is judged too).
 """
@@ -52,6 +53,7 @@ What a case is made of:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -84,6 +86,9 @@ FAULT_SHARES = {"none": 0.6, "crash": 0.25, "slow": 0.15}
 FAULT_HEADROOM = 0.15  # a case with a fault peaks this much lower: losing 20-40 % of the peak's replicas
 # must leave the rest under ~70 % utilisation, or no fleet within bounds rides it out
 FAULT_MIN_REPLICAS = 4  # ...and its fleet may grow to at least this many replicas per pool
+# A slow replica keeps its share of the traffic, so any factor that lifts its step time over the
+# TPOT SLO makes those requests late whatever the fleet size; x1.5-3 is a degraded GPU, not a dead one.
+SLOW_FACTOR = (1.5, 3.0)
 CASE_MAX_REPLICAS = 8  # per pool: small fleets keep a case to seconds of replay
 PEAK_FILL = 0.7  # in-bounds peaks stay this far under max_replicas' capacity: the capacity is where p95 meets
 # the SLO, and 99 % of tasks on time (through a crash or slow replicas too) needs headroom under it
@@ -91,7 +96,7 @@ BEYOND_MAX_SHARE = 0.1
 BEYOND_MAX = (1.1, 1.5)  # peak / (max_replicas' capacity) of those cases, at most PEAK_FILL / (1 - sheddable share)
 BEYOND_MIN_SHEDDABLE = 0.2
 MAX_REQUESTS = 12_000  # expected requests per case: the sim cost grows with them (~1-2 s of replay per 10k)
-START_UTILISATION = 0.8  # the start fleet serves the first minutes at this share of capacity
+START_UTILISATION = PEAK_FILL  # the start fleet serves the first minutes at this share of capacity
 DURATION_S = (600.0, 1200.0)
 GAP_NORM_WINDOW_S = 300.0
 GRID_S = 1.0  # resolution of the rate curve
@@ -296,9 +301,9 @@ def _write_trace(path: Path, trace: Trace, idx: np.ndarray, arrival_s: np.ndarra
                 block_hashes=tuple(hashes) if hashes is not None else None,
                 hash_block_tokens=trace.hash_block_tokens)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     save_trace(out, tmp)
-    tmp.replace(path)  # atomic: two workers writing the same sizing sample never leave half a file
+    tmp.replace(path)  # atomic, one temporary per process: two workers writing one sizing sample never clash
 
 
 def _scenario(fleet: FleetSource, name: str, trace_file: str, work_dir: Path, *, pools: Sequence[PoolSpecModel],
@@ -445,7 +450,9 @@ def generate_case(seed: int, k: int, *, work_dir: Path | str, cache_dir: Path | 
     source = _read_request_trace(str(fleet.lengths_path))
     idx = draw_lengths(source, mix, len(arrivals), rng)
 
-    first = float(np.max(rate[t <= cold + 60.0]))
+    # The start serves the busiest minute of arrivals before the first cold start-up ordered at
+    # t = 0 could help (as the shipped scenarios start at what their first minutes need).
+    first = busiest_window_rps(arrivals[arrivals <= cold + 60.0], PEAK_WINDOW_S)
     pools = []
     start: dict[str, int] = {}
     for p in sc.pools:
@@ -455,7 +462,8 @@ def generate_case(seed: int, k: int, *, work_dir: Path | str, cache_dir: Path | 
         start[p.name] = int(min(max(need, lo, 1), hi))
         pools.append(p.model_copy(update={"replicas": start[p.name], "min_replicas": lo, "max_replicas": hi}))
 
-    faults, fault_params = _faults(fault, pools, rate, t, demand, rng)
+    faults, fault_params = _faults(fault, pools, arrivals, (min(cold + 60.0, duration / 2), duration - 120.0),
+                                   demand, rng)
     shares = CLASS_SHARES[classes_name]
     classes = {c: sc.classes[c].model_copy(update={"share": s})
                for c, s in zip(PRIORITY_CLASSES, shares, strict=True) if c in sc.classes}
@@ -480,14 +488,17 @@ def generate_case(seed: int, k: int, *, work_dir: Path | str, cache_dir: Path | 
     return Case(spec=spec, scenario=scenario, scenario_path=yaml_path, t_s=t, rate_rps=rate)
 
 
-def _faults(kind: str, pools: Sequence[PoolSpecModel], rate: np.ndarray, t: np.ndarray, demand: float,
-            rng: np.random.Generator) -> tuple[list[FaultSpec], dict[str, Any]]:
-    """The case's fault at its busiest minute: a crash of 20-40 % of the peak's replicas, or slow replicas."""
+def _faults(kind: str, pools: Sequence[PoolSpecModel], arrival_s: np.ndarray, window_s: tuple[float, float],
+            demand: float, rng: np.random.Generator) -> tuple[list[FaultSpec], dict[str, Any]]:
+    """The case's fault within its busiest minute of arrivals in `window_s` (after the first cold
+    start-up could serve, so that a policy can answer it): a crash of 20-40 % of the peak's
+    replicas, or 1-2 slow replicas (step time x1.5-3 for 1-3 minutes)."""
     if kind == "none":
         return [], {}
-    minute = np.convolve(rate, np.ones(60) / 60.0, mode="same")
-    at = float(t[int(np.argmax(minute))]) + float(rng.uniform(-30.0, 30.0))
-    at = float(max(at, 30.0))
+    lo, hi = window_s
+    starts = np.arange(lo, max(hi, lo + 1.0), 1.0)
+    counts = np.searchsorted(arrival_s, starts + 60.0) - np.searchsorted(arrival_s, starts)
+    at = float(starts[int(np.argmax(counts))]) + float(rng.uniform(0.0, 60.0))
     pool = pools[int(rng.integers(len(pools)))]
     share = pool.max_replicas / max(sum(p.max_replicas for p in pools), 1)
     if kind == "crash":
@@ -495,7 +506,7 @@ def _faults(kind: str, pools: Sequence[PoolSpecModel], rate: np.ndarray, t: np.n
         return [FaultSpec(kind="crash", pool=pool.name, at_s=at, count=count)], \
             {"pool": pool.name, "at_s": at, "count": count}
     count = min(int(rng.integers(1, 3)), max(1, pool.max_replicas // 4))
-    factor, dur = float(rng.uniform(2.0, 4.0)), float(rng.uniform(60.0, 300.0))
+    factor, dur = float(rng.uniform(SLOW_FACTOR[0], SLOW_FACTOR[1])), float(rng.uniform(60.0, 180.0))
     return [FaultSpec(kind="slow", pool=pool.name, at_s=at, count=count, factor=factor, duration_s=dur)], \
         {"pool": pool.name, "at_s": at, "count": count, "factor": factor, "duration_s": dur}
 
@@ -508,7 +519,7 @@ def _write_yaml(path: Path, scenario: Scenario, spec: CaseSpec) -> None:
         f"peak {spec.peak_rps:.2f} req/s = {spec.peak_replicas:.2f} replicas at the profiled capacity.",
     ))
     body = yaml.safe_dump(scenario.model_dump(mode="json", exclude_none=True), sort_keys=False)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(head + body)
     tmp.replace(path)
 

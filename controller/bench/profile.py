@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -371,9 +372,9 @@ def profile_pool(scenario: Scenario, pool: str, *, workload: Workload, slo: SloS
                        cache_key=key)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(prof.to_dict(), sort_keys=True))
-        tmp.replace(path)  # atomic: a concurrent bench never reads half a file
+        tmp.replace(path)  # atomic, and one temporary file per process: concurrent benches never clash
     return prof
 
 

@@ -34,6 +34,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -123,12 +124,14 @@ def run_case(seed: int, k: int, labels: Sequence[str], out_dir: str, tick_s: flo
     return row
 
 
-def _timed_case(seed: int, k: int, labels: Sequence[str], out_dir: str, tick_s: float) -> tuple[dict[str, Any], float]:
-    """`run_case` and its wall seconds (kept out of the row, which must not depend on the machine)."""
+def _timed_case(seed: int, k: int, labels: Sequence[str], out_dir: str,
+                tick_s: float) -> tuple[dict[str, Any], float, float]:
+    """`run_case`, its wall seconds and its CPU seconds (kept out of the row, which must not depend on
+    the machine; on a shared machine the CPU seconds say more about the cost than the wall time)."""
     clock = WallClock()
-    t0 = clock.monotonic_s()
+    t0, c0 = clock.monotonic_s(), time.process_time()
     row = run_case(seed, k, labels, out_dir, tick_s)
-    return row, round(clock.monotonic_s() - t0, 2)
+    return row, round(clock.monotonic_s() - t0, 2), round(time.process_time() - c0, 2)
 
 
 def _quantile(xs: Sequence[float], q: float) -> float | None:
@@ -278,9 +281,10 @@ def write_png(path: Path, report: Mapping[str, Any]) -> Path:
 
 def run_cases(seed: int, indices: Sequence[int], labels: Sequence[str], out_dir: Path, *, workers: int,
               tick_s: float = TICK_S, quiet: bool = False,
-              wall_s: dict[int, float] | None = None) -> list[dict[str, Any]]:
-    """Run `indices` in `workers` processes (1: in this one); rows in index order. `wall_s`, when
-    given, receives each case's wall seconds."""
+              wall_s: dict[int, float] | None = None,
+              cpu_s: dict[int, float] | None = None) -> list[dict[str, Any]]:
+    """Run `indices` in `workers` processes (1: in this one); rows in index order. `wall_s` and
+    `cpu_s`, when given, receive each case's wall and CPU seconds."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -290,10 +294,12 @@ def run_cases(seed: int, indices: Sequence[int], labels: Sequence[str], out_dir:
                   TextColumn("{task.fields[last]}"), console=console, disable=quiet) as bar:
         task = bar.add_task("cases", total=len(indices), last="")
 
-        def done(k: int, row: dict[str, Any], wall: float) -> None:
+        def done(k: int, row: dict[str, Any], wall: float, cpu: float) -> None:
             rows[k] = row
             if wall_s is not None:
                 wall_s[k] = wall
+            if cpu_s is not None:
+                cpu_s[k] = cpu
             what = "error" if "error" in row else f"{row['shape']} / {row['fleet']}"
             bar.update(task, advance=1, last=f"#{k} {what}")
 
@@ -307,10 +313,10 @@ def run_cases(seed: int, indices: Sequence[int], labels: Sequence[str], out_dir:
                 for f in as_completed(futures):
                     k = futures[f]
                     try:
-                        row, wall = f.result()
+                        row, wall, cpu = f.result()
                     except Exception as exc:  # noqa: BLE001 - one broken case must not hide the others
-                        row, wall = {"index": k, "error": f"{type(exc).__name__}: {exc}"}, 0.0
-                    done(k, row, wall)
+                        row, wall, cpu = {"index": k, "error": f"{type(exc).__name__}: {exc}"}, 0.0, 0.0
+                    done(k, row, wall, cpu)
     return [rows[k] for k in sorted(rows)]
 
 
@@ -351,13 +357,16 @@ def cmd_bench_robustness(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     workers = max(1, min(workers, len(indices)))
     case_wall: dict[int, float] = {}
+    case_cpu: dict[int, float] = {}
     rows = run_cases(seed, indices, labels, out_dir, workers=workers, tick_s=tick_s,
-                     quiet=getattr(args, "quiet", False), wall_s=case_wall)
+                     quiet=getattr(args, "quiet", False), wall_s=case_wall, cpu_s=case_cpu)
     report = build_report(seed, tick_s, rows, labels)
     # The only machine-dependent fields, top level (`cases_detail` compares equal across runs).
     report["wall_s"] = round(clock.monotonic_s() - t0, 1)
     report["workers"] = workers
     report["case_wall_s"] = {str(k): v for k, v in sorted(case_wall.items())}
+    report["case_cpu_s"] = {str(k): v for k, v in sorted(case_cpu.items())}
+    report["cpu_s_total"] = round(sum(case_cpu.values()), 1)
     stem = f"robustness-seed{seed}" + (f"-case{indices[0]}" if getattr(args, "case", None) is not None else "")
     json_path = out_dir / f"{stem}.json"
     json_path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
@@ -372,8 +381,8 @@ def cmd_bench_robustness(args: argparse.Namespace) -> int:
         if not console.is_terminal:
             console = Console(width=220)
         console.print(render_table(report))
-    print(f"{prog}: {len(indices)} case(s) in {wall:.0f} s wall ({workers} worker(s)); wrote {json_path} and "
-          f"{png_path}", file=sys.stderr)
+    print(f"{prog}: {len(indices)} case(s) in {wall:.0f} s wall ({workers} worker(s), {report['cpu_s_total']:.0f} "
+          f"CPU s in the cases); wrote {json_path} and {png_path}", file=sys.stderr)
     return 1 if report["errors"] else 0
 
 

@@ -235,5 +235,7 @@ def test_cases_are_sized_to_the_fleet(tmp_path: Path, cache: Path) -> None:
         assert gen.DURATION_S[0] <= s.duration_s <= gen.DURATION_S[1]
         for p in case.scenario.pools:
             assert p.min_replicas <= p.replicas <= p.max_replicas
-        for f in case.scenario.faults:
-            assert f.kind == s.fault and f.at_s is not None and 0 < f.at_s < s.duration_s
+        cold = max(p.startup_cold_s for p in case.scenario.pools)
+        for f in case.scenario.faults:  # after the first cold start-up could serve, before the end
+            assert f.kind == s.fault and f.at_s is not None
+            assert min(cold + 60.0, s.duration_s / 2) <= f.at_s < s.duration_s - 60.0
