@@ -17,7 +17,8 @@ What a case is made of:
   11 x F consecutive cases hold every pair. The case sets only the replica bounds and the start:
   max_replicas is at most `CASE_MAX_REPLICAS` (smaller when the request budget binds, below),
   min_replicas as shipped, and the fleet starts at what the busiest minute of the first
-  `startup_cold_s` + 60 s of arrivals needs at `START_UTILISATION` (a controller takes over a running fleet, as in the shipped scenarios).
+  `startup_cold_s` + 60 s of arrivals needs at `START_UTILISATION` (a controller takes over a
+  running fleet, as in the shipped scenarios).
 - Lengths: (prompt, output) pairs drawn with replacement from the fleet's own request trace
   (a fleet whose shipped trace is ServeGen rates, which have no lengths, uses the Azure
   conversation trace, the trace its synthetic lengths are modelled on), optionally reweighted
@@ -45,7 +46,7 @@ What a case is made of:
 - Classes: the fleet's SLOs with one of `CLASS_SHARES`' share presets.
 - Faults: none, a crash of 20-40 % of the peak's replicas, or 1-2 slow replicas (step time
   `SLOW_FACTOR` for 1-3 minutes), within the busiest minute of arrivals after the first cold
-  start-up ordered at t = 0 could serve (`FAULT_SHARES`).
+  start-up ordered at t = 0 could serve (`FAULT_SHARES`; never in a case beyond max_replicas).
 - Length: 10-20 simulated minutes (at least three 70B cold start-ups plus 150 s, so what happens
   after the first cold start can serve is judged too).
 """
@@ -83,9 +84,10 @@ CLASS_SHARES: dict[str, tuple[float, float, float]] = {"default": (0.2, 0.6, 0.2
                                                        "sheddable-heavy": (0.1, 0.4, 0.5),
                                                        "standard-heavy": (0.1, 0.8, 0.1)}
 FAULT_SHARES = {"none": 0.6, "crash": 0.25, "slow": 0.15}
-FAULT_HEADROOM = 0.15  # a case with a fault peaks this much lower: losing 20-40 % of the peak's replicas
+FAULT_HEADROOM = 0.2  # a case with a fault peaks this much lower: losing 20-40 % of the peak's replicas
 # must leave the rest under ~70 % utilisation, or no fleet within bounds rides it out
-FAULT_MIN_REPLICAS = 4  # ...and its fleet may grow to at least this many replicas per pool
+FAULT_MIN_REPLICAS = 5  # ...and its fleet may grow to at least this many replicas per pool (one of
+# four is a quarter of the fleet for a 70B pool's 5-minute cold start)
 # A slow replica keeps its share of the traffic, so any factor that lifts its step time over the
 # TPOT SLO makes those requests late whatever the fleet size; x1.5-3 is a degraded GPU, not a dead one.
 SLOW_FACTOR = (1.5, 3.0)
@@ -387,6 +389,8 @@ def generate_case(seed: int, k: int, *, work_dir: Path | str, cache_dir: Path | 
     presets = [n for n, v in CLASS_SHARES.items() if not beyond or v[2] >= BEYOND_MIN_SHEDDABLE]
     classes_name = presets[int(rng.integers(len(presets)))]
     fault = _pick(rng, FAULT_SHARES)
+    if beyond:  # overload is the case's test; a fault on top would leave no class it could keep
+        fault = "none"
     fill = float(rng.uniform())
     gap_trace = BURST_GAP_TRACE if shape == "bursts" else GAP_TRACES[int(rng.integers(len(GAP_TRACES)))]
     sim_seed = int(rng.integers(2**31))
@@ -429,9 +433,11 @@ def generate_case(seed: int, k: int, *, work_dir: Path | str, cache_dir: Path | 
         level, peak = sized(max_reps)
     if peak * mean_m * duration > MAX_REQUESTS:  # even the smallest fleet: a lower peak instead
         bind = peak / level
-        peak = MAX_REQUESTS / (mean_m * duration)
-        level = peak / bind
-        beyond = beyond and level > 1.0
+        level = min(level, MAX_REQUESTS / (mean_m * duration) / bind)
+        if beyond and level < BEYOND_MAX[0]:  # no longer beyond max: an in-bounds case like the others
+            beyond = False
+            level = min(level, PEAK_FILL)
+        peak = level * bind
     # The trace's clustering puts more than the curve's peak into the busiest minute; what a fleet
     # must serve (and static provisioning is sized on) is that realised peak, so the curve is
     # rescaled once to bring the realised 60 s peak to the drawn level.

@@ -226,6 +226,7 @@ def test_cases_are_sized_to_the_fleet(tmp_path: Path, cache: Path) -> None:
         if s.beyond_max:
             assert gen.BEYOND_MAX[0] <= s.peak_level <= gen.BEYOND_MAX[1]
             assert gen.CLASS_SHARES[s.classes][2] >= gen.BEYOND_MIN_SHEDDABLE
+            assert s.fault == "none" and not case.scenario.faults
         else:
             assert s.peak_level <= gen.PEAK_FILL + 1e-9
         # The busiest minute's arrivals are what the drawn level asks of the binding pool.
