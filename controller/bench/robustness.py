@@ -17,7 +17,8 @@ Per policy the report gives:
   fleet's on the same case (static is always run: it is the reference), median and p90 over the
   cases; cost_ratio_vs_oracle_{median,p90} likewise against the oracle (None without it);
 - worst_case: the case with its lowest min(critical, standard) attainment (ties: the dearer);
-- failed_by_shape: how many of its failed cases had each traffic shape.
+- failed_by_shape, failed_by_fleet, failed_by_mix, failed_by_fault: how many of its failed cases
+  had each traffic shape, fleet, length mix and fault.
 
 Outputs in --out (default bench-out/robustness): robustness-seedS.json (the report with one row
 per case in `cases_detail`), robustness-seedS.png (cost ratio vs attainment, one point per case and
@@ -51,6 +52,7 @@ MAX_CASES = 5000
 ORACLE_MAX_REPLAYS = 3  # as `bench all`: the nominal schedule, the dearest, one bisection step (+ repairs)
 STATIC = "static"
 ORACLE = "oracle"
+FAILED_BY = ("shape", "fleet", "mix", "fault")  # failed cases are counted by each of these
 
 
 def default_labels() -> list[str]:
@@ -157,10 +159,11 @@ def summarise(rows: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> dict[
         vs_oracle = [e["cost_ratio_vs_oracle"] for _, e in mine if e["cost_ratio_vs_oracle"] is not None]
         worst_r, worst_e = min(mine, key=lambda re: (_low(re[1]), -(re[1]["cost_ratio_vs_static"] or 0.0),
                                                      re[0]["index"]))
-        failed: dict[str, int] = {}
+        failed: dict[str, dict[str, int]] = {k: {} for k in FAILED_BY}
         for r, e in mine:
             if not e["pass"]:
-                failed[r["shape"]] = failed.get(r["shape"], 0) + 1
+                for k in FAILED_BY:
+                    failed[k][str(r[k])] = failed[k].get(str(r[k]), 0) + 1
         crit = [e["slo_attainment"].get("critical") for _, e in mine]
         std = [e["slo_attainment"].get("standard") for _, e in mine]
         feasible = [e for r, e in mine if r.get("feasible")]
@@ -179,7 +182,7 @@ def summarise(rows: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> dict[
                            "slo_attainment": worst_e["slo_attainment"],
                            "cost_ratio_vs_static": worst_e["cost_ratio_vs_static"],
                            "scenario_file": worst_r["scenario_file"]},
-            "failed_by_shape": dict(sorted(failed.items())),
+            **{f"failed_by_{k}": dict(sorted(v.items())) for k, v in failed.items()},
         }
     return out
 

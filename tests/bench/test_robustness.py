@@ -105,6 +105,7 @@ def test_summary_arithmetic() -> None:
     assert s["cost_ratio_vs_static_median"] == pytest.approx(1.1)
     assert s["worst_case"]["index"] == 3 and s["worst_case"]["shape"] == "bursts"
     assert s["failed_by_shape"] == {"bursts": 1, "ramp-up": 1}
+    assert s["failed_by_fleet"] == {"f": 2} and s["failed_by_fault"] == {"none": 2}
     assert rb.summarise([{"index": 0, "error": "boom"}], ["p"])["p"]["slo_pass_rate"] is None
 
 
