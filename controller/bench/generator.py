@@ -2,11 +2,13 @@
 
 Role: `generate_case(seed, k, work_dir=..., cache_dir=...)` builds case k of a seeded family as a
 `Scenario` (with its trace written as generic JSONL into `work_dir`, and the scenario as YAML
-beside it, so `governor bench policies --scenario work_dir/case-....yaml` replays it alone).
+beside it, so `governor bench policies --scenario <work_dir>/gen-sS-cKKKK.yaml` replays it alone).
 A case is a pure function of (seed, k): every draw comes from `numpy.random.default_rng([seed,
 k])`, and the only other input, the per-replica capacity used to size the rates, is itself
-deterministic (a profile, cached under `cache_dir`). Must not: run policies, read the wall clock,
-or write anywhere but `work_dir` and `cache_dir`.
+deterministic (a profile, cached under `cache_dir`). That profile replays the simulator, so a
+change to the simulator's sources (which the profile's cache key names) may resize the cases; a
+change to any policy never changes them. Must not: run policies, read the wall clock, or write
+anywhere but `work_dir` and `cache_dir`.
 
 What a case is made of:
 
