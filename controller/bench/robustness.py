@@ -25,8 +25,8 @@ per case in `cases_detail`), robustness-seedS.png (cost ratio vs attainment, one
 policy), and cases/ (each case's YAML and trace, replayable alone with `governor bench policies
 --scenario`). `--json` prints the report as exactly one JSON object on stdout; progress goes to
 stderr. Exit codes: 0 done, 1 some case failed to run (its row carries the error), 2 bad input.
-Must not: write anywhere but --out, or put wall times in the per-case rows (they must compare equal
-across runs).
+Wall and CPU seconds (machine measures) are top-level fields only: the per-case rows of two runs
+into the same --out compare equal. Must not: write anywhere but --out.
 """
 
 from __future__ import annotations
