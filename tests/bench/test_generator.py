@@ -241,3 +241,25 @@ def test_cases_are_sized_to_the_fleet(tmp_path: Path, cache: Path) -> None:
         for f in case.scenario.faults:  # after the first cold start-up could serve, before the end
             assert f.kind == s.fault and f.at_s is not None
             assert min(cold + 60.0, s.duration_s / 2) <= f.at_s < s.duration_s - 60.0
+
+
+def test_a_case_beyond_max_has_room_to_shed_and_no_fault(tmp_path: Path, cache: Path) -> None:
+    case = make(1, 5, tmp_path, cache)  # seed 1's case 5 is drawn beyond max_replicas
+    s = case.spec
+    assert s.beyond_max and gen.BEYOND_MAX[0] <= s.peak_level <= gen.BEYOND_MAX[1]
+    sheddable = gen.CLASS_SHARES[s.classes][2]
+    assert sheddable >= gen.BEYOND_MIN_SHEDDABLE
+    assert s.peak_level * (1.0 - sheddable) <= gen.PEAK_FILL + 1e-9  # critical + standard alone fit
+    assert s.fault == "none" and not case.scenario.faults
+
+
+def test_a_fault_lands_in_the_busiest_minute_after_the_first_cold_start(tmp_path: Path, cache: Path) -> None:
+    case = make(2, 4, tmp_path, cache)  # seed 2's case 4: a crash on the azure-conv fleet
+    (f,) = case.scenario.faults
+    assert f.kind == "crash" and f.count >= 1 and f.at_s is not None
+    arr = read_jsonl(case.scenario.trace_path()).arrival_s
+    cold = max(p.startup_cold_s for p in case.scenario.pools)
+    starts = np.arange(min(cold + 60.0, case.spec.duration_s / 2), case.spec.duration_s - 120.0, 1.0)
+    counts = np.searchsorted(arr, starts + 60.0) - np.searchsorted(arr, starts)
+    best = float(starts[int(np.argmax(counts))])
+    assert best <= f.at_s <= best + 60.0
