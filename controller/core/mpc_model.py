@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import ModuleType
 from typing import Any, Protocol
 
 import numpy as np
@@ -137,17 +138,71 @@ class PlanModel(Protocol):
 
 
 
+# From β = 3 on, P(wait) = 1/(1 + β·Φ(β)/φ(β)) ≤ 0.00148 (its value at 3; it falls with β): at most
+# the tail 1 − q of any quantile q ≤ 0.998, whose wait is then 0 (the tests check the formula's zeros).
+HW_WAIT_FREE_BETA = 3.0
+HW_MAX_QUANTILE = 0.998
+
+
+_KERNEL: list[ModuleType | None] = []  # controller.core.mpc_kernel once imported; [None] without numba
+
+
+def compiled_kernel() -> ModuleType | None:
+    """controller.core.mpc_kernel (the planner's compiled loops), imported and its loops compiled on
+    first use (numba takes ~0.2 s to import; compiling takes seconds where numba's disk cache is cold,
+    under a second from the cache), or None where numba is not installed or cannot compile here: the
+    numpy formulas then answer, with the same values to the last bits of a transcendental function."""
+    if not _KERNEL:
+        try:
+            from controller.core import mpc_kernel
+
+            mpc_kernel.warm_up()
+        except Exception:  # noqa: BLE001  no numba, or numba unusable here (e.g. no cache location): numpy
+            _KERNEL.append(None)
+        else:
+            _KERNEL.append(mpc_kernel)
+    return _KERNEL[0]
+
+
 def _halfin_whitt_wait(util: np.ndarray, servers: np.ndarray, service_s: np.ndarray,
                        qs: tuple[float, ...]) -> tuple[np.ndarray, ...]:
     """q-quantiles of the wait in an M/M/c queue (Halfin–Whitt P(wait), exponential conditional wait).
 
     Example: c = 64 slots, utilisation 0.97, service 15 s → β = 0.24, P(wait) = 1/(1 + β·Φ(β)/φ(β))
     = 0.79, p95 wait = ln(0.79/0.05) × 15 / (64 × 0.03) = 21.6 s.
+
+    P(wait) falls with β, and from β = `HW_WAIT_FREE_BETA` on it is below the tail 1 − q of every
+    quantile asked for (q ≤ `HW_MAX_QUANTILE`), so the wait is exactly 0 there: only the rows below are
+    evaluated (most of the planner's rows, tens of slots at moderate utilisation, lie beyond).
+    Where no row is below, the answer is zeros; otherwise the same formula on those rows.
     """
+    if all(q <= HW_MAX_QUANTILE for q in qs):
+        u = np.clip(util, 0.0, UTIL_CLIP)
+        c = np.maximum(servers, 1.0)
+        idle = 1.0 - u
+        beta = idle * np.sqrt(c)
+        shape = beta.shape
+        rows = beta < HW_WAIT_FREE_BETA  # NaN is not below: a NaN row waits 0, as the formula's `where` gives
+        if not rows.any():
+            return tuple(np.zeros(shape) for _ in qs)
+        sub = _halfin_whitt_rows(u[rows], np.broadcast_to(c, shape)[rows], beta[rows],
+                                 np.broadcast_to(service_s, shape)[rows], idle[rows], qs)
+        out = []
+        for s in sub:
+            full = np.zeros(shape)
+            full[rows] = s
+            out.append(full)
+        return tuple(out)
     u = np.clip(util, 0.0, UTIL_CLIP)
     c = np.maximum(servers, 1.0)
     idle = 1.0 - u
     beta = idle * np.sqrt(c)
+    return _halfin_whitt_rows(u, c, beta, service_s, idle, qs)
+
+
+def _halfin_whitt_rows(u: np.ndarray, c: np.ndarray, beta: np.ndarray, service_s: np.ndarray, idle: np.ndarray,
+                       qs: tuple[float, ...]) -> tuple[np.ndarray, ...]:
+    """`_halfin_whitt_wait` from its clipped utilisation, slots, β and idle share (same shapes or broadcastable)."""
     phi = np.exp(-0.5 * beta * beta) / math.sqrt(2 * math.pi)
     p_wait = 1.0 / (1.0 + beta * ndtr_saturated(beta) / np.maximum(phi, 1e-300))
     p_wait = np.where(u <= 0.0, 0.0, p_wait)
@@ -171,6 +226,9 @@ class QueueingPrior:
     burst: tuple[float, ...] = ()  # burst length, s: at the p95 a replica's prompts of this many seconds
     # arrive together (0 = Poisson-smooth arrivals)
     base_confidence: float = 0.3
+    # answer bulk queries with the compiled loop (controller/core/mpc_kernel.py) where numba is
+    # installed; False = the numpy formula below (the reference the tests compare it with)
+    compiled: bool = field(default=True, compare=False)
     _arr: Mapping[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -196,6 +254,10 @@ class QueueingPrior:
             "k_tpot": np.array(self.tpot_correction, dtype=float),
             "burst": np.array(self.burst, dtype=float),
         }
+        # per pool, the columns mpc_kernel.row_latency reads
+        arr["fig"] = np.stack([arr[k].astype(float) for k in ("a", "b", "c", "d", "e", "kv", "prefill_only",
+                                                              "decode_only", "k_ttft", "k_tpot", "burst")]
+                              + [np.sqrt(arr["k_ttft"]), np.sqrt(arr["k_tpot"])], axis=1)
         object.__setattr__(self, "_arr", arr)
 
     @staticmethod
@@ -217,7 +279,33 @@ class QueueingPrior:
     # ---- latency
 
     def latency(self, q: LatencyQuery) -> LatencyAnswer:
+        if self.compiled:
+            fast = self._latency_compiled(q)
+            if fast is not None:
+                return fast
         return self._latency(q)[0]
+
+    def _latency_compiled(self, q: LatencyQuery) -> LatencyAnswer | None:
+        """`_latency`'s answer from the compiled loop (see controller/core/mpc_kernel.py), or None where
+        numba is missing or the query is not one it takes (more than 4 dimensions, no rows)."""
+        kern = compiled_kernel()
+        shape = np.broadcast_shapes(*(np.shape(getattr(q, f)) for f in LatencyQuery.__dataclass_fields__))
+        if kern is None or math.prod(shape) == 0:
+            return None
+        A = self._arr
+        pool = np.asarray(q.pool_index).astype(np.intp)
+        consts = np.array([PROMPT_M2, PROMPT_M3, PROMPT_M4, KV_FREE_FRAC, UTIL_CLIP, _P50_OF_MEAN, _P95_OF_MEAN,
+                           TTFT_P95_FACTOR, TPOT_P95_OF_MEAN, self.base_confidence, HW_WAIT_FREE_BETA,
+                           1.0 - 0.95, 1.0 - 0.50, float(A["burst"][pool].any())])
+        inputs = [pool] + [np.asarray(getattr(q, f), dtype=float) for f in (
+            "rps_per_replica", "prompt_tokens", "output_tokens", "hit_rate", "inflight_cap", "max_num_seqs",
+            "max_num_batched_tokens")]
+        rows = kern.latency_rows(shape, inputs, A["fig"], consts)
+        if rows is None:
+            return None
+        return LatencyAnswer(ttft_p50_s=rows[0], ttft_p95_s=rows[1], tpot_p50_s=rows[2], tpot_p95_s=rows[3],
+                             capacity_rps=rows[4], utilisation=rows[5], batch=rows[6], confidence=rows[7],
+                             slot_wait_p50_s=rows[8], slot_wait_p95_s=rows[9], tpot_max_s=rows[10])
 
     def _latency(self, q: LatencyQuery) -> tuple[LatencyAnswer, Callable[[np.ndarray], np.ndarray]]:
         """The answer, and p95 TPOT as a function of the burst length per row (the only term the burst

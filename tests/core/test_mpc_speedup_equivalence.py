@@ -21,7 +21,7 @@ from controller.core.mpc import ClassInput, MpcConfig, PlanProblem, PoolInput, p
 from controller.core.mpc.risk import sum_pools
 from controller.core.mpc.score import Evaluator
 from controller.core.mpc.tails import lognormal_exceed, lognormal_exceed_into, lognormal_exceed_ref
-from controller.core.mpc_model import LatencyQuery, QueueingPrior
+from controller.core.mpc_model import LatencyQuery, QueueingPrior, _halfin_whitt_wait, compiled_kernel
 from controller.core.objective import resolve_weights
 from controller.core.tails import lognormal_quantile, ndtr_saturated, upper_tail
 from controller.perf.figures import EngineFigures
@@ -250,3 +250,127 @@ def test_a_batch_scores_as_its_rows_and_reused_work_arrays_leave_no_trace(K):
     J1, info = ev.score(big.take(np.array([4])), detail=True)
     assert info is not None and info["wait"].shape == (1, 2, ev.H, len(ev.prob.pools), K)
     assert J1[0] == pytest.approx(J_big[4], rel=1e-12)
+
+
+# --------------------------------------------------------------------------- the compiled loops (numba)
+#
+# controller/core/mpc_kernel.py computes the queueing prior's answer, the backlog stage and the replica
+# dynamics as compiled loops. The backlog and the dynamics are plain arithmetic in the numpy's order:
+# equal bit for bit. The latency answer calls the C library's exp/log/erf/erfc where numpy calls its own
+# vectorised exp/log and scipy's ndtr, and takes u³, u⁴ as products where numpy calls pow: equal within
+# 1e-12 relative (the slot waits, ln(P(wait) / tail) with P(wait) just above the tail, within 1e-9
+# relative or 1 ns).
+
+
+def test_the_compiled_loops_are_in_use_here():
+    """numba is a pinned dependency: the fast path must not silently fall back to numpy in the tests."""
+    assert compiled_kernel() is not None
+
+
+def _hw_formula(util, servers, service_s, qs):
+    """The Halfin–Whitt wait evaluated on every row (the reference of the β ≥ 3 shortcut)."""
+    u = np.clip(util, 0.0, 0.995)
+    c = np.maximum(servers, 1.0)
+    idle = 1.0 - u
+    beta = idle * np.sqrt(c)
+    phi = np.exp(-0.5 * beta * beta) / np.sqrt(2 * np.pi)
+    p_wait = np.where(u <= 0.0, 0.0, 1.0 / (1.0 + beta * ndtr(beta) / np.maximum(phi, 1e-300)))
+    rate = c * idle / np.maximum(service_s, 1e-9)
+    return tuple(np.where(p_wait > 1.0 - q, np.log(np.maximum(p_wait, 1.0 - q) / (1.0 - q)) / rate, 0.0) for q in qs)
+
+
+@pytest.mark.parametrize("qs", [(0.95, 0.5), (0.99,), (0.999, 0.5)])
+def test_halfin_whitt_wait_skips_only_rows_that_wait_zero(qs):
+    rng = np.random.default_rng(20)
+    n = 5_000
+    util = np.concatenate([rng.uniform(0.0, 1.2, n), [0.0, -0.1, np.nan, 0.98, 1.0]])
+    servers = rng.choice([1.0, 2.0, 4.0, 8.0, 64.0, 256.0], util.shape)
+    service = rng.uniform(0.5, 30.0, util.shape)
+    for got, want in zip(_halfin_whitt_wait(util, servers, service, qs), _hw_formula(util, servers, service, qs),
+                         strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def _latency_inputs(rng: np.random.Generator, C: int = 6, H: int = 7, P: int = 3) -> dict[str, np.ndarray]:
+    return dict(pool_index=np.arange(P), rps_per_replica=rng.uniform(0.0, 14.0, (C, 2, H, P)),
+                prompt_tokens=np.array([1100.0, 2400.0, 900.0]), output_tokens=np.array([210.0, 1.0, 350.0]),
+                hit_rate=rng.uniform(-0.1, 1.0, (C, 1, H, P)),
+                inflight_cap=rng.choice([0.0, 2.0, 32.0, 96.0], (C, 1, 1, P)),
+                max_num_seqs=rng.choice([0.0, 8.0, 128.0, 256.0], (C, 1, 1, P)),
+                max_num_batched_tokens=rng.choice([0.0, 512.0, 1024.0, 8192.0], (C, 1, 1, P)))
+
+
+@pytest.mark.parametrize("burst", [(0.0, 0.0, 0.0), (0.0, 1.5, 0.7)])
+def test_compiled_latency_equals_the_numpy_formula(burst):
+    m = QueueingPrior(pools=("m", "pf", "dc"), figures=(FIG_70B, FIG_8B, FIG_8B), roles=("mixed", "prefill", "decode"))
+    m = m.with_corrections([1.3, 0.9, 1.1], [1.2, 1.0, 0.8], 0.4, burst=list(burst))
+    ref = replace(m, compiled=False, _arr={})
+    rng = np.random.default_rng(21)
+    for q in (LatencyQuery(**_latency_inputs(rng)),  # the planner's broadcast shapes
+              LatencyQuery(**{k: np.broadcast_to(v, (6, 2, 7, 3)).ravel() for k, v in _latency_inputs(rng).items()})):
+        got, want = m.latency(q), ref.latency(q)
+        for f in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "capacity_rps", "utilisation", "batch",
+                  "confidence", "tpot_max_s"):
+            g, w = getattr(got, f), np.broadcast_to(getattr(want, f), np.shape(getattr(got, f)))
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=0.0, err_msg=f)
+        for f in ("slot_wait_p50_s", "slot_wait_p95_s"):
+            g, w = getattr(got, f), np.broadcast_to(getattr(want, f), np.shape(getattr(got, f)))
+            assert (g > 0).any(), f  # the inputs reach the waiting regime
+            np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9, err_msg=f)
+
+
+def test_compiled_latency_keeps_nan_rows_nan():
+    m = QueueingPrior(pools=("m",), figures=(FIG_8B,))
+    q = LatencyQuery(pool_index=np.zeros(3, dtype=np.intp), rps_per_replica=np.array([np.nan, 2.0, 2.0]),
+                     prompt_tokens=np.full(3, 1000.0), output_tokens=np.full(3, 200.0),
+                     hit_rate=np.array([0.2, np.nan, 0.2]), inflight_cap=np.zeros(3), max_num_seqs=np.full(3, 256.0),
+                     max_num_batched_tokens=np.full(3, 8192.0))
+    got, want = m.latency(q), replace(m, compiled=False, _arr={}).latency(q)
+    for f in ("ttft_p95_s", "tpot_p95_s", "utilisation", "capacity_rps"):
+        np.testing.assert_array_equal(np.isnan(getattr(got, f)), np.isnan(getattr(want, f)), err_msg=f)
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_compiled_backlog_stage_equals_the_numpy_stage(K):
+    """Same model answers into both: the backlog's wait, the priority re-weighing and the timeouts agree
+    bit for bit (wide loads, so backlogs build and some waits pass the client's timeout)."""
+    ev_c = _evaluator(K)
+    prob = ev_c.prob
+    ev_n = Evaluator(prob, ev_c.model, MpcConfig(), compiled=False)
+    ev_n.need = ev_c.need
+    rng = np.random.default_rng(30 + K)
+    c = _candidates(ev_c, rng, 11, (0, 1, 3))
+    c.cap[:4] = 8.0  # small in-flight caps: the slot wait and the backlog both matter
+    for ev in (ev_c, ev_n):
+        ev.traffic.lam = ev.traffic.lam * 6.0
+    out = []
+    for ev in (ev_c, ev_n):
+        ready, _, fresh = ev.dynamics.run(c.repl, c.standby)
+        flow = ev.traffic.admit(c, ready, ev.need, ev.work)
+        pl = ev.latency.predict(c, flow, fresh, ev.work)
+        out.append((pl.t50.copy(), pl.t95.copy(), pl.timed_out.copy()))
+    assert out[0][2].any() and not out[0][2].all()
+    for g, w in zip(out[0], out[1], strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("vary", [(), (0,), (0, 1, 2, 3)])
+def test_compiled_dynamics_equal_the_numpy_dynamics(vary):
+    ev = _evaluator()
+    ref = Evaluator(ev.prob, ev.model, MpcConfig(), compiled=False)
+    c = _candidates(ev, np.random.default_rng(40 + len(vary)), 13, vary)
+    for g, w in zip(ev.dynamics.run(c.repl, c.standby), ref.dynamics.run(c.repl, c.standby), strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_compiled_scores_equal_the_numpy_scores(K):
+    """The whole score, compiled loops against numpy throughout (model included), within 1e-12."""
+    ev = _evaluator(K)
+    model = replace(ev.model, compiled=False, _arr={})
+    ref = Evaluator(ev.prob, model, MpcConfig(), compiled=False)
+    ref.need = ev.need
+    c = _candidates(ev, np.random.default_rng(50 + K), 17, (0, 2, 3))
+    J, Jr = ev.score(c)[0], ref.score(c)[0]
+    assert np.isfinite(Jr).all()
+    np.testing.assert_allclose(J, Jr, rtol=1e-12, atol=0.0)

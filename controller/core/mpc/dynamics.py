@@ -18,14 +18,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from controller.core.mpc.problem import PoolInput
+from controller.core.mpc_model import compiled_kernel
 
 
 class ReplicaDynamics:
     """Replicas ready, billed and freshly started per candidate, pool and step (per-tick constants
     precomputed from the pools as they are now)."""
 
-    def __init__(self, pools: Sequence[PoolInput], H: int, step_s: float, standby_cost_frac: float) -> None:
+    def __init__(self, pools: Sequence[PoolInput], H: int, step_s: float, standby_cost_frac: float,
+                 compiled: bool = True) -> None:
         dt = step_s
+        self.compiled = compiled  # False: the numpy below throughout (the reference)
         P = len(pools)
         self.standby_cost_frac = standby_cost_frac
         self.cols = np.arange(P)
@@ -67,7 +70,15 @@ class ReplicaDynamics:
 
     def _simulate(self, repl: np.ndarray, standby: np.ndarray,
                   pool: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`run` of (C, N, H) replica plans; column n is a plan of pool `pool[n]`."""
+        """`run` of (C, N, H) replica plans; column n is a plan of pool `pool[n]` (as one compiled loop
+        where numba is installed and `compiled`: mpc_kernel.dynamics_rows, the same values)."""
+        kern = compiled_kernel() if self.compiled else None
+        if kern is not None:
+            out = tuple(np.empty(repl.shape) for _ in range(3))
+            kern.dynamics_rows(np.ascontiguousarray(repl, dtype=float), np.ascontiguousarray(standby, dtype=float),
+                               self.ready0[pool], np.ascontiguousarray(self.pend0[pool]), self.warm0[pool],
+                               self.bin_warm[pool], self.bin_cold[pool], float(self.standby_cost_frac), *out)
+            return out[0], out[1], out[2]
         # Replica counts are whole numbers (targets, slots and start-ups are counts), so the sums
         # below are exact in floating point whatever their order: the running total of starting
         # replicas (`pend_tot`) equals a fresh sum over the ready-time bins.

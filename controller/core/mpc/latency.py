@@ -19,7 +19,7 @@ import numpy as np
 from controller.core.mpc.candidates import Candidates, WorkArrays
 from controller.core.mpc.problem import MpcConfig, PlanProblem
 from controller.core.mpc.traffic import Flow
-from controller.core.mpc_model import LatencyAnswer, LatencyQuery, PlanModel
+from controller.core.mpc_model import LatencyAnswer, LatencyQuery, PlanModel, compiled_kernel
 
 
 @dataclass
@@ -42,12 +42,26 @@ class PoolLatencies:
     wait_detail: np.ndarray | None  # (C,2,H,P,K) the backlog's wait (only when asked for detail)
 
 
+@dataclass
+class ModelAnswer:
+    """The latency stage's first half (hit rate and the model's answer, no backlog), per candidate."""
+
+    shape: tuple[int, ...]  # (C,2,H,P)
+    lat: LatencyAnswer
+    restart: np.ndarray  # (C,P) bool: the plan changes the pool's batch caps (a rolling restart)
+    hit: np.ndarray  # (C,1,H,P) prefix hit rate
+    cap_rps: np.ndarray  # (C,2,H,P) pool rate sustained
+
+
 class Latency:
     """Per-tick constants of the hit-rate and latency predictions, and the prediction for a batch."""
 
     def __init__(self, prob: PlanProblem, model: PlanModel, cfg: MpcConfig, H: int, lam: np.ndarray,
-                 incumbent: Candidates) -> None:
+                 incumbent: Candidates, compiled: bool = True) -> None:
         pools = prob.pools
+        # the backlog stage as a compiled loop where numba is installed (mpc_kernel.queue_rows); False =
+        # the numpy below throughout (the reference)
+        self.compiled = compiled
         P, K = len(pools), len(prob.classes)
         self.model, self.cfg = model, cfg
         self.P = P
@@ -81,14 +95,11 @@ class Latency:
             max_num_batched_tokens=self.max_num_batched_tokens))
         return np.asarray(lat.capacity_rps, dtype=float)
 
-    def predict(self, cand: Candidates, flow: Flow, fresh: np.ndarray, work: WorkArrays,
-                detail: bool = False) -> PoolLatencies:
-        """Latencies of each candidate; `fresh` (C,P,H) is the dynamics stage's share of new replicas."""
-        cfg = self.cfg
-        P, dt = self.P, self.dt
-        cum_in, pool_rps = flow.cum_in, flow.pool_rps
-        K, C, _, H, _ = cum_in.shape
-        kshape = cum_in.shape
+    def answer(self, cand: Candidates, flow: Flow, fresh: np.ndarray) -> ModelAnswer:
+        """The hit rate and the PlanModel's answer for each candidate, before any backlog; `fresh` (C,P,H)
+        is the dynamics stage's share of new replicas."""
+        P = self.P
+        pool_rps = flow.pool_rps
         ready_t = flow.ready_hp[:, None]  # (C,1,H,P)
         fresh_t = np.transpose(fresh, (0, 2, 1))[:, None]
         lam_rep = pool_rps / np.maximum(ready_t, 1e-9)
@@ -114,8 +125,35 @@ class Latency:
             max_num_batched_tokens=cand.mbt[:, None, None, :])
         lat = self.model.latency(q)
         cap_rps = np.reshape(lat.capacity_rps, shape) * ready_t  # pool rps it sustains
+        return ModelAnswer(shape=shape, lat=lat, restart=restart, hit=hit, cap_rps=cap_rps)
+
+    def predict(self, cand: Candidates, flow: Flow, fresh: np.ndarray, work: WorkArrays,
+                detail: bool = False) -> PoolLatencies:
+        """Latencies of each candidate; `fresh` (C,P,H) is the dynamics stage's share of new replicas."""
+        cfg = self.cfg
+        dt = self.dt
+        cum_in, pool_rps = flow.cum_in, flow.pool_rps
+        K, C, _, H, P = cum_in.shape
+        kshape = cum_in.shape
+        ans = self.answer(cand, flow, fresh)
+        lat, restart, hit, cap_rps, shape = ans.lat, ans.restart, ans.hit, ans.cap_rps, ans.shape
         ttft50, ttft95 = np.reshape(lat.ttft_p50_s, shape), np.reshape(lat.ttft_p95_s, shape)
         tpot50, tpot95 = np.reshape(lat.tpot_p50_s, shape), np.reshape(lat.tpot_p95_s, shape)
+        kern = compiled_kernel() if self.compiled and not detail else None
+        if kern is not None:  # the rest of this method as one compiled loop (mpc_kernel.queue_rows)
+            slot = lat.slot_wait_p95_s is not None and lat.slot_wait_p50_s is not None
+
+            def rows(x: np.ndarray | None) -> np.ndarray:
+                return np.zeros(shape) if x is None else np.ascontiguousarray(np.reshape(x, shape), dtype=float)
+
+            wait, t50 = work.get("b", kshape), work.get("c", kshape)
+            timed_out = np.empty(kshape, dtype=bool)
+            kern.queue_rows(cum_in, rows(cap_rps), rows(pool_rps), rows(ttft50), rows(ttft95),
+                            rows(lat.slot_wait_p50_s), rows(lat.slot_wait_p95_s), self.q0_cum,
+                            np.array([dt, cfg.client_timeout_s, float(slot)]), wait, t50, cum_in, timed_out)
+            return PoolLatencies(shape=shape, lat=lat, restart=restart, hit=hit, cap_rps=cap_rps, ttft95=ttft95,
+                                 tpot50=tpot50, tpot95=tpot95, t50=t50, t95=cum_in, timed_out=timed_out,
+                                 scratch=wait, wait_detail=None)
         # Backlog per step: q_h+1 = max(q_h + (in_h − m_h)·dt, 0), waited ½(q_h + q_h+1) / max(m_h, 1e-9).
         # Only the max is sequential: the increments before the loop, the waits after it, over all steps.
         m_all = np.maximum(cap_rps, 1e-9)

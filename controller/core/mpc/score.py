@@ -33,7 +33,7 @@ class Evaluator:
     """Scores batches of candidates for one problem (each stage precomputes what does not depend on
     the plan when the evaluator is built)."""
 
-    def __init__(self, prob: PlanProblem, model: PlanModel, cfg: MpcConfig) -> None:
+    def __init__(self, prob: PlanProblem, model: PlanModel, cfg: MpcConfig, compiled: bool = True) -> None:
         self.prob, self.model, self.cfg = prob, model, cfg
         P, K = len(prob.pools), len(prob.classes)
         H = plan_steps(cfg, prob.pools)
@@ -42,12 +42,13 @@ class Evaluator:
         self.dt = dt
         pools = prob.pools
         cls = prob.classes
-        self.dynamics = ReplicaDynamics(pools, H, dt, cfg.standby_cost_frac)
+        self.dynamics = ReplicaDynamics(pools, H, dt, cfg.standby_cost_frac, compiled=compiled)
         self.traffic = Traffic(prob, H, dt, cfg.client_retries)
         tr = self.traffic
         # the plan in force, as a candidate
         self.cur = incumbent(prob, H, tr.per_replica_weights(np.array([[p.traffic_weight for p in pools]])))
-        self.latency = Latency(prob, model, cfg, H, tr.lam, self.cur)
+        # compiled: the replica dynamics and the backlog stage as compiled loops where numba is installed
+        self.latency = Latency(prob, model, cfg, H, tr.lam, self.cur, compiled=compiled)
         self.risk = Risk(prob, tr)
         # Per-tick constants of the objective (they do not depend on the candidate).
         self.price = np.array([p.usd_per_hour for p in pools])
