@@ -367,6 +367,7 @@ def test_compiled_dynamics_equal_the_numpy_dynamics(vary):
 def test_compiled_scores_equal_the_numpy_scores(K):
     """The whole score, compiled loops against numpy throughout (model included), within 1e-12."""
     ev = _evaluator(K)
+    assert isinstance(ev.model, QueueingPrior)
     model = replace(ev.model, compiled=False, _arr={})
     ref = Evaluator(ev.prob, model, MpcConfig(), compiled=False)
     ref.need = ev.need
