@@ -5,7 +5,8 @@ with a slowly varying, noisy load, so forecasts, corrections and plans move from
 `MpcPolicy.decide` is timed per tick in CPU time (what one core spends; the process is pinned
 to one CPU where the platform allows) and wall time. Prints p50/p95/p99/max and the number of
 candidates scored per tick; `--json` prints one object (`cpu_p50_ms`, `cpu_p99_ms`,
-`wall_p99_ms`, ...). Deterministic inputs (seed 0). Must not: touch the network or files.
+`wall_p99_ms`, `objective_gap_p90`, `complete_cpu_p99_ms`, ...). Deterministic inputs (seed 0).
+Must not: touch the network or files.
 
 Two budgets. By default the search scores a fixed count of candidate rows (`MpcConfig.max_evaluations`,
 as the bench replays do): the time shows what that search costs on this machine. With
@@ -13,7 +14,10 @@ as the bench replays do): the time shows what that search costs on this machine.
 per tick: the time is then bounded by construction and what varies is how much search fits. Either
 way each tick is also solved from the same state by the search run to completion (every phase, no
 budget), and `objective_gap_*` reports how much worse the budgeted plan scored (J_budget /
-J_complete − 1; 0 = as good). The state carried from tick to tick is the budgeted search's.
+J_complete − 1; 0 = as good), `complete_*` what that complete search costs (CPU and wall ms per
+tick, candidates): where it fits the budget, the planner need not cut its search at all. The state
+carried from tick to tick is the budgeted search's. One untimed tick runs first (the process's first
+query compiles or loads the planner's compiled loops, controller/core/mpc_kernel.py).
 """
 
 from __future__ import annotations
@@ -94,11 +98,11 @@ def measure(n_pools: int = 10, ticks: int = 120, budget_ms: float | None = None)
     state = policy.initial_state()
     current = Decision("d0", 0, 0.0, 120.0, pools={p.name: PoolDecision(6) for p in fleet.pools})
     # One untimed tick first: the process's first query compiles or loads the planner's compiled
-    # kernel (controller/core/mpc_kernel.py), a once-per-process cost, not a tick's.
+    # loops (controller/core/mpc_kernel.py), a once-per-process cost, not a tick's.
     warm_inp = PolicyInput(now_s=0.0, observation=_observation(0.0, fleet, current, np.random.default_rng(1)),
                            fleet=fleet, current=current)
     complete.decide(state, warm_inp, np.random.default_rng(1))
-    cpu, wall, evals, gaps = [], [], [], []
+    cpu, wall, evals, gaps, c_cpu, c_wall, c_evals = [], [], [], [], [], [], []
     for k in range(ticks):
         t = 15.0 * (k + 1)
         inp = PolicyInput(now_s=t, observation=_observation(t, fleet, current, rng), fleet=fleet, current=current)
@@ -109,7 +113,11 @@ def measure(n_pools: int = 10, ticks: int = 120, budget_ms: float | None = None)
         wall.append(1e3 * (time.perf_counter() - w0))
         evals.append(int(out.diagnostics.get("evaluations", 0)))
         # the same tick from the same state (states are immutable), searched to completion
+        c0, w0 = time.process_time(), time.perf_counter()
         _, ref = complete.decide(before, inp, np.random.default_rng([0, k]))
+        c_cpu.append(1e3 * (time.process_time() - c0))
+        c_wall.append(1e3 * (time.perf_counter() - w0))
+        c_evals.append(int(ref.diagnostics.get("evaluations", 0)))
         gaps.append(float(out.diagnostics["objective"]) / float(ref.diagnostics["objective"]) - 1.0)
         current = Decision(f"d{k}", k, t, t + 120, pools=dict(out.pools), admission=dict(out.admission))
     cpu_a, wall_a = np.array(cpu), np.array(wall)
@@ -126,6 +134,12 @@ def measure(n_pools: int = 10, ticks: int = 120, budget_ms: float | None = None)
                 "objective_gap_median": round(float(np.median(g)), 5),
                 "objective_gap_p90": round(float(np.percentile(g, 90)), 5),
                 "objective_gap_max": round(float(g.max()), 5)})
+    cc = np.array(c_cpu)
+    res.update({"complete_cpu_p50_ms": round(float(np.percentile(cc, 50)), 1),
+                "complete_cpu_p99_ms": round(float(np.percentile(cc, 99)), 1),
+                "complete_cpu_max_ms": round(float(cc.max()), 1),
+                "complete_wall_p99_ms": round(float(np.percentile(np.array(c_wall), 99)), 1),
+                "complete_candidates_per_tick_median": int(np.median(c_evals))})
     return res
 
 
@@ -148,4 +162,7 @@ def cmd_bench_planner(args: argparse.Namespace) -> int:
           f"{100 * out['objective_gap_median']:+.2f} %, p90 {100 * out['objective_gap_p90']:+.2f} %, max "
           f"{100 * out['objective_gap_max']:+.2f} %; candidates per tick {out['candidates_per_tick_min']}-"
           f"{out['candidates_per_tick_max']}")
+    print(f"the search run to completion: CPU ms per tick p50 {out['complete_cpu_p50_ms']}, p99 "
+          f"{out['complete_cpu_p99_ms']}, max {out['complete_cpu_max_ms']}; wall p99 {out['complete_wall_p99_ms']} ms; "
+          f"candidates per tick median {out['complete_candidates_per_tick_median']}")
     return 0
