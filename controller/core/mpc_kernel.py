@@ -1,21 +1,27 @@
-"""The queueing prior's latency answer as one compiled loop (numba), for the planner's bulk queries.
+"""The planner's scoring hot spots as compiled loops (numba), beside the numpy formulas they mirror.
 
-`QueueingPrior.latency` (controller/core/mpc_model.py) is a few hundred element-wise numpy
-operations over every candidate × load scenario × step × pool row; at the planner's batch sizes
-(10-40k rows) the time goes to the passes over memory and the temporaries, not the arithmetic.
-`latency_rows` computes the same answer row by row in one pass: `row_latency` is the formula of
-`QueueingPrior._latency` operation for operation (the same products and sums in the same order,
-so the same floating-point values), and the Halfin–Whitt wait is evaluated only below
-β = `HW_WAIT_FREE_BETA` as there. What can differ is the last bit of a transcendental function
-(numpy's vectorised exp/log and scipy's ndtr against the C library's exp/log/erf/erfc the compiled
-loop calls): tests/core/test_mpc_speedup_equivalence.py checks the two within 1e-12 relative.
+At the planner's batch sizes (10-40k rows per stage) the numpy stages spend their time on passes over
+memory and temporaries, not on the arithmetic; these loops make one pass per row:
 
-mpc_model.py imports this module on the first query (numba takes ~0.2 s to import and the loop
-~2 s to compile where numba's disk cache is cold); where numba cannot be imported it answers with
-the numpy formula, which stays the reference.
+- `rows_loop` / `latency_rows`: `QueueingPrior._latency` (controller/core/mpc_model.py), with the load-
+  independent half of a row reused across the load scenarios and the Halfin–Whitt wait evaluated only
+  below β = `HW_WAIT_FREE_BETA`, as there;
+- `queue_rows`: the fluid backlog and the priority re-weighing of the slot wait (mpc/latency.py);
+- `dynamics_rows`: the replica dynamics (mpc/dynamics.py);
+- `upper_tail_rows` / `cephes_ndtr`: 1 − Φ(z) (controller/core/tails.py), Φ as scipy's ndtr computes it.
 
-Must not: change what the formula says (a change goes into mpc_model.py and here together), do I/O
-of its own, read the clock or draw randomness.
+Each is the same operations in the same order as its numpy formula, so the backlog, the dynamics and
+the normal tails give the same values bit for bit. The latency answer differs only in the last bits
+where numpy calls its own vectorised exp/log or pow (here the C library's exp/log, and u³, u⁴ as
+products): within 1e-12 relative. tests/core/test_mpc_speedup_equivalence.py checks every loop
+against its formula.
+
+mpc_model.compiled_kernel() imports this module on first use and compiles the loops (`warm_up`;
+seconds where numba's disk cache is cold, under a second from it); where numba cannot be imported or
+compile, the numpy formulas answer and stay the reference.
+
+Must not: change what a formula says (a change goes into the numpy formula and here together), do
+I/O of its own (numba's cache aside), read the clock or draw randomness.
 """
 
 from __future__ import annotations
@@ -51,16 +57,104 @@ def _nmin(a: float, b: float) -> float:
     return b
 
 
+# --------------------------------------------------------------------------- normal tails
+#
+# Φ as scipy computes it (scipy.special.ndtr is Cephes' ndtr: erf near 0, erfc beyond, each a
+# rational approximation; the coefficients are Cephes' published constants, S. L. Moshier), in the
+# same operations and order and with the same C-library exp, so the same values (the tests compare
+# them bit for bit on a million arguments); a compiled call costs a fraction of the ufunc's.
+
+_ERFC_P = (2.46196981473530512524E-10, 5.64189564831068821977E-1, 7.46321056442269912687E0,
+           4.86371970985681366614E1, 1.96520832956077098242E2, 5.26445194995477358631E2,
+           9.34528527171957607540E2, 1.02755188689515710272E3, 5.57535335369399327526E2)
+_ERFC_Q = (1.32281951154744992508E1, 8.67072140885989742329E1, 3.54937778887819891062E2,
+           9.75708501743205489753E2, 1.82390916687909736289E3, 2.24633760818710981792E3,
+           1.65666309194161350182E3, 5.57535340817727675546E2)
+_ERFC_R = (5.64189583547755073984E-1, 1.27536670759978104416E0, 5.01905042251180477414E0,
+           6.16021097993053585195E0, 7.40974269950448939160E0, 2.97886665372100240670E0)
+_ERFC_S = (2.26052863220117276590E0, 9.39603524938001434673E0, 1.20489539808096656605E1,
+           1.70814450747565897222E1, 9.60896809063285878198E0, 3.36907645100081516050E0)
+_ERF_T = (9.60497373987051638749E0, 9.00260197203842689217E1, 2.23200534594684319226E3,
+          7.00332514112805075473E3, 5.55923013010394962768E4)
+_ERF_U = (3.35617141647503099647E1, 5.21357949780152679795E2, 4.59432382970980127987E3,
+          2.26290000613890934246E4, 4.92673942608635921086E4)
+_MAXLOG = 7.09782712893383996843E2
+
+
 @_inline
-def _ndtr(x: float) -> float:
-    """Φ(x) as scipy's (cephes) ndtr computes it: erf near 0, erfc in the tails."""
-    if x != x:
-        return x
-    z = x * _SQRT1_2
-    if abs(z) < _SQRT1_2:
-        return 0.5 + 0.5 * math.erf(z)
-    y = 0.5 * math.erfc(abs(z))
-    return 1.0 - y if z > 0 else y
+def _erfc_pos(x: float) -> float:
+    """Cephes erfc for 1 ≤ x (the only arguments ndtr gives it)."""
+    z = -x * x
+    if z < -_MAXLOG:
+        return 0.0
+    z = math.exp(z)
+    if x < 8.0:
+        p = _ERFC_P[0]
+        for i in range(1, 9):
+            p = p * x + _ERFC_P[i]
+        q = x + _ERFC_Q[0]
+        for i in range(1, 8):
+            q = q * x + _ERFC_Q[i]
+    else:
+        p = _ERFC_R[0]
+        for i in range(1, 6):
+            p = p * x + _ERFC_R[i]
+        q = x + _ERFC_S[0]
+        for i in range(1, 6):
+            q = q * x + _ERFC_S[i]
+    return (z * p) / q
+
+
+@_inline
+def _erf_small(x: float) -> float:
+    """Cephes erf for |x| < 1 (odd: the sign of x carries through)."""
+    neg = x < 0.0
+    if neg:
+        x = -x
+    z = x * x
+    p = _ERF_T[0]
+    for i in range(1, 5):
+        p = p * z + _ERF_T[i]
+    q = z + _ERF_U[0]
+    for i in range(1, 5):
+        q = q * z + _ERF_U[i]
+    y = x * p / q
+    return -y if neg else y
+
+
+@_inline
+def cephes_ndtr(a: float) -> float:
+    """Φ(a) as scipy.special.ndtr."""
+    if a != a:
+        return a
+    x = a * _SQRT1_2
+    z = abs(x)
+    if z < 1.0:
+        return 0.5 + 0.5 * _erf_small(x)
+    y = 0.5 * _erfc_pos(z)
+    return 1.0 - y if x > 0 else y
+
+
+@_jit
+def upper_tail_rows(z: np.ndarray) -> None:
+    """controller.core.tails.upper_tail in place on a contiguous array: 1 − Φ(z), exactly 0 / 1 beyond ±9."""
+    flat = z.reshape(-1)
+    for i in range(flat.size):
+        x = flat[i]
+        if x > 9.0:
+            flat[i] = 0.0
+        elif x < -9.0:
+            flat[i] = 1.0
+        else:
+            flat[i] = 1.0 - cephes_ndtr(x)
+
+
+@_jit
+def ndtr_rows(x: np.ndarray, out: np.ndarray) -> None:
+    """scipy.special.ndtr of a contiguous array into out (the tests' hook on cephes_ndtr)."""
+    a, o = x.reshape(-1), out.reshape(-1)
+    for i in range(a.size):
+        o[i] = cephes_ndtr(a[i])
 
 
 # slots of the per-row work array `st` (what does not depend on the load: computed once per distinct
@@ -140,7 +234,7 @@ def _loaded(lam_in: float, mbt: float, st: np.ndarray, consts: np.ndarray, out: 
     w50 = 0.0
     if hb < hw_beta:
         phi = math.exp(-0.5 * hb * hb) / _SQRT_2PI
-        p_wait = 1.0 / (1.0 + hb * _ndtr(hb) / _nmax(phi, 1e-300))
+        p_wait = 1.0 / (1.0 + hb * cephes_ndtr(hb) / _nmax(phi, 1e-300))
         if uq <= 0.0:
             p_wait = 0.0
         rate = cs * idle / _nmax(service, 1e-9)
@@ -360,6 +454,8 @@ def warm_up() -> None:
     k5 = np.ones((2, 1, 1, 1, 1))
     queue_rows(k5, one, one, one, one, one, one, np.zeros((1, 2)), np.ones(3), np.empty_like(k5),
                np.empty_like(k5), np.empty_like(k5), np.empty(k5.shape, dtype=bool))
+    for shape in ((1, 1, 1, 1), (1, 1, 1, 1, 1)):  # the planner's pool and class rows
+        upper_tail_rows(np.zeros(shape))
     r = np.ones((1, 1, 1))
     dynamics_rows(r, np.zeros((1, 1)), np.ones(1), np.zeros((1, 2)), np.zeros(1), np.zeros(1, dtype=np.intp),
                   np.zeros(1, dtype=np.intp), 1.0, np.empty_like(r), np.empty_like(r), np.empty_like(r))

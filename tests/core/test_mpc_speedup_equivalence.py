@@ -375,3 +375,27 @@ def test_compiled_scores_equal_the_numpy_scores(K):
     J, Jr = ev.score(c)[0], ref.score(c)[0]
     assert np.isfinite(Jr).all()
     np.testing.assert_allclose(J, Jr, rtol=1e-12, atol=0.0)
+
+
+def test_compiled_normal_cdf_is_scipys_to_the_bit():
+    """mpc_kernel.cephes_ndtr mirrors scipy's (Cephes) ndtr: same branches, coefficients and C-library exp."""
+    kern = compiled_kernel()
+    assert kern is not None
+    rng = np.random.default_rng(60)
+    x = np.concatenate([rng.normal(0.0, 3.0, 200_000), rng.uniform(-40.0, 40.0, 20_000),
+                        [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-300, -1e-300, 38.0, -38.0]])
+    edges = np.sqrt(2.0) * np.array([1.0, 8.0])  # the branch points of erf / erfc in ndtr's argument
+    x = np.concatenate([x, edges, -edges, np.nextafter(edges, 0.0), -np.nextafter(edges, 0.0)])
+    out = np.empty_like(x)
+    kern.ndtr_rows(x, out)
+    np.testing.assert_array_equal(out, ndtr(x))
+
+
+@pytest.mark.parametrize("saturated_share", [0.0, 0.5, 0.95])
+def test_compiled_upper_tail_equals_upper_tail(saturated_share):
+    kern = compiled_kernel()
+    assert kern is not None
+    z = _z(np.random.default_rng(61), 30_000, saturated_share).reshape(3, 10, 1000)
+    got = z.copy()
+    kern.upper_tail_rows(got)
+    np.testing.assert_array_equal(got, upper_tail(z.copy()))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtr
 
+from controller.core.mpc_model import compiled_kernel
 from controller.core.tails import PROMPT_LOG_SIGMA, upper_tail
 
 # log-spread of TTFT beyond its p95: the prompt-length spread (see lognormal_exceed)
@@ -60,7 +61,17 @@ def lognormal_exceed(p50: np.ndarray | float, p95: np.ndarray | float, bound: np
         np.maximum(over, 0.0, out=over)
         over *= stretch
         z += over
-    return upper_tail(z)
+    return _upper_tail(z)
+
+
+def _upper_tail(z: np.ndarray) -> np.ndarray:
+    """upper_tail (1 − Φ(z), overwriting z), as one compiled loop where numba is installed and z is a
+    contiguous float array (mpc_kernel.upper_tail_rows: scipy's ndtr to the bit, no masking passes)."""
+    kern = compiled_kernel()
+    if kern is None or z.dtype != np.float64 or not z.flags.c_contiguous:
+        return upper_tail(z)
+    kern.upper_tail_rows(z)
+    return z
 
 
 def lognormal_exceed_ref(p50: np.ndarray | float, p95: np.ndarray | float, bound: np.ndarray | float,
@@ -101,5 +112,5 @@ def lognormal_exceed_into(p50: np.ndarray, p95: np.ndarray, bound: np.ndarray, t
         np.maximum(over, 0.0, out=over)
         over *= stretch
         z += over
-    return upper_tail(z)
+    return _upper_tail(z)
 
