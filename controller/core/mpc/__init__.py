@@ -15,7 +15,8 @@ Where things are:
   stages — dynamics.py (replicas ready and billed), traffic.py (requests per pool after
   shedding), latency.py (hit rate, latency, the backlog's wait), risk.py (late share per
   class, with the tail probabilities of tails.py) — and the objective
-  (controller/core/objective.py);
+  (controller/core/objective.py); the hot loops of stages 1, 3 and 4 run compiled
+  (controller/core/mpc_kernel.py, numba) where numba is installed, mirroring the numpy;
 - search.py, trajectories.py, levers.py: the search; solve.py: one tick.
 
 Search (deterministic for a given rng): structured enumeration of replica trajectories per
