@@ -11,7 +11,12 @@ change could flip a near-tie between plans.
 
 from __future__ import annotations
 
+import ast
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -365,7 +370,8 @@ def test_compiled_dynamics_equal_the_numpy_dynamics(vary):
 
 @pytest.mark.parametrize("K", [1, 3])
 def test_compiled_scores_equal_the_numpy_scores(K):
-    """The whole score, compiled loops against numpy throughout (model included), within 1e-12."""
+    """The whole score, compiled loops against the numpy stages (model included; the normal tails are
+    the compiled ones either way, equal to scipy's bit for bit, see below), within 1e-12."""
     ev = _evaluator(K)
     assert isinstance(ev.model, QueueingPrior)
     model = replace(ev.model, compiled=False, _arr={})
@@ -399,3 +405,23 @@ def test_compiled_upper_tail_equals_upper_tail(saturated_share):
     got = z.copy()
     kern.upper_tail_rows(got)
     np.testing.assert_array_equal(got, upper_tail(z.copy()))
+
+
+def test_without_numba_the_planner_answers_with_the_numpy_formulas():
+    """numba blocked in a fresh interpreter: the planner plans, with the numpy formulas' scores."""
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "import numpy as np\n"
+        "from tests.core.test_mpc_speedup_equivalence import _evaluator, _candidates\n"
+        "from controller.core.mpc_model import compiled_kernel\n"
+        "assert compiled_kernel() is None\n"
+        "ev = _evaluator(3)\n"
+        "c = _candidates(ev, np.random.default_rng(70), 9, (0, 2))\n"
+        "print(repr(ev.score(c)[0].tolist()))\n")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    ev = _evaluator(3)
+    c = _candidates(ev, np.random.default_rng(70), 9, (0, 2))
+    np.testing.assert_allclose(np.array(ast.literal_eval(out.stdout.strip())), ev.score(c)[0], rtol=1e-12, atol=0.0)
