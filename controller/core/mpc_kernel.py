@@ -8,10 +8,11 @@ memory and temporaries, not on the arithmetic; these loops make one pass per row
   below β = `HW_WAIT_FREE_BETA`, as there;
 - `queue_rows`: the fluid backlog and the priority re-weighing of the slot wait (mpc/latency.py);
 - `dynamics_rows`: the replica dynamics (mpc/dynamics.py);
-- `upper_tail_rows` / `cephes_ndtr`: 1 − Φ(z) (controller/core/tails.py), Φ as scipy's ndtr computes it.
+- `upper_tail_rows` / `cephes_ndtr`: 1 − Φ(z) (controller/core/tails.py), Φ as scipy's ndtr computes it;
+- `combine_rows`: the risk stage past its tail probabilities (mpc/risk.py).
 
-Each is the same operations in the same order as its numpy formula, so the backlog, the dynamics and
-the normal tails give the same values bit for bit. The latency answer differs only in the last bits
+Each is the same operations in the same order as its numpy formula, so the backlog, the dynamics, the
+normal tails and the risk combination give the same values bit for bit. The latency answer differs only in the last bits
 where numpy calls its own vectorised exp/log or pow (here the C library's exp/log, and u³, u⁴ as
 products): within 1e-12 relative. tests/core/test_mpc_speedup_equivalence.py checks every loop
 against its formula.
@@ -444,6 +445,48 @@ def dynamics_rows(repl: np.ndarray, standby: np.ndarray, ready0: np.ndarray, pen
                 fresh[c, n, h] = min(max(fresh[c, n, h] / max(ready_mid[c, n, h], 1e-9), 0.0), 1.0)
 
 
+# --------------------------------------------------------------------------- the risk stage's combination
+
+
+@_jit
+def combine_rows(pf: np.ndarray, pt: np.ndarray, p_c: np.ndarray, timed_out: np.ndarray, share: np.ndarray,
+                 hops: np.ndarray, consts: np.ndarray, v: np.ndarray) -> None:
+    """mpc/risk.Risk.late_share past the tail probabilities, as one loop (see there for the model):
+    the TPOT truncation at the bound, the timeouts, each pool's late share and their traffic-weighted
+    sum per class. pf, pt, timed_out (K,C,2,H,P); p_c (C,2,H,P), P(TPOT > bound); share (C,H,P);
+    hops (P,3): prefill pool, first hop, decode hop (0/1); consts: TPOT bound given, decode hop
+    present (0/1). Writes v (C,2,H,K), clipped to [0, 1]. The same operations in the same order as
+    the numpy (pools summed one after another, as risk.sum_pools does for K ≥ 2): the same values."""
+    K, C, S, H, P = pf.shape
+    bounded, decode = consts[0] != 0.0, consts[1] != 0.0
+    for c in range(C):
+        for s in range(S):
+            for h in range(H):
+                for k in range(K):
+                    acc = 0.0
+                    acc_dec = 0.0
+                    for j in range(P):
+                        f = pf[k, c, s, h, j]
+                        t = pt[k, c, s, h, j]
+                        if bounded:
+                            pcj = p_c[c, s, h, j]
+                            t = _nmin(_nmax((t - pcj) / _nmax(1.0 - pcj, 1e-12), 0.0), 1.0)
+                        if timed_out[k, c, s, h, j]:
+                            f = 1.0
+                        mixed = f + t - f * t
+                        first_v = f if hops[j, 0] != 0.0 else mixed
+                        if decode:
+                            term = share[c, h, j] * hops[j, 1] * first_v
+                            term_dec = share[c, h, j] * hops[j, 2] * mixed
+                            acc = term if j == 0 else acc + term
+                            acc_dec = term_dec if j == 0 else acc_dec + term_dec
+                        else:
+                            term = share[c, h, j] * first_v
+                            acc = term if j == 0 else acc + term
+                    x = 1.0 - (1.0 - acc) * (1.0 - acc_dec) if decode else 1.0 - (1.0 - acc)
+                    v[c, s, h, k] = _nmin(_nmax(x, 0.0), 1.0)
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) every loop of this module on tiny inputs of the types the
     planner passes, so a failure shows at once (the caller falls back to numpy) and not mid-search."""
@@ -456,6 +499,8 @@ def warm_up() -> None:
                np.empty_like(k5), np.empty_like(k5), np.empty(k5.shape, dtype=bool))
     for shape in ((1, 1, 1, 1), (1, 1, 1, 1, 1)):  # the planner's pool and class rows
         upper_tail_rows(np.zeros(shape))
+    combine_rows(k5, k5, one, np.zeros(k5.shape, dtype=bool), np.ones((1, 1, 1)), np.ones((1, 3)), np.ones(2),
+                 np.empty((1, 1, 1, 2)))
     r = np.ones((1, 1, 1))
     dynamics_rows(r, np.zeros((1, 1)), np.ones(1), np.zeros((1, 2)), np.zeros(1), np.zeros(1, dtype=np.intp),
                   np.zeros(1, dtype=np.intp), 1.0, np.empty_like(r), np.empty_like(r), np.empty_like(r))

@@ -336,9 +336,10 @@ def test_compiled_latency_keeps_nan_rows_nan():
 
 
 @pytest.mark.parametrize("K", [1, 3])
-def test_compiled_backlog_stage_equals_the_numpy_stage(K):
-    """Same model answers into both: the backlog's wait, the priority re-weighing and the timeouts agree
-    bit for bit (wide loads, so backlogs build and some waits pass the client's timeout)."""
+def test_compiled_backlog_and_risk_stages_equal_the_numpy_stages(K):
+    """Same model answers into both: the backlog's wait, the priority re-weighing, the timeouts and each
+    class's late share agree bit for bit (wide loads, so backlogs build and some waits pass the client's
+    timeout)."""
     ev_c = _evaluator(K)
     prob = ev_c.prob
     ev_n = Evaluator(prob, ev_c.model, MpcConfig(), compiled=False)
@@ -353,8 +354,10 @@ def test_compiled_backlog_stage_equals_the_numpy_stage(K):
         ready, _, fresh = ev.dynamics.run(c.repl, c.standby)
         flow = ev.traffic.admit(c, ready, ev.need, ev.work)
         pl = ev.latency.predict(c, flow, fresh, ev.work)
-        out.append((pl.t50.copy(), pl.t95.copy(), pl.timed_out.copy()))
+        t50, t95, timed_out = pl.t50.copy(), pl.t95.copy(), pl.timed_out.copy()
+        out.append((t50, t95, timed_out, ev.risk.late_share(pl, flow.share)))
     assert out[0][2].any() and not out[0][2].all()
+    assert ((out[0][3] > 0) & (out[0][3] < 1)).any()
     for g, w in zip(out[0], out[1], strict=True):
         np.testing.assert_array_equal(g, w)
 
@@ -425,3 +428,19 @@ def test_without_numba_the_planner_answers_with_the_numpy_formulas():
     ev = _evaluator(3)
     c = _candidates(ev, np.random.default_rng(70), 9, (0, 2))
     np.testing.assert_allclose(np.array(ast.literal_eval(out.stdout.strip())), ev.score(c)[0], rtol=1e-12, atol=0.0)
+
+
+def test_compiled_risk_stage_without_decode_pools_equals_the_numpy_stage():
+    prob = _problem(3)
+    prob = replace(prob, pools=tuple(replace(p, role="mixed") for p in prob.pools))
+    model = QueueingPrior(pools=("a", "b", "c"), figures=(FIG_70B, FIG_8B, FIG_8B))
+    evs = [Evaluator(prob, model, MpcConfig(), compiled=flag) for flag in (True, False)]
+    c = _candidates(evs[0], np.random.default_rng(80), 10, (0, 3))
+    got = []
+    for ev in evs:
+        ev.need = np.full((len(prob.pools), ev.H), 4.0)
+        ready, _, fresh = ev.dynamics.run(c.repl, c.standby)
+        flow = ev.traffic.admit(c, ready, ev.need, ev.work)
+        got.append(ev.risk.late_share(ev.latency.predict(c, flow, fresh, ev.work), flow.share))
+    assert ((got[1] > 0) & (got[1] < 1)).any()
+    np.testing.assert_array_equal(got[0], got[1])

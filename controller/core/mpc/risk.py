@@ -18,6 +18,7 @@ from controller.core.mpc.latency import PoolLatencies
 from controller.core.mpc.problem import PlanProblem
 from controller.core.mpc.tails import TPOT_TAIL_SIGMA, TTFT_TAIL_SIGMA, lognormal_exceed, lognormal_exceed_into
 from controller.core.mpc.traffic import Traffic
+from controller.core.mpc_model import compiled_kernel
 
 
 def sum_pools(x: np.ndarray) -> np.ndarray:
@@ -38,7 +39,7 @@ def sum_pools(x: np.ndarray) -> np.ndarray:
 class Risk:
     """Per-class SLOs (with the objective's margin) and the fleet's hops, and the late share of a batch."""
 
-    def __init__(self, prob: PlanProblem, traffic: Traffic) -> None:
+    def __init__(self, prob: PlanProblem, traffic: Traffic, compiled: bool = True) -> None:
         cls = prob.classes
         K = len(cls)
         margin = prob.weights.slo_margin
@@ -49,6 +50,10 @@ class Risk:
         self.prefill_pool = traffic.prefill_pool
         self.first_hop = traffic.first_hop
         self.decode_hop = traffic.decode_hop
+        self.hops = np.stack([self.prefill_pool, self.first_hop, self.decode_hop], axis=1).astype(float)  # (P,3)
+        # past the tail probabilities, one compiled loop where numba is installed (the same values);
+        # False = the numpy below (the reference)
+        self.compiled = compiled
 
     def late_share(self, pl: PoolLatencies, share: np.ndarray) -> np.ndarray:
         """(C,2,H,K) share of each class's admitted requests that is late, given each pool's share of
@@ -56,6 +61,17 @@ class Risk:
         t50, t95, tpot50, tpot95, scratch = pl.t50, pl.t95, pl.tpot50, pl.tpot95, pl.scratch
         pf = lognormal_exceed_into(t50, t95, self.slo_ttft_k, TTFT_TAIL_SIGMA, z=t50, scratch=scratch, own=True)
         pt = lognormal_exceed_into(tpot50, tpot95, self.slo_tpot_k, TPOT_TAIL_SIGMA, z=t95, scratch=scratch)
+        kern = compiled_kernel() if self.compiled else None
+        if kern is not None and pf.shape[0] >= 2:  # the rest as one compiled loop (mpc_kernel.combine_rows)
+            tmax = pl.lat.tpot_max_s
+            bounded = tmax is not None
+            p_c = (np.zeros(pl.shape) if tmax is None else
+                   lognormal_exceed(tpot50, tpot95, np.minimum(np.reshape(tmax, pl.shape), 1e6), TPOT_TAIL_SIGMA))
+            v_out = np.empty(share.shape[:1] + (2,) + share.shape[1:2] + pf.shape[:1])
+            kern.combine_rows(pf, pt, np.ascontiguousarray(p_c, dtype=float), pl.timed_out,
+                              np.ascontiguousarray(share, dtype=float), self.hops,
+                              np.array([float(bounded), float(self.decode_hop.any())]), v_out)
+            return v_out
         if pl.lat.tpot_max_s is not None:
             # No request's TPOT exceeds the full-chunk bound c (see mpc_model): the log-normal is
             # truncated there, P(T > s | T ≤ c) = (P(T > s) − P(T > c)) / (1 − P(T > c)), which falls

@@ -47,9 +47,10 @@ class Evaluator:
         tr = self.traffic
         # the plan in force, as a candidate
         self.cur = incumbent(prob, H, tr.per_replica_weights(np.array([[p.traffic_weight for p in pools]])))
-        # compiled: the replica dynamics and the backlog stage as compiled loops where numba is installed
+        # compiled: the replica dynamics, the backlog stage and the risk stage's combination as compiled
+        # loops where numba is installed (the same values; see controller/core/mpc_kernel.py)
         self.latency = Latency(prob, model, cfg, H, tr.lam, self.cur, compiled=compiled)
-        self.risk = Risk(prob, tr)
+        self.risk = Risk(prob, tr, compiled=compiled)
         # Per-tick constants of the objective (they do not depend on the candidate).
         self.price = np.array([p.usd_per_hour for p in pools])
         self.ready_int = np.array([p.ready for p in pools])
