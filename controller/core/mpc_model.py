@@ -254,7 +254,7 @@ class QueueingPrior:
             "k_tpot": np.array(self.tpot_correction, dtype=float),
             "burst": np.array(self.burst, dtype=float),
         }
-        # per pool, the columns mpc_kernel.row_latency reads
+        # per pool, the columns the compiled loop reads (mpc_kernel._static), with √ of the corrections
         arr["fig"] = np.stack([arr[k].astype(float) for k in ("a", "b", "c", "d", "e", "kv", "prefill_only",
                                                               "decode_only", "k_ttft", "k_tpot", "burst")]
                               + [np.sqrt(arr["k_ttft"]), np.sqrt(arr["k_tpot"])], axis=1)
