@@ -172,6 +172,14 @@ class ModelArch:
         """K and V of one token over all layers in fp16. Llama-3-8B: 32 × 8 × 128 × 2 × 2 = 131,072 (128 KiB)."""
         return self.layers * self.kv_heads * self.head_dim * 2 * 2
 
+    def activation_bytes_per_token(self, tp: int) -> float:
+        """Activation memory one more token of a batch holds on each of `tp` GPUs at a layer's peak, in
+        bf16: the MLP's gate and up outputs (2 × intermediate, split across the tp GPUs, once per expert
+        the token goes through) and four hidden-size tensors (input, residual, attention output, norm),
+        the widest layer's shapes as the NON_TORCH_GIB_PER_GPU note sizes the profiling pass.
+        Llama-3-8B, tp=1: (2·14336 + 4·4096) × 2 B = 90,112 B (88 KiB)."""
+        return (2 * self.intermediate * self.experts_per_token / tp + 4 * self.hidden) * 2
+
     @property
     def weight_bytes(self) -> float:
         return float(self.params * self.weight_bytes_per_param)

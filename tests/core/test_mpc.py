@@ -602,3 +602,33 @@ def test_applied_router_weights_rescale_for_the_replicas_serving():
     assert w["c"] == 1.0
     assert applied_router_weights(prob, plan_, {"a": 1, "b": 4, "c": 1}, 30.0)["a"] == pytest.approx(0.2, abs=1e-3)
 
+
+
+# --------------------------------------------------------------------------- table: memory ceiling on batch caps
+
+LONG_PROMPTS: dict[str, Any] = dict(batch_review=True, target=4, ready=4, max_num_batched_tokens=1024, max_num_seqs=64,
+                                    prompt_tokens=16_000.0, hit_rate=0.0, reuse_inf_hit=0.0)
+
+
+@pytest.mark.parametrize("label, ceiling, want", [
+    ("no ceiling: 16,000-token prompts at a 1,024-token budget pay for the restart", None, 8192),
+    ("framebuffer full: the ceiling is the caps in force, no raise", 1024, 1024),
+    ("room for ~5,000 more tokens: the raise stops at the largest option under it", 6000, 4096),
+])
+def test_a_memory_ceiling_bars_batch_cap_raises(label, ceiling, want):
+    r = plan([pool(**LONG_PROMPTS, max_batched_tokens=ceiling)], 12.0)
+    assert r.plan.pools["a"].max_num_batched_tokens == want, label
+
+
+def test_a_memory_ceiling_leaves_lowering_open():
+    """Bursty arrivals lower max_num_batched_tokens (test above); a ceiling at the caps in force keeps that."""
+    def solve_burst(p: PoolInput):
+        H = plan_steps(CFG, [p])
+        prob = PlanProblem(pools=(p,), classes=classes(np.full(H, 14.0)), weights=resolve_weights("balanced"))
+        model = QueueingPrior.for_pools([SPEC]).with_corrections([1.0], [1.0], 0.5, burst=[6.0])
+        return solve(prob, model, CFG, np.random.default_rng(0))
+
+    free = solve_burst(pool(batch_review=True, target=6, ready=6)).plan.pools["a"]
+    capped = solve_burst(pool(batch_review=True, target=6, ready=6, max_batched_tokens=8192)).plan.pools["a"]
+    assert free.max_num_batched_tokens < 8192
+    assert capped.max_num_batched_tokens == free.max_num_batched_tokens

@@ -111,6 +111,9 @@ class PoolInput:
     levers_fixed: bool = False  # breaker or operator: routing levers are given, not searched
     max_prefix_weight: float | None = None  # breaker ceiling on affinity
     max_inflight_cap: int | None = None  # breaker ceiling on the in-flight cap (0 = no ceiling)
+    # memory ceiling on max_num_batched_tokens (framebuffer headroom; None = none): the batch-cap
+    # lever may lower the caps freely but not raise them above it
+    max_batched_tokens: int | None = None
     batch_review: bool = False  # may the slow batch-cap lever change this tick
 
 

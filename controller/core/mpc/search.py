@@ -233,7 +233,8 @@ def delay_sweep(s: Search) -> None:
 
 def batch_caps(s: Search, needs: list[np.ndarray] | None = None) -> None:
     """The slow lever: engine batch caps, tried on the best plan; adopted only for a clear gain
-    (`batch_cap_gain`), since each change is a rolling restart and the model is not exact.
+    (`batch_cap_gain`), since each change is a rolling restart and the model is not exact. A pool's
+    memory ceiling (`max_batched_tokens`) bars raises above it; lowering stays open.
     Once a pool's caps change, its replicas are swept again under them: the replicas the best
     plan bought under the old caps are not what the new caps need (a smaller batch budget changes
     each replica's capacity)."""
@@ -241,7 +242,8 @@ def batch_caps(s: Search, needs: list[np.ndarray] | None = None) -> None:
     for j, p in enumerate(ev.prob.pools):
         if not p.batch_review or p.frozen or s.left() <= 0 or s.best is None:
             continue
-        opts = [o for o in s.cfg.batch_token_options if o >= p.max_num_seqs and o != p.max_num_batched_tokens]
+        opts = [o for o in s.cfg.batch_token_options if o >= p.max_num_seqs and o != p.max_num_batched_tokens
+                and (p.max_batched_tokens is None or o <= max(p.max_batched_tokens, p.max_num_batched_tokens))]
         if not opts:
             continue
         c = s.best.tile(len(opts))

@@ -68,8 +68,8 @@ from controller.policies.mpc.estimate import (
 from controller.policies.mpc.feedback import measure
 from controller.policies.mpc.first_step import down_window_s, first_step
 from controller.policies.mpc.forecasting import forecast
-from controller.policies.mpc.problem import build_problem, pool_inputs_for_steps
-from controller.policies.mpc.reasons import backlog_reasons, class_reasons, diagnostics, pool_reasons
+from controller.policies.mpc.problem import build_problem, memory_headrooms, pool_inputs_for_steps
+from controller.policies.mpc.reasons import backlog_reasons, class_reasons, diagnostics, memory_reasons, pool_reasons
 from controller.policies.sla_planner import ReplicaCapacity
 from controller.types import (
     PRIORITY_CLASSES,
@@ -250,9 +250,10 @@ class MpcPolicy:
 
         # --- the problem
         history_s = t_hist[-1] - t_hist[0] if len(t_hist) > 1 else 0.0
+        headroom = memory_headrooms(inp, mem)  # framebuffer: may the batch caps rise (problem.py)
         problem = build_problem(inp, fleet, mem, targets, class_share, fc, weights, action, model, now, history_s,
                                 min_history_s=self.min_history_s, batch_review_s=self.batch_review_s,
-                                protect_streams=self.protect_streams, feedback=fb)
+                                protect_streams=self.protect_streams, feedback=fb, headroom=headroom)
         warm_shift = 0
         if state.plan is not None and state.plan_at_s is not None:
             warm_shift = int(round((now - state.plan_at_s) / cfg.step_s))
@@ -276,11 +277,12 @@ class MpcPolicy:
                 admission[c] = ClassAdmission(shed_frac=round(s, 3))
         reasons.extend(class_reasons(state.shed_in_force, result.plan.shed, result, action, fb))
         reasons.extend(backlog_reasons(fb, targets))
+        reasons.extend(memory_reasons(problem, headroom, cfg.batch_token_options))
         conf = confidence(new_mem)
         if conf < 0.2:
             reasons.append(reason("low_confidence", None, f"model confidence {conf:.2f}: predictions are uncertain",
                                   confidence=conf))
-        diag = diagnostics(result, fc, class_share, model, corr_diag, problem)
+        diag = diagnostics(result, fc, class_share, model, corr_diag, problem, headroom)
         diag["model"]["planning_model"] = self.planning_model
         diag["forecast"]["validation"] = board.to_dict(fc_method)
         if learned_unusable:

@@ -3,8 +3,9 @@
 Per pool: the replica bounds under the operator's overrides and the breaker's floor, what is
 ready and on its way (`starting_eta_s`), warm slots, the levers in force, the traffic mix and
 reuse, the breaker's ceilings (affinity, and the SLO-safe in-flight cap `safe_batch` while it
-protects running streams), whether the slow lever (engine batch caps) is up for review. Per
-class: the forecast's share at the plan quantile, the shed in force and the breaker's floor.
+protects running streams), whether the slow lever (engine batch caps) is up for review and the
+framebuffer ceiling on raising it (`memory_headroom`). Per class: the forecast's share at the
+plan quantile, the shed in force and the breaker's floor.
 Scale from zero (`activate`): a route group serving nothing while traffic for it shows gets one
 replica.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.special import ndtri
@@ -25,10 +26,69 @@ from controller.core.guards import override_bounds
 from controller.core.mpc import ClassInput, PlanProblem, PoolInput
 from controller.core.mpc_model import LatencyQuery, PlanModel
 from controller.core.objective import ObjectiveWeights
+from controller.perf.catalogue import GIB, NON_TORCH_GIB_PER_GPU
+from controller.perf.engines import Catalogue, EngineError
 from controller.policies.common import value
 from controller.policies.mpc.estimate import MpcPoolMemory, reuse, standing_queue
 from controller.policies.mpc.feedback import Feedback
-from controller.types import PRIORITY_CLASSES, BreakerAction, FleetSpec, PolicyInput, PoolSpec
+from controller.types import PRIORITY_CLASSES, BreakerAction, FleetSpec, PolicyInput, PoolObservation, PoolSpec
+
+_CATALOGUE = Catalogue.builtin()
+# Framebuffer a batch-cap raise must leave free on the fullest GPU. DCGM samples FB_USED once per
+# scrape, so a peak between samples goes unseen, and PyTorch's caching allocator fragments: a
+# free figure this small leaves no room for what the sample missed. Sized as the catalogue's
+# estimate of what an engine holds outside its sized pools (CUDA context, NCCL buffers, graphs).
+FB_MARGIN_GIB = NON_TORCH_GIB_PER_GPU
+
+
+@dataclass(frozen=True)
+class MemoryHeadroom:
+    """Framebuffer headroom of a pool's fullest GPU and the batch-token ceiling it sets."""
+
+    used_frac: float  # DCGM FB used / (used + free)
+    total_gib: float  # the SKU's framebuffer
+    free_gib: float
+    act_bytes_per_token: float  # per GPU, controller.perf.catalogue.ModelArch.activation_bytes_per_token
+    max_batched_tokens: int  # the largest max_num_batched_tokens whose extra activation fits
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"fb_used_frac": round(self.used_frac, 4), "fb_total_gib": round(self.total_gib, 2),
+                "fb_free_gib": round(self.free_gib, 2), "activation_kib_per_token": round(self.act_bytes_per_token
+                                                                                          / 1024, 1),
+                "max_batched_tokens": self.max_batched_tokens}
+
+
+def memory_headroom(spec: PoolSpec, po: PoolObservation | None, mbt: int) -> MemoryHeadroom | None:
+    """The memory ceiling on raising a pool's max_num_batched_tokens (now `mbt`), from DCGM's FB
+    used fraction of its fullest GPU; None without a reading or a catalogue entry (no ceiling).
+
+    Why framebuffer, not KV: vLLM preallocates its KV cache to `gpu_memory_utilization` of the GPU
+    at start, so FB used sits near that share in steady state whatever the load, and the engine's
+    own KV gauge tells KV headroom. What FB tells is whether a replica can take more activation
+    memory: a larger token budget per step (the planner's slow lever, applied by a rolling restart)
+    holds (Δ tokens × activation bytes per token) more at each layer's peak. SGLang keeps its
+    activations and CUDA-graph buffers outside `mem_fraction_static`, in the free FB, so the extra
+    must fit there or the first full chunk runs out of memory. vLLM's start-up profile fits the
+    larger peak inside its budget by shrinking the KV cache, but FB used above the budget is memory
+    the profile did not see (another process, a leak, graphs, fragmentation), and the free FB is
+    all that is left for it. So for both: a raise is allowed while its extra activation plus
+    `FB_MARGIN_GIB` fits in the free FB of the fullest GPU. Example: Llama-3-8B on one A100 80 GB
+    at the vLLM default 0.9 has 8 GiB free: 7 GiB over the margin at 88 KiB a token is ~83,000 tokens
+    more than now (the ceiling never binds the 1,024-8,192 options); at 0.99 used, 0.8 GiB free is
+    under the 1 GiB margin: no raise.
+    """
+    used = value(po.gpu_mem_used_frac) if po is not None else None
+    if used is None or not 0.0 <= used <= 1.0:
+        return None
+    try:
+        arch, sku = _CATALOGUE.model(spec.model), _CATALOGUE.sku(spec.sku)
+    except EngineError:
+        return None
+    per_token = arch.activation_bytes_per_token(max(spec.gpus_per_replica, 1))
+    free = (1.0 - used) * sku.memory_gib
+    room = max(free - FB_MARGIN_GIB, 0.0) * GIB
+    return MemoryHeadroom(used_frac=used, total_gib=sku.memory_gib, free_gib=free, act_bytes_per_token=per_token,
+                          max_batched_tokens=int(mbt + room // per_token))
 
 
 def activate(pools: list[PoolInput], arrivals: Mapping[str, float], demand: bool) -> list[PoolInput]:
@@ -59,6 +119,18 @@ def activate(pools: list[PoolInput], arrivals: Mapping[str, float], demand: bool
     return out
 
 
+def memory_headrooms(inp: PolicyInput, mem: Mapping[str, MpcPoolMemory]) -> dict[str, MemoryHeadroom]:
+    """`memory_headroom` of every pool with a framebuffer reading, at the batch caps in force."""
+    out = {}
+    for spec in inp.fleet.pools:
+        m = mem.get(spec.name)
+        caps = (m.caps if m is not None else None) or (spec.max_num_seqs, spec.max_num_batched_tokens)
+        h = memory_headroom(spec, inp.observation.pools.get(spec.name), int(caps[1]))
+        if h is not None:
+            out[spec.name] = h
+    return out
+
+
 def pool_inputs_for_steps(fleet: FleetSpec) -> list[PoolInput]:
     return [PoolInput(name=p.name, model_index=j, group=p.group, role=p.role, usd_per_hour=0.0, lo=0, hi=0,
                       target=0, ready=0, startup_cold_s=p.startup_cold_s) for j, p in enumerate(fleet.pools)]
@@ -84,9 +156,11 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
                   targets: Mapping[str, int], class_share: Mapping[str, float], fc: LoadForecast,
                   weights: ObjectiveWeights, action: BreakerAction, model: PlanModel, now: float, history_s: float, *,
                   min_history_s: float, batch_review_s: float, protect_streams: bool,
-                  feedback: Feedback | None = None) -> PlanProblem:
+                  feedback: Feedback | None = None,
+                  headroom: Mapping[str, MemoryHeadroom] | None = None) -> PlanProblem:
     """The problem of this tick. `feedback`: the floors and shed floor a measured backlog sets
-    (feedback.py), lower bounds like the breaker's."""
+    (feedback.py), lower bounds like the breaker's. `headroom`: each pool's framebuffer ceiling
+    on raising its batch caps (`memory_headroom`; a pool without one has none)."""
     obs = inp.observation
     fb = feedback or Feedback()
     pools: list[PoolInput] = []
@@ -143,6 +217,7 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
             prompt_tokens=m.prompt_tokens or 1000.0, output_tokens=m.output_tokens or 200.0, hit_rate=hit,
             reuse_inf_hit=inf_hit, reuse_working_set=ws, backlog=waiting, frozen=frozen,
             max_prefix_weight=action.max_prefix_weight.get(spec.name), max_inflight_cap=max_cap,
+            max_batched_tokens=h.max_batched_tokens if (h := (headroom or {}).get(spec.name)) else None,
             batch_review=batch_review_s > 0 and now - m.caps_changed_s >= batch_review_s
             and ready_n > 0 and steady and m.burst >= 0.2))
     classes: list[ClassInput] = []

@@ -4,7 +4,8 @@ Reason codes (Reason.code): mpc_scale_up, mpc_scale_up_early (the forecast needs
 within the start-up delay), mpc_scale_down, binding_max_replicas, binding_pin, lever_avoid
 (cache-affinity weight), lever_share (in-flight cap, engine batch caps), lever_move (traffic
 split between pools), lever_standby (`pool_reasons`), lever_delay (shedding a class:
-`class_reasons`), backlog_floor (a measured backlog raised a pool's floor: `backlog_reasons`).
+`class_reasons`), backlog_floor (a measured backlog raised a pool's floor: `backlog_reasons`),
+memory_headroom (the framebuffer bars raising a pool's engine batch caps: `memory_reasons`).
 The policy adds scale_down_stabilised and low_confidence; the breaker's own
 (breaker_open / breaker_recovering / breaker_closed) come from Controller.step.
 
@@ -21,6 +22,7 @@ from controller.core.mpc import PlanProblem, PlanResult, PoolInput, PoolPlan
 from controller.core.mpc_model import PlanModel
 from controller.policies.common import reason
 from controller.policies.mpc.feedback import Feedback
+from controller.policies.mpc.problem import FB_MARGIN_GIB, MemoryHeadroom
 from controller.types import PRIORITY_CLASSES, BreakerAction, PoolDecision, PoolSpec, Reason
 
 
@@ -122,8 +124,32 @@ def backlog_reasons(feedback: Feedback, targets: Mapping[str, int]) -> list[Reas
     return out
 
 
+def memory_reasons(problem: PlanProblem, headroom: Mapping[str, MemoryHeadroom],
+                   options: tuple[int, ...]) -> list[Reason]:
+    """One reason per pool whose batch caps are up for review and whose framebuffer headroom bars a
+    raise the planner could otherwise try (an option above the caps in force, above the ceiling)."""
+    out = []
+    for p in problem.pools:
+        h = headroom.get(p.name)
+        if h is None or not p.batch_review or p.frozen:
+            continue
+        barred = [o for o in options if o >= p.max_num_seqs and o > p.max_num_batched_tokens
+                  and o > h.max_batched_tokens]
+        if not barred:
+            continue
+        extra_gib = (barred[0] - p.max_num_batched_tokens) * h.act_bytes_per_token / 2**30
+        out.append(reason("memory_headroom", p.name,
+                          f"engine batch caps not raised: framebuffer {h.used_frac:.0%} used on the fullest GPU, "
+                          f"{h.free_gib:.1f} GiB free; max_num_batched_tokens {p.max_num_batched_tokens}→"
+                          f"{barred[0]} would hold {extra_gib:.2f} GiB more activation per GPU, more than the free "
+                          f"memory less a {FB_MARGIN_GIB:g} GiB margin (lowering stays open)",
+                          **h.to_dict(), barred=barred))
+    return out
+
+
 def diagnostics(result: PlanResult, fc: LoadForecast, class_share: Mapping[str, float], model: PlanModel,
-                corr: Mapping[str, Any], problem: PlanProblem) -> dict[str, Any]:
+                corr: Mapping[str, Any], problem: PlanProblem,
+                headroom: Mapping[str, MemoryHeadroom] | None = None) -> dict[str, Any]:
     binding = []
     for p in problem.pools:
         need = result.terms["pools"][p.name]["need_by_step_p90"]
@@ -149,4 +175,6 @@ def diagnostics(result: PlanResult, fc: LoadForecast, class_share: Mapping[str, 
         "objective": result.objective, "objective_plan_in_force": result.incumbent_objective,
         "evaluations": result.evaluations, "budget_exhausted": result.budget_exhausted,
         "model": {"corrections": dict(corr), "kind": type(model).__name__},
+        # per pool with a framebuffer reading: headroom and the ceiling it sets on max_num_batched_tokens
+        "memory": {name: h.to_dict() for name, h in (headroom or {}).items()},
     }
