@@ -298,11 +298,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             console.print(t)
         if st.pools:
             t = Table(title="pools", title_justify="left")
-            for col in ("pool", "desired", "ready", "TTFT p95 (s)", "SLO TTFT (s)", "hit rate", "telemetry"):
+            for col in ("pool", "desired", "ready", "TTFT p95 (s)", "SLO TTFT (s)", "hit rate", "FB used",
+                        "telemetry"):
                 t.add_column(col, overflow="fold")
             for p in st.pools:
                 t.add_row(p.pool, _count(p.replicas_desired), _count(p.replicas_ready), _num(p.ttft_p95_s),
-                          _num(p.slo_ttft_s), f"{p.hit_rate:.0%}" if p.hit_rate else "-", p.telemetry or "-")
+                          _num(p.slo_ttft_s), f"{p.hit_rate:.0%}" if p.hit_rate else "-",
+                          f"{p.gpu_mem_used_frac:.0%}" if p.gpu_mem_used_frac else "-", p.telemetry or "-")
             console.print(t)
         if st.details:
             t = Table(title="details", title_justify="left")

@@ -80,6 +80,7 @@ class PoolStatusView:
     slo_ttft_s: float = math.nan
     hit_rate: float = math.nan
     telemetry: str = "missing"  # ok | partial | missing | stale
+    gpu_mem_used_frac: float = math.nan  # DCGM FB used share of the fullest GPU; NaN = not read
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +152,8 @@ def status_to_proto(s: StatusView) -> policy_pb2.Status:
                                                last_ok_unix_s=_finite_or_zero(c.last_ok_s)) for c in s.components],
         pools=[policy_pb2.PoolStatus(pool=p.pool, replicas_desired=p.replicas_desired, replicas_ready=p.replicas_ready,
                                      ttft_p95_s=_finite_or_zero(p.ttft_p95_s), slo_ttft_s=_finite_or_zero(p.slo_ttft_s),
-                                     hit_rate=_finite_or_zero(p.hit_rate), telemetry=p.telemetry) for p in s.pools],
+                                     hit_rate=_finite_or_zero(p.hit_rate), telemetry=p.telemetry,
+                                     gpu_mem_used_frac=_finite_or_zero(p.gpu_mem_used_frac)) for p in s.pools],
         version=s.version, policy=s.policy, telemetry_frozen=s.telemetry_frozen,
         details=[policy_pb2.StatusDetail(name=k, value=v) for k, v in s.details],
     )

@@ -53,6 +53,13 @@ class DaemonMetrics:
         self.slo_ttft = Gauge("governor_slo_ttft_seconds", "TTFT SLO of the tightest class", registry=r)
         self.hit_rate = Gauge("governor_pool_hit_rate", "Observed prefix-cache hit rate", ["pool"], registry=r)
         self.kv_usage = Gauge("governor_pool_kv_usage", "Observed mean KV-cache usage", ["pool"], registry=r)
+        self.gpu_mem_used = Gauge("governor_pool_gpu_memory_used_fraction", "Observed DCGM framebuffer used / "
+                                  "(used + free) of the pool's fullest GPU", ["pool"], registry=r)
+        self.gpu_mem_free = Gauge("governor_pool_gpu_memory_free_bytes", "Framebuffer free on the pool's fullest GPU, "
+                                  "as the MPC planned with", ["pool"], registry=r)
+        self.batch_tokens_ceiling = Gauge("governor_pool_max_batched_tokens_ceiling", "Largest "
+                                          "max_num_batched_tokens the framebuffer headroom lets the MPC raise to",
+                                          ["pool"], registry=r)
         self.shed = Gauge("governor_admission_shed_fraction", "Shed fraction decided per class", ["priority"],
                           registry=r)
         self.guard_adjustments = Counter("governor_guard_adjustments", "Guardrail adjustments by code", ["code"],
@@ -98,8 +105,15 @@ class DaemonMetrics:
             for gauge, reading in ((self.replicas_ready, p.replicas_ready),
                                    (self.replicas_starting, p.replicas_starting),
                                    (self.arrival_rps, p.arrival_rps), (self.ttft_p95, p.ttft_p95_s),
-                                   (self.hit_rate, p.hit_rate), (self.kv_usage, p.kv_usage_frac)):
+                                   (self.hit_rate, p.hit_rate), (self.kv_usage, p.kv_usage_frac),
+                                   (self.gpu_mem_used, p.gpu_mem_used_frac)):
                 gauge.labels(pool).set(reading.value if reading.ok else math.nan)
+        memory = result.diagnostics.get("memory") if isinstance(result.diagnostics, dict) else None
+        for pool in observation.pools:  # the MPC's headroom; NaN when no policy planned with one this tick
+            h = memory.get(pool) if isinstance(memory, dict) else None
+            h = h if isinstance(h, dict) else {}
+            self.gpu_mem_free.labels(pool).set(float(h["fb_free_gib"]) * 2**30 if "fb_free_gib" in h else math.nan)
+            self.batch_tokens_ceiling.labels(pool).set(float(h.get("max_batched_tokens", math.nan)))
         if observation.errors:
             self.source_errors.inc(len(observation.errors))
         d = result.decision

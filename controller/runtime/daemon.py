@@ -320,6 +320,7 @@ class Daemon:
                 slo_ttft_s=slo,
                 hit_rate=p.hit_rate.value if p and p.hit_rate.ok else float("nan"),
                 telemetry=rep.result.telemetry.get(spec.name, "missing") if rep else "missing",
+                gpu_mem_used_frac=p.gpu_mem_used_frac.value if p and p.gpu_mem_used_frac.ok else float("nan"),
             ))
         components = []
         ok, detail = self.source.health()
@@ -352,6 +353,11 @@ class Daemon:
             used = str(model.get("kind", "?")) + (f" (learned unusable: {model['learned_unusable']})"
                                                   if model.get("learned_unusable") else "")
             details.append(("planner.model", f"{model['planning_model']}: {used}"))
+        memory = rep.result.diagnostics.get("memory") if rep else None
+        if isinstance(memory, dict):  # the MPC's framebuffer headroom and the batch-token ceiling it sets
+            for pool, h in sorted(memory.items()):
+                if isinstance(h, dict):
+                    details.append((f"memory.{pool}", memory_detail(h)))
         breaker = rep.result.diagnostics.get("breaker") if rep else None
         if isinstance(breaker, dict):  # the cascading-failure breaker (core/breaker.py), when the policy runs one
             for key in ("phase", "stage", "trigger", "pools", "trips"):
@@ -363,3 +369,11 @@ class Daemon:
             generation=self.state.generation, components=tuple(components), pools=tuple(pools),
             telemetry_frozen=bool(rep and rep.result.frozen), details=tuple(details),
         )
+
+
+def memory_detail(h: dict) -> str:
+    """One line of `governor status` for a pool's framebuffer headroom (the MPC's diagnostics["memory"])."""
+    return (f"FB {h.get('fb_used_frac', float('nan')):.0%} used, {h.get('fb_free_gib', float('nan')):.1f} of "
+            f"{h.get('fb_total_gib', float('nan')):.0f} GiB free on the fullest GPU; max_num_batched_tokens may "
+            f"rise to {h.get('max_batched_tokens', '?')} ({h.get('activation_kib_per_token', '?')} KiB of "
+            "activation a token)")

@@ -45,6 +45,7 @@ def test_status_table_and_json(api, capsys):
     assert rc == 0
     assert "mode: active" in out and "profile: balanced" in out and "generation: 7" in out
     assert "pool-a" in out and "FAILING" in out and "telemetry:prometheus" in out
+    assert "FB used" in out and "93%" in out  # memory headroom: DCGM framebuffer of the fullest GPU
     rc, out, _ = run(["status", "--api", api.address, "--token", TOKEN, "--json"], capsys)
     data = json.loads(out)
     assert rc == 0 and data["mode"] == "MODE_ACTIVE" and data["generation"] == "7" and len(data["pools"]) == 2

@@ -23,7 +23,7 @@ class FakeDaemon:
             components=(ComponentStatus("telemetry:prometheus", True, "ok", 1_700_000_000.0),
                         ComponentStatus("actuator:router", False, "UNAVAILABLE", 0.0)),
             pools=tuple(PoolStatusView(p, replicas_desired=3, replicas_ready=2, ttft_p95_s=0.42, slo_ttft_s=1.0,
-                                       hit_rate=0.5, telemetry="ok") for p in pools),
+                                       hit_rate=0.5, telemetry="ok", gpu_mem_used_frac=0.93) for p in pools),
         )
 
     def status(self) -> StatusView:

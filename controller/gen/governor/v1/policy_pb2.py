@@ -25,59 +25,59 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18governor/v1/policy.proto\x12\x0bgovernor.v1\"X\n\x0f\x43omponentHealth\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x16\n\x0elast_ok_unix_s\x18\x04 \x01(\x01\"\x12\n\x10GetStatusRequest\"\x99\x01\n\nPoolStatus\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x18\n\x10replicas_desired\x18\x02 \x01(\x05\x12\x16\n\x0ereplicas_ready\x18\x03 \x01(\x05\x12\x12\n\nttft_p95_s\x18\x04 \x01(\x01\x12\x12\n\nslo_ttft_s\x18\x05 \x01(\x01\x12\x10\n\x08hit_rate\x18\x06 \x01(\x01\x12\x11\n\ttelemetry\x18\x07 \x01(\t\"\xc3\x02\n\x06Status\x12\x1f\n\x04mode\x18\x01 \x01(\x0e\x32\x11.governor.v1.Mode\x12\x0f\n\x07profile\x18\x02 \x01(\t\x12\x18\n\x10last_tick_unix_s\x18\x03 \x01(\x01\x12\x18\n\x10last_decision_id\x18\x04 \x01(\t\x12\x12\n\ngeneration\x18\x05 \x01(\x04\x12\x30\n\ncomponents\x18\x06 \x03(\x0b\x32\x1c.governor.v1.ComponentHealth\x12&\n\x05pools\x18\x07 \x03(\x0b\x32\x17.governor.v1.PoolStatus\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x0e\n\x06policy\x18\t \x01(\t\x12\x18\n\x10telemetry_frozen\x18\n \x01(\x08\x12*\n\x07\x64\x65tails\x18\x0b \x03(\x0b\x32\x19.governor.v1.StatusDetail\"+\n\x0cStatusDetail\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"}\n\x0f\x44\x65\x63isionSummary\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x11\n\tat_unix_s\x18\x03 \x01(\x01\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12\x0f\n\x07summary\x18\x05 \x01(\t\x12\x0f\n\x07outcome\x18\x06 \x01(\t\"I\n\x14ListDecisionsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\x12\x14\n\x0csince_unix_s\x18\x02 \x01(\x01\x12\x0c\n\x04pool\x18\x03 \x01(\t\"H\n\x15ListDecisionsResponse\x12/\n\tdecisions\x18\x01 \x03(\x0b\x32\x1c.governor.v1.DecisionSummary\"-\n\x16\x45xplainDecisionRequest\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\"Y\n\x0b\x45xplanation\x12.\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x1c.governor.v1.DecisionSummary\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0c\n\x04json\x18\x03 \x01(\t\"\xe1\x01\n\x08Override\x12\n\n\x02id\x18\x01 \x01(\t\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.governor.v1.OverrideKind\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x16\n\x0epriority_class\x18\x04 \x01(\t\x12\r\n\x05value\x18\x05 \x01(\x01\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\r\n\x05ttl_s\x18\x07 \x01(\x01\x12\x0e\n\x06\x61uthor\x18\x08 \x01(\t\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x16\n\x0e\x63reated_unix_s\x18\n \x01(\x01\x12\x16\n\x0e\x65xpires_unix_s\x18\x0b \x01(\x01\"=\n\x12SetOverrideRequest\x12\'\n\x08override\x18\x01 \x01(\x0b\x32\x15.governor.v1.Override\"/\n\x14ListOverridesRequest\x12\x17\n\x0finclude_expired\x18\x01 \x01(\x08\"A\n\x15ListOverridesResponse\x12(\n\toverrides\x18\x01 \x03(\x0b\x32\x15.governor.v1.Override\"3\n\x15\x44\x65leteOverrideRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\")\n\x16\x44\x65leteOverrideResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"Q\n\x0eSetModeRequest\x12\x1f\n\x04mode\x18\x01 \x01(\x0e\x32\x11.governor.v1.Mode\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"W\n\x0fSetModeResponse\x12#\n\x08previous\x18\x01 \x01(\x0e\x32\x11.governor.v1.Mode\x12\x1f\n\x04mode\x18\x02 \x01(\x0e\x32\x11.governor.v1.Mode\"O\n\nAuditEntry\x12\x11\n\tat_unix_s\x18\x01 \x01(\x01\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"!\n\x10ListAuditRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"=\n\x11ListAuditResponse\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.governor.v1.AuditEntry*O\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bMODE_ACTIVE\x10\x01\x12\x0f\n\x0bMODE_SHADOW\x10\x02\x12\x0f\n\x0bMODE_PAUSED\x10\x03*\x97\x02\n\x0cOverrideKind\x12\x1d\n\x19OVERRIDE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aOVERRIDE_KIND_PIN_REPLICAS\x10\x01\x12\x1e\n\x1aOVERRIDE_KIND_MIN_REPLICAS\x10\x02\x12\x1e\n\x1aOVERRIDE_KIND_MAX_REPLICAS\x10\x03\x12\x18\n\x14OVERRIDE_KIND_FREEZE\x10\x04\x12\x1b\n\x17OVERRIDE_KIND_ADMISSION\x10\x05\x12\x1a\n\x16OVERRIDE_KIND_SLO_TTFT\x10\x06\x12\x1a\n\x16OVERRIDE_KIND_SLO_TPOT\x10\x07\x12\x19\n\x15OVERRIDE_KIND_PROFILE\x10\x08\x32\x86\x05\n\rPolicyService\x12?\n\tGetStatus\x12\x1d.governor.v1.GetStatusRequest\x1a\x13.governor.v1.Status\x12V\n\rListDecisions\x12!.governor.v1.ListDecisionsRequest\x1a\".governor.v1.ListDecisionsResponse\x12P\n\x0f\x45xplainDecision\x12#.governor.v1.ExplainDecisionRequest\x1a\x18.governor.v1.Explanation\x12\x45\n\x0bSetOverride\x12\x1f.governor.v1.SetOverrideRequest\x1a\x15.governor.v1.Override\x12V\n\rListOverrides\x12!.governor.v1.ListOverridesRequest\x1a\".governor.v1.ListOverridesResponse\x12Y\n\x0e\x44\x65leteOverride\x12\".governor.v1.DeleteOverrideRequest\x1a#.governor.v1.DeleteOverrideResponse\x12\x44\n\x07SetMode\x12\x1b.governor.v1.SetModeRequest\x1a\x1c.governor.v1.SetModeResponse\x12J\n\tListAudit\x12\x1d.governor.v1.ListAuditRequest\x1a\x1e.governor.v1.ListAuditResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18governor/v1/policy.proto\x12\x0bgovernor.v1\"X\n\x0f\x43omponentHealth\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x16\n\x0elast_ok_unix_s\x18\x04 \x01(\x01\"\x12\n\x10GetStatusRequest\"\xb4\x01\n\nPoolStatus\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x18\n\x10replicas_desired\x18\x02 \x01(\x05\x12\x16\n\x0ereplicas_ready\x18\x03 \x01(\x05\x12\x12\n\nttft_p95_s\x18\x04 \x01(\x01\x12\x12\n\nslo_ttft_s\x18\x05 \x01(\x01\x12\x10\n\x08hit_rate\x18\x06 \x01(\x01\x12\x11\n\ttelemetry\x18\x07 \x01(\t\x12\x19\n\x11gpu_mem_used_frac\x18\x08 \x01(\x01\"\xc3\x02\n\x06Status\x12\x1f\n\x04mode\x18\x01 \x01(\x0e\x32\x11.governor.v1.Mode\x12\x0f\n\x07profile\x18\x02 \x01(\t\x12\x18\n\x10last_tick_unix_s\x18\x03 \x01(\x01\x12\x18\n\x10last_decision_id\x18\x04 \x01(\t\x12\x12\n\ngeneration\x18\x05 \x01(\x04\x12\x30\n\ncomponents\x18\x06 \x03(\x0b\x32\x1c.governor.v1.ComponentHealth\x12&\n\x05pools\x18\x07 \x03(\x0b\x32\x17.governor.v1.PoolStatus\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x0e\n\x06policy\x18\t \x01(\t\x12\x18\n\x10telemetry_frozen\x18\n \x01(\x08\x12*\n\x07\x64\x65tails\x18\x0b \x03(\x0b\x32\x19.governor.v1.StatusDetail\"+\n\x0cStatusDetail\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"}\n\x0f\x44\x65\x63isionSummary\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x11\n\tat_unix_s\x18\x03 \x01(\x01\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12\x0f\n\x07summary\x18\x05 \x01(\t\x12\x0f\n\x07outcome\x18\x06 \x01(\t\"I\n\x14ListDecisionsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\x12\x14\n\x0csince_unix_s\x18\x02 \x01(\x01\x12\x0c\n\x04pool\x18\x03 \x01(\t\"H\n\x15ListDecisionsResponse\x12/\n\tdecisions\x18\x01 \x03(\x0b\x32\x1c.governor.v1.DecisionSummary\"-\n\x16\x45xplainDecisionRequest\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\"Y\n\x0b\x45xplanation\x12.\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x1c.governor.v1.DecisionSummary\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0c\n\x04json\x18\x03 \x01(\t\"\xe1\x01\n\x08Override\x12\n\n\x02id\x18\x01 \x01(\t\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.governor.v1.OverrideKind\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x16\n\x0epriority_class\x18\x04 \x01(\t\x12\r\n\x05value\x18\x05 \x01(\x01\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\r\n\x05ttl_s\x18\x07 \x01(\x01\x12\x0e\n\x06\x61uthor\x18\x08 \x01(\t\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x16\n\x0e\x63reated_unix_s\x18\n \x01(\x01\x12\x16\n\x0e\x65xpires_unix_s\x18\x0b \x01(\x01\"=\n\x12SetOverrideRequest\x12\'\n\x08override\x18\x01 \x01(\x0b\x32\x15.governor.v1.Override\"/\n\x14ListOverridesRequest\x12\x17\n\x0finclude_expired\x18\x01 \x01(\x08\"A\n\x15ListOverridesResponse\x12(\n\toverrides\x18\x01 \x03(\x0b\x32\x15.governor.v1.Override\"3\n\x15\x44\x65leteOverrideRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\")\n\x16\x44\x65leteOverrideResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"Q\n\x0eSetModeRequest\x12\x1f\n\x04mode\x18\x01 \x01(\x0e\x32\x11.governor.v1.Mode\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"W\n\x0fSetModeResponse\x12#\n\x08previous\x18\x01 \x01(\x0e\x32\x11.governor.v1.Mode\x12\x1f\n\x04mode\x18\x02 \x01(\x0e\x32\x11.governor.v1.Mode\"O\n\nAuditEntry\x12\x11\n\tat_unix_s\x18\x01 \x01(\x01\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"!\n\x10ListAuditRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"=\n\x11ListAuditResponse\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.governor.v1.AuditEntry*O\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bMODE_ACTIVE\x10\x01\x12\x0f\n\x0bMODE_SHADOW\x10\x02\x12\x0f\n\x0bMODE_PAUSED\x10\x03*\x97\x02\n\x0cOverrideKind\x12\x1d\n\x19OVERRIDE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aOVERRIDE_KIND_PIN_REPLICAS\x10\x01\x12\x1e\n\x1aOVERRIDE_KIND_MIN_REPLICAS\x10\x02\x12\x1e\n\x1aOVERRIDE_KIND_MAX_REPLICAS\x10\x03\x12\x18\n\x14OVERRIDE_KIND_FREEZE\x10\x04\x12\x1b\n\x17OVERRIDE_KIND_ADMISSION\x10\x05\x12\x1a\n\x16OVERRIDE_KIND_SLO_TTFT\x10\x06\x12\x1a\n\x16OVERRIDE_KIND_SLO_TPOT\x10\x07\x12\x19\n\x15OVERRIDE_KIND_PROFILE\x10\x08\x32\x86\x05\n\rPolicyService\x12?\n\tGetStatus\x12\x1d.governor.v1.GetStatusRequest\x1a\x13.governor.v1.Status\x12V\n\rListDecisions\x12!.governor.v1.ListDecisionsRequest\x1a\".governor.v1.ListDecisionsResponse\x12P\n\x0f\x45xplainDecision\x12#.governor.v1.ExplainDecisionRequest\x1a\x18.governor.v1.Explanation\x12\x45\n\x0bSetOverride\x12\x1f.governor.v1.SetOverrideRequest\x1a\x15.governor.v1.Override\x12V\n\rListOverrides\x12!.governor.v1.ListOverridesRequest\x1a\".governor.v1.ListOverridesResponse\x12Y\n\x0e\x44\x65leteOverride\x12\".governor.v1.DeleteOverrideRequest\x1a#.governor.v1.DeleteOverrideResponse\x12\x44\n\x07SetMode\x12\x1b.governor.v1.SetModeRequest\x1a\x1c.governor.v1.SetModeResponse\x12J\n\tListAudit\x12\x1d.governor.v1.ListAuditRequest\x1a\x1e.governor.v1.ListAuditResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'governor.v1.policy_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODE']._serialized_start=1946
-  _globals['_MODE']._serialized_end=2025
-  _globals['_OVERRIDEKIND']._serialized_start=2028
-  _globals['_OVERRIDEKIND']._serialized_end=2307
+  _globals['_MODE']._serialized_start=1973
+  _globals['_MODE']._serialized_end=2052
+  _globals['_OVERRIDEKIND']._serialized_start=2055
+  _globals['_OVERRIDEKIND']._serialized_end=2334
   _globals['_COMPONENTHEALTH']._serialized_start=41
   _globals['_COMPONENTHEALTH']._serialized_end=129
   _globals['_GETSTATUSREQUEST']._serialized_start=131
   _globals['_GETSTATUSREQUEST']._serialized_end=149
   _globals['_POOLSTATUS']._serialized_start=152
-  _globals['_POOLSTATUS']._serialized_end=305
-  _globals['_STATUS']._serialized_start=308
-  _globals['_STATUS']._serialized_end=631
-  _globals['_STATUSDETAIL']._serialized_start=633
-  _globals['_STATUSDETAIL']._serialized_end=676
-  _globals['_DECISIONSUMMARY']._serialized_start=678
-  _globals['_DECISIONSUMMARY']._serialized_end=803
-  _globals['_LISTDECISIONSREQUEST']._serialized_start=805
-  _globals['_LISTDECISIONSREQUEST']._serialized_end=878
-  _globals['_LISTDECISIONSRESPONSE']._serialized_start=880
-  _globals['_LISTDECISIONSRESPONSE']._serialized_end=952
-  _globals['_EXPLAINDECISIONREQUEST']._serialized_start=954
-  _globals['_EXPLAINDECISIONREQUEST']._serialized_end=999
-  _globals['_EXPLANATION']._serialized_start=1001
-  _globals['_EXPLANATION']._serialized_end=1090
-  _globals['_OVERRIDE']._serialized_start=1093
-  _globals['_OVERRIDE']._serialized_end=1318
-  _globals['_SETOVERRIDEREQUEST']._serialized_start=1320
-  _globals['_SETOVERRIDEREQUEST']._serialized_end=1381
-  _globals['_LISTOVERRIDESREQUEST']._serialized_start=1383
-  _globals['_LISTOVERRIDESREQUEST']._serialized_end=1430
-  _globals['_LISTOVERRIDESRESPONSE']._serialized_start=1432
-  _globals['_LISTOVERRIDESRESPONSE']._serialized_end=1497
-  _globals['_DELETEOVERRIDEREQUEST']._serialized_start=1499
-  _globals['_DELETEOVERRIDEREQUEST']._serialized_end=1550
-  _globals['_DELETEOVERRIDERESPONSE']._serialized_start=1552
-  _globals['_DELETEOVERRIDERESPONSE']._serialized_end=1593
-  _globals['_SETMODEREQUEST']._serialized_start=1595
-  _globals['_SETMODEREQUEST']._serialized_end=1676
-  _globals['_SETMODERESPONSE']._serialized_start=1678
-  _globals['_SETMODERESPONSE']._serialized_end=1765
-  _globals['_AUDITENTRY']._serialized_start=1767
-  _globals['_AUDITENTRY']._serialized_end=1846
-  _globals['_LISTAUDITREQUEST']._serialized_start=1848
-  _globals['_LISTAUDITREQUEST']._serialized_end=1881
-  _globals['_LISTAUDITRESPONSE']._serialized_start=1883
-  _globals['_LISTAUDITRESPONSE']._serialized_end=1944
-  _globals['_POLICYSERVICE']._serialized_start=2310
-  _globals['_POLICYSERVICE']._serialized_end=2956
+  _globals['_POOLSTATUS']._serialized_end=332
+  _globals['_STATUS']._serialized_start=335
+  _globals['_STATUS']._serialized_end=658
+  _globals['_STATUSDETAIL']._serialized_start=660
+  _globals['_STATUSDETAIL']._serialized_end=703
+  _globals['_DECISIONSUMMARY']._serialized_start=705
+  _globals['_DECISIONSUMMARY']._serialized_end=830
+  _globals['_LISTDECISIONSREQUEST']._serialized_start=832
+  _globals['_LISTDECISIONSREQUEST']._serialized_end=905
+  _globals['_LISTDECISIONSRESPONSE']._serialized_start=907
+  _globals['_LISTDECISIONSRESPONSE']._serialized_end=979
+  _globals['_EXPLAINDECISIONREQUEST']._serialized_start=981
+  _globals['_EXPLAINDECISIONREQUEST']._serialized_end=1026
+  _globals['_EXPLANATION']._serialized_start=1028
+  _globals['_EXPLANATION']._serialized_end=1117
+  _globals['_OVERRIDE']._serialized_start=1120
+  _globals['_OVERRIDE']._serialized_end=1345
+  _globals['_SETOVERRIDEREQUEST']._serialized_start=1347
+  _globals['_SETOVERRIDEREQUEST']._serialized_end=1408
+  _globals['_LISTOVERRIDESREQUEST']._serialized_start=1410
+  _globals['_LISTOVERRIDESREQUEST']._serialized_end=1457
+  _globals['_LISTOVERRIDESRESPONSE']._serialized_start=1459
+  _globals['_LISTOVERRIDESRESPONSE']._serialized_end=1524
+  _globals['_DELETEOVERRIDEREQUEST']._serialized_start=1526
+  _globals['_DELETEOVERRIDEREQUEST']._serialized_end=1577
+  _globals['_DELETEOVERRIDERESPONSE']._serialized_start=1579
+  _globals['_DELETEOVERRIDERESPONSE']._serialized_end=1620
+  _globals['_SETMODEREQUEST']._serialized_start=1622
+  _globals['_SETMODEREQUEST']._serialized_end=1703
+  _globals['_SETMODERESPONSE']._serialized_start=1705
+  _globals['_SETMODERESPONSE']._serialized_end=1792
+  _globals['_AUDITENTRY']._serialized_start=1794
+  _globals['_AUDITENTRY']._serialized_end=1873
+  _globals['_LISTAUDITREQUEST']._serialized_start=1875
+  _globals['_LISTAUDITREQUEST']._serialized_end=1908
+  _globals['_LISTAUDITRESPONSE']._serialized_start=1910
+  _globals['_LISTAUDITRESPONSE']._serialized_end=1971
+  _globals['_POLICYSERVICE']._serialized_start=2337
+  _globals['_POLICYSERVICE']._serialized_end=2983
 # @@protoc_insertion_point(module_scope)

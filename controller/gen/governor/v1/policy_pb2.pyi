@@ -57,7 +57,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolStatus(_message.Message):
-    __slots__ = ("pool", "replicas_desired", "replicas_ready", "ttft_p95_s", "slo_ttft_s", "hit_rate", "telemetry")
+    __slots__ = ("pool", "replicas_desired", "replicas_ready", "ttft_p95_s", "slo_ttft_s", "hit_rate", "telemetry", "gpu_mem_used_frac")
     POOL_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_DESIRED_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_READY_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class PoolStatus(_message.Message):
     SLO_TTFT_S_FIELD_NUMBER: _ClassVar[int]
     HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEM_USED_FRAC_FIELD_NUMBER: _ClassVar[int]
     pool: str
     replicas_desired: int
     replicas_ready: int
@@ -72,7 +73,8 @@ class PoolStatus(_message.Message):
     slo_ttft_s: float
     hit_rate: float
     telemetry: str
-    def __init__(self, pool: _Optional[str] = ..., replicas_desired: _Optional[int] = ..., replicas_ready: _Optional[int] = ..., ttft_p95_s: _Optional[float] = ..., slo_ttft_s: _Optional[float] = ..., hit_rate: _Optional[float] = ..., telemetry: _Optional[str] = ...) -> None: ...
+    gpu_mem_used_frac: float
+    def __init__(self, pool: _Optional[str] = ..., replicas_desired: _Optional[int] = ..., replicas_ready: _Optional[int] = ..., ttft_p95_s: _Optional[float] = ..., slo_ttft_s: _Optional[float] = ..., hit_rate: _Optional[float] = ..., telemetry: _Optional[str] = ..., gpu_mem_used_frac: _Optional[float] = ...) -> None: ...
 
 class Status(_message.Message):
     __slots__ = ("mode", "profile", "last_tick_unix_s", "last_decision_id", "generation", "components", "pools", "version", "policy", "telemetry_frozen", "details")
