@@ -11,17 +11,25 @@ the tick path. The MPC with `planning_model: learned` reads the current coupling
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
+
 from controller.core.coupling import CouplingModels, PoolPhysics, with_physics
 from controller.core.features import ObservationRecord, PoolSettings
+from controller.core.forecast import Forecast
 from controller.learning.history import HistoryBuffer
 from controller.learning.physics import physics_for_pool_spec
 from controller.learning.refit import ModelSet, ModelSlot, RefitConfig, RefitJob
 from controller.learning.store import SHIPPED_MODELS_DIR, ModelLoadError, ModelStore
 from controller.learning.tracker import ModelTracker
 from controller.types import Decision, FleetObservation, FleetSpec
+
+FORECAST_SERIES = "arrival_rps"  # the fleet's arrivals, as controller/core/features.forecast_series names them
+# arrivals kept for the tracker's forecast: a few half-lives of its smoothers (an hour at 15 s ticks)
+FORECAST_HISTORY = 240
 
 
 class Learning:
@@ -35,6 +43,7 @@ class Learning:
         self.slot = ModelSlot(ModelSet(coupling, forecaster, source=source))
         self.history = HistoryBuffer(capacity=history_capacity, state_dir=str(state_dir))
         self.tracker = ModelTracker(self.physics, window=240)
+        self._arrivals: deque[tuple[float, float]] = deque(maxlen=FORECAST_HISTORY)
         self.job = RefitJob(self.history, self.slot, self.physics, clock=clock, logger=logger,
                             store=ModelStore(Path(state_dir) / "models"),
                             config=RefitConfig(interval_s=refit_interval_s), seed=seed)
@@ -80,11 +89,29 @@ class Learning:
         self.job.stop()
 
     def on_tick(self, now_s: float, observation: FleetObservation, in_force: Decision | None) -> None:
-        """Record the tick and score the models' predictions (cheap: one small predict per pool)."""
+        """Record the tick and score the models' predictions (cheap: one small predict per pool, and
+        one forecast of the fleet's arrivals by the forecaster in the slot, scored when its horizon
+        comes: the tracker's forecast_ae, which `governor status` and governor_model_error show)."""
         settings = {name: PoolSettings.from_decision(d) for name, d in in_force.pools.items()} if in_force else {}
         record = ObservationRecord(at_s=now_s, observation=observation, settings=settings)
         self.history.append(record)
-        self.tracker.update(record, self.slot.get().coupling)
+        models = self.slot.get()
+        self.tracker.update(record, models.coupling, self._forecast(now_s, observation, models.forecaster))
+
+    def _forecast(self, now_s: float, observation: FleetObservation, forecaster) -> Forecast | None:
+        """The slot's forecast of the fleet's arrivals at the tracker's horizon, from the arrivals seen."""
+        arrivals = [p.arrival_rps.value for p in observation.pools.values() if p.arrival_rps.ok]
+        if arrivals:
+            self._arrivals.append((now_s, float(sum(arrivals))))
+        if forecaster is None or not self._arrivals:
+            return None
+        t = np.array([a for a, _ in self._arrivals])
+        y = np.array([b for _, b in self._arrivals])
+        try:
+            return forecaster.predict({FORECAST_SERIES: (t, y)}, now_s, [self.tracker.forecast_horizon_s])
+        except (ValueError, FloatingPointError) as exc:  # a model that cannot forecast this series: no score
+            self.log.debug(f"forecast for the error tracker failed: {exc}", extra={"event": "models"})
+            return None
 
     def status(self) -> dict:
         snap = self.tracker.snapshot().to_dict()
