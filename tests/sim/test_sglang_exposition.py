@@ -81,7 +81,9 @@ def test_an_sglang_fleet_reads_as_the_vllm_fleet_serving_the_same_load(tmp_path,
         for field in RATES:
             a, b = getattr(v, field), getattr(s, field)
             assert a.ok and b.ok and a.value > 0, (field, a, b)
-            assert b.value == pytest.approx(a.value, rel=0.15), field
+            # one sample interval at each end of a run that lasts ~10-40 s of wall time (longer on a busy
+            # machine, as the lockstep waits stretch): up to ~2 intervals of the span, i.e. 20-25 %
+            assert b.value == pytest.approx(a.value, rel=0.25), field
         assert v.request_tpot_p95_s.ok and not s.request_tpot_p95_s.ok
         assert 0 < v.hit_rate.value < 1 and 0.5 < v.gpu_mem_used_frac.value <= 0.95
         assert not math.isnan(v.ttft_p95_s.value)
