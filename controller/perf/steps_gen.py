@@ -15,15 +15,14 @@ Must not: write anything but the table module, and only under --write.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from controller.perf import generated
 from controller.perf.iteration import IterationModel
-from controller.perf.physics_gen import calibrated_engines
+from controller.perf.physics_gen import calibrated_engines, engine_model
 
 TABLE_PATH = Path(__file__).resolve().parent / "steps_table.py"
 # Knots: log-spaced where the step time is flat (launch- and weight-read-bound), every half octave
@@ -52,16 +51,12 @@ def grid_of(im: IterationModel) -> GridRow:
 
 
 def fitted_table(data_dir: Path | None = None) -> dict[str, GridRow]:
-    out = {}
-    for key in calibrated_engines(data_dir):
-        model, sku, tp = key.split("/")
-        out[key] = grid_of(IterationModel.build(model, sku, int(tp.removeprefix("tp")), data_dir))
-    return out
+    return {key: grid_of(engine_model(key, data_dir)) for key in calibrated_engines(data_dir)}
 
 
 def render(table: Mapping[str, GridRow]) -> str:
-    lines = [
-        '"""Compact step-time grids of the calibrated engines, per "model/sku/tpN": token counts, the summed',
+    doc = [
+        'Compact step-time grids of the calibrated engines, per "model/sku/tpN": token counts, the summed',
         "time (s) of the profiled kernels, once-per-step ops and TP collectives there, and the slope (s per",
         "token) past the last knot.",
         "",
@@ -70,44 +65,21 @@ def render(table: Mapping[str, GridRow]) -> str:
         "kernel and all-reduce times) with the serving-stack terms fitted to splitwise-sim's measurements",
         "(Mutinifni/splitwise-sim, MIT); fitted on 26 knots by relative least squares.",
         "Do not edit. Data only: must not import anything.",
-        '"""',
-        "",
-        "from __future__ import annotations",
-        "",
-        "from collections.abc import Mapping",
-        "",
-        "STEP_GRIDS: Mapping[str, tuple[tuple[int, ...], tuple[float, ...], float]] = {",
     ]
+    declaration = "STEP_GRIDS: Mapping[str, tuple[tuple[int, ...], tuple[float, ...], float]] = {"
+    rows: list[str] = []
     for key, (xs, ys, tail) in table.items():
-        lines.append(f'    "{key}": (')
+        rows.append(f'    "{key}": (')
         for vals in ([str(int(x)) for x in xs], [repr(float(y)) for y in ys]):
-            lines.append("        (")
-            step = 12 if vals and "." not in vals[0] else 4
-            lines.extend("            " + ", ".join(vals[i:i + step]) + "," for i in range(0, len(vals), step))
-            lines.append("        ),")
-        lines.append(f"        {float(tail)!r},")
-        lines.append("    ),")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+            rows.extend(generated.tuple_lines(vals, 12 if vals and "." not in vals[0] else 4))
+        rows.append(f"        {float(tail)!r},")
+        rows.append("    ),")
+    return generated.table_module(doc, declaration, rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m controller.perf.steps_gen", description=__doc__.split("\n")[0])
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help=f"regenerate {TABLE_PATH.name}")
-    mode.add_argument("--check", action="store_true", help=f"exit 1 if {TABLE_PATH.name} is not what --write makes")
-    ap.add_argument("--data-dir", default=None, help="shared data directory (default: shared_data_dir())")
-    args = ap.parse_args(argv)
-    text = render(fitted_table(Path(args.data_dir) if args.data_dir else None))
-    if args.write:
-        TABLE_PATH.write_text(text)
-        print(f"wrote {TABLE_PATH}")
-        return 0
-    if TABLE_PATH.read_text() != text:
-        print(f"{TABLE_PATH} is stale: run `python -m controller.perf.steps_gen --write`", file=sys.stderr)
-        return 1
-    print(f"{TABLE_PATH.name} is up to date")
-    return 0
+    return generated.run(argv, "controller.perf.steps_gen", __doc__, TABLE_PATH,
+                         lambda data_dir: render(fitted_table(data_dir)))
 
 
 if __name__ == "__main__":

@@ -14,12 +14,11 @@ Must not: write anything but the cut, and only under --write.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from controller.paths import shared_data_dir
+from controller.perf import generated
 from controller.sim.trace_csv import read_azure
 from controller.sim.trace_transforms import window
 
@@ -40,22 +39,7 @@ def render(data_dir: Path | None = None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m controller.sim.demo_trace", description=__doc__.split("\n")[0])
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help=f"regenerate {CUT_PATH.name}")
-    mode.add_argument("--check", action="store_true", help=f"exit 1 if {CUT_PATH.name} is not what --write makes")
-    ap.add_argument("--data-dir", default=None, help="shared data directory (default: shared_data_dir())")
-    args = ap.parse_args(argv)
-    text = render(Path(args.data_dir) if args.data_dir else None)
-    if args.write:
-        CUT_PATH.write_text(text)
-        print(f"wrote {CUT_PATH}")
-        return 0
-    if not CUT_PATH.exists() or CUT_PATH.read_text() != text:
-        print(f"{CUT_PATH} is stale: run `python -m controller.sim.demo_trace --write`", file=sys.stderr)
-        return 1
-    print(f"{CUT_PATH.name} is up to date")
-    return 0
+    return generated.run(argv, "controller.sim.demo_trace", __doc__, CUT_PATH, render)
 
 
 if __name__ == "__main__":
