@@ -55,10 +55,12 @@ protos: $(STAMP)
 	$(VPY) protos/generate.py
 
 # Regenerates the performance tables the daemon ships from ../shared/data: controller/perf/figures_table.py
-# (the planner's step-time figures) and controller/perf/physics_table.py (the learned models' prior physics).
+# (the planner's step-time figures), controller/perf/physics_table.py (the learned models' prior physics) and
+# controller/perf/steps_table.py (the simulator's step-time grids when the shared data is missing).
 perf-tables: $(STAMP)
 	$(VPY) -m controller.perf.figures_gen --write
 	$(VPY) -m controller.perf.physics_gen --write
+	$(VPY) -m controller.perf.steps_gen --write
 
 # Regenerates the demo's packaged trace, controller/sim/demo/azure2023_conv_demo.csv, from ../shared/data.
 demo-trace: $(STAMP)
