@@ -1,7 +1,8 @@
 """The picker's policy: the routing and admission settings in force, and RouterControl's command rules.
 
 `PolicyStore` applies `governor.v1.RoutingPolicy` commands with the semantics of
-protos/governor/v1/control.proto, as the simulator's control plane does:
+protos/governor/v1/control.proto, with the rules it shares with the simulator's control plane
+(controller/command_rules.py):
 
 - a generation lower than the last applied → STALE_GENERATION; the same generation
   with the same decision_id → REPLAY (nothing re-applied), with another id → STALE;
@@ -20,6 +21,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from controller.command_rules import CommandInvalidError, check_meta, validate_routing
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.types import PRIORITY_CLASSES
 
@@ -66,60 +68,6 @@ class Applied:
     fallback: bool  # the last command expired (or none came yet): the picker's defaults are in force
 
 
-class CommandInvalidError(ValueError):
-    """A command failed validation; the message names the field and the allowed range."""
-
-
-def _finite_nonneg(x: float) -> bool:
-    return math.isfinite(x) and x >= 0
-
-
-def validate(msg: pb.RoutingPolicy, pools: Mapping[str, object], now_unix_s: float) -> None:
-    """Raise CommandInvalidError naming the first bad field of a RoutingPolicy."""
-    if not msg.HasField("meta"):
-        raise CommandInvalidError("meta: missing (every command carries decision_id, generation, valid_until_unix_s)")
-    m = msg.meta
-    if not m.decision_id:
-        raise CommandInvalidError("meta.decision_id: must be non-empty")
-    if m.generation < 1:
-        raise CommandInvalidError(f"meta.generation: {m.generation} must be >= 1")
-    if not math.isfinite(m.valid_until_unix_s) or m.valid_until_unix_s <= now_unix_s:
-        raise CommandInvalidError(f"meta.valid_until_unix_s: {m.valid_until_unix_s!r} must be a Unix time after "
-                                  f"now ({now_unix_s:.3f})")
-    seen: set[str] = set()
-    for i, p in enumerate(msg.pools):
-        where = f"pools[{i}]"
-        if p.pool not in pools:
-            raise CommandInvalidError(f"{where}.pool: unknown pool {p.pool!r}; this picker routes {sorted(pools)}")
-        if p.pool in seen:
-            raise CommandInvalidError(f"{where}.pool: pool {p.pool!r} appears more than once")
-        seen.add(p.pool)
-        if not _finite_nonneg(p.traffic_weight):
-            raise CommandInvalidError(f"{where}.traffic_weight: {p.traffic_weight!r} must be a finite number >= 0")
-        if p.inflight_cap < 0:
-            raise CommandInvalidError(f"{where}.inflight_cap: {p.inflight_cap} must be >= 0 (0 = no cap)")
-        if p.HasField("weights"):
-            for fname in ("prefix", "queue", "kv_usage"):
-                v = getattr(p.weights, fname)
-                if not _finite_nonneg(v):
-                    raise CommandInvalidError(f"{where}.weights.{fname}: {v!r} must be a finite number >= 0")
-    classes: set[str] = set()
-    for j, a in enumerate(msg.admission):
-        where = f"admission[{j}]"
-        if a.priority_class not in PRIORITY_CLASSES:
-            raise CommandInvalidError(f"{where}.priority_class: unknown class {a.priority_class!r}; "
-                                      f"allowed: {list(PRIORITY_CLASSES)}")
-        if a.priority_class in classes:
-            raise CommandInvalidError(f"{where}.priority_class: class {a.priority_class!r} appears more than once")
-        classes.add(a.priority_class)
-        if not _finite_nonneg(a.rate_limit_rps):
-            raise CommandInvalidError(f"{where}.rate_limit_rps: {a.rate_limit_rps!r} must be a finite number >= 0")
-        if a.queue_budget < -1:
-            raise CommandInvalidError(f"{where}.queue_budget: {a.queue_budget} must be >= -1 (-1 = unlimited)")
-        if not (math.isfinite(a.shed_fraction) and 0.0 <= a.shed_fraction <= 1.0):
-            raise CommandInvalidError(f"{where}.shed_fraction: {a.shed_fraction!r} is outside [0, 1]")
-
-
 class PolicyStore:
     """The picker's defaults, the last applied RoutingPolicy, and the generation rules between them."""
 
@@ -137,23 +85,14 @@ class PolicyStore:
         return Applied(s, self.generation, self.decision_id, self.valid_until_unix_s, fallback=not live)
 
     def apply(self, msg: pb.RoutingPolicy, now_unix_s: float) -> pb.Ack:
-        m = msg.meta
-        if msg.HasField("meta") and m.generation >= 1 and m.decision_id:
-            if m.generation < self.generation:
-                return pb.Ack(status=pb.ACK_STATUS_STALE_GENERATION, applied_generation=self.generation,
-                              message=f"generation {m.generation} is older than the applied generation "
-                                      f"{self.generation}")
-            if m.generation == self.generation:
-                if m.decision_id == self.decision_id:
-                    return pb.Ack(status=pb.ACK_STATUS_REPLAY, applied_generation=self.generation,
-                                  message=f"generation {m.generation} ({m.decision_id}) already applied")
-                return pb.Ack(status=pb.ACK_STATUS_STALE_GENERATION, applied_generation=self.generation,
-                              message=f"generation {m.generation} was already applied as decision "
-                                      f"{self.decision_id!r}, not {m.decision_id!r}")
         try:
-            validate(msg, self.defaults.pools, now_unix_s)
+            ack = check_meta(msg, self.generation, self.decision_id, now_unix_s)
+            if ack is not None:
+                return ack
+            validate_routing(msg, self.defaults.pools, known_as="this picker routes")
         except CommandInvalidError as exc:
             return pb.Ack(status=pb.ACK_STATUS_INVALID, applied_generation=self.generation, message=str(exc))
+        m = msg.meta
         # Pools left out keep what is in force (the commanded settings while live, else the defaults).
         base = self.settings(now_unix_s).settings
         pools = dict(base.pools)

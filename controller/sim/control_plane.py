@@ -12,9 +12,8 @@ calls the Fleet's control methods), or touch the fleet outside `lock`.
 from __future__ import annotations
 
 import logging
-import math
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from controller import command_rules
 from controller.clock import Clock
+from controller.command_rules import CommandInvalidError, check_meta, each_pool
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
 from controller.sim.http_endpoint import host_port
@@ -37,10 +38,6 @@ from controller.types import PRIORITY_CLASSES
 
 log = logging.getLogger(__name__)
 _Step = tuple[Callable[[], None], Callable[[], None]]  # (apply, undo) of one part of a command
-
-
-class CommandInvalidError(ValueError):
-    """A command failed validation; the message names the field, the bad value and the allowed range."""
 
 
 @dataclass
@@ -58,10 +55,6 @@ class _Channel:
         return self.command is not None and not self.fallback
 
 
-def _finite_nonneg(x: float) -> bool:
-    return math.isfinite(x) and x >= 0
-
-
 @dataclass
 class _Views:
     """The control settings in force, as this actuator last applied them (for Get* and rollback)."""
@@ -71,53 +64,15 @@ class _Views:
     scaling: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def _each_pool(entries: Iterable[Any], pools: Mapping[str, PoolSpecModel]) -> Iterator[tuple[str, Any]]:
-    """(field path, entry) per pool entry of a command, refusing unknown and repeated pools."""
-    seen: set[str] = set()
-    for i, p in enumerate(entries):
-        where = f"pools[{i}]"
-        if p.pool not in pools:
-            raise CommandInvalidError(f"{where}.pool: unknown pool {p.pool!r}; pools are {sorted(pools)}")
-        if p.pool in seen:
-            raise CommandInvalidError(f"{where}.pool: pool {p.pool!r} appears more than once")
-        seen.add(p.pool)
-        yield where, p
-
-
 def validate_routing(msg: pb.RoutingPolicy, pools: Mapping[str, PoolSpecModel]) -> None:
     """Raise CommandInvalidError naming the first bad field of a RoutingPolicy."""
-    for where, p in _each_pool(msg.pools, pools):
-        if not _finite_nonneg(p.traffic_weight):
-            raise CommandInvalidError(f"{where}.traffic_weight: {p.traffic_weight!r} must be a finite number >= 0")
-        if p.inflight_cap < 0:
-            raise CommandInvalidError(f"{where}.inflight_cap: {p.inflight_cap} must be >= 0 (0 = no cap)")
-        if p.HasField("weights"):
-            for fname in ("prefix", "queue", "kv_usage"):
-                v = getattr(p.weights, fname)
-                if not _finite_nonneg(v):
-                    raise CommandInvalidError(f"{where}.weights.{fname}: {v!r} must be a finite number >= 0")
-    seen = set()
-    for j, a in enumerate(msg.admission):
-        where = f"admission[{j}]"
-        if a.priority_class not in PRIORITY_CLASSES:
-            raise CommandInvalidError(f"{where}.priority_class: unknown class {a.priority_class!r}; "
-                                      f"allowed: {list(PRIORITY_CLASSES)}")
-        if a.priority_class in seen:
-            raise CommandInvalidError(f"{where}.priority_class: class {a.priority_class!r} appears more than once")
-        seen.add(a.priority_class)
-        if not _finite_nonneg(a.rate_limit_rps):
-            raise CommandInvalidError(f"{where}.rate_limit_rps: {a.rate_limit_rps!r} must be a finite number >= 0 "
-                                      "(0 = unlimited)")
-        if a.queue_budget < -1:
-            raise CommandInvalidError(f"{where}.queue_budget: {a.queue_budget} must be >= -1 (-1 = unlimited)")
-        if not (math.isfinite(a.shed_fraction) and 0.0 <= a.shed_fraction <= 1.0):
-            raise CommandInvalidError(f"{where}.shed_fraction: {a.shed_fraction!r} is outside [0, 1]")
+    command_rules.validate_routing(msg, pools, rate_limit_note=" (0 = unlimited)")
 
 
 def validate_scaling(msg: pb.ScalingPlan, pools: Mapping[str, PoolSpecModel],
                      scaling: Mapping[str, Mapping[str, int]]) -> None:
     """Raise CommandInvalidError naming the first bad field of a ScalingPlan (`scaling`: the settings in force)."""
-    for where, p in _each_pool(msg.pools, pools):
+    for where, p in each_pool(msg.pools, pools):
         spec = pools[p.pool]
         if not (spec.min_replicas <= p.replicas <= spec.max_replicas):
             raise CommandInvalidError(f"{where}.replicas: {p.replicas} is out of range "
@@ -198,29 +153,10 @@ class ControlPlane:
 
     def _check_meta(self, ch: _Channel, msg) -> pb.Ack | None:
         """Validate CommandMeta and order generations. Returns an Ack to send back, or None to go on."""
-        if not msg.HasField("meta"):
-            return self._invalid(
-                ch, "meta: missing (every command carries decision_id, generation, valid_until_unix_s)")
-        m = msg.meta
-        if not m.decision_id:
-            return self._invalid(ch, "meta.decision_id: must be non-empty")
-        if m.generation < 1:
-            return self._invalid(ch, f"meta.generation: {m.generation} must be >= 1")
-        if m.generation < ch.generation:
-            return pb.Ack(status=pb.ACK_STATUS_STALE_GENERATION, applied_generation=ch.generation,
-                          message=f"generation {m.generation} is older than the applied generation {ch.generation}")
-        if m.generation == ch.generation:
-            if m.decision_id == ch.decision_id:
-                return pb.Ack(status=pb.ACK_STATUS_REPLAY, applied_generation=ch.generation,
-                              message=f"generation {m.generation} ({m.decision_id}) already applied; nothing changed")
-            return pb.Ack(status=pb.ACK_STATUS_STALE_GENERATION, applied_generation=ch.generation,
-                          message=f"generation {m.generation} was already applied as decision {ch.decision_id!r}, "
-                                  f"not {m.decision_id!r}")
-        now = self.clock.now_s()
-        if not math.isfinite(m.valid_until_unix_s) or m.valid_until_unix_s <= now:
-            return self._invalid(ch, f"meta.valid_until_unix_s: {m.valid_until_unix_s!r} must be a Unix time after "
-                                     f"now ({now:.3f})")
-        return None
+        try:
+            return check_meta(msg, ch.generation, ch.decision_id, self.clock.now_s(), replay_note="; nothing changed")
+        except CommandInvalidError as exc:
+            return self._invalid(ch, str(exc))
 
     @staticmethod
     def _invalid(ch: _Channel, message: str) -> pb.Ack:

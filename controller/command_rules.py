@@ -1,0 +1,112 @@
+"""RouterControl's command rules, shared by the picker (controller/dataplane) and the simulator's control plane.
+
+Both obey protos/governor/v1/control.proto the same way, so both call these:
+
+- `check_meta`: the CommandMeta (decision_id, generation >= 1) and the generation order:
+  lower than the applied → STALE_GENERATION; the same with the same decision_id → REPLAY;
+  the same with another id → STALE_GENERATION; then the validity deadline (after now);
+- `each_pool` / `validate_routing`: the body of a RoutingPolicy, field by field.
+
+A bad field raises `CommandInvalidError` naming it; the caller turns that into an INVALID ack.
+The wording arguments keep each service's messages as its clients know them.
+
+Must not: read the clock (now comes in), apply anything, log, or import the controller, the plant or the picker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Iterator
+from typing import Any
+
+from controller.gen.governor.v1 import control_pb2 as pb
+from controller.types import PRIORITY_CLASSES
+
+
+class CommandInvalidError(ValueError):
+    """A command failed validation; the message names the field, the bad value and the allowed range."""
+
+
+def finite_nonneg(x: float) -> bool:
+    return math.isfinite(x) and x >= 0
+
+
+def check_meta(msg: Any, applied_generation: int, applied_decision_id: str, now_unix_s: float, *,
+               replay_note: str = "") -> pb.Ack | None:
+    """The Ack a command's meta settles (STALE_GENERATION, REPLAY), or None to go on.
+
+    Raises CommandInvalidError for a missing or bad meta or a deadline not after `now_unix_s`.
+    `replay_note` is appended to the REPLAY message.
+    """
+    if not msg.HasField("meta"):
+        raise CommandInvalidError("meta: missing (every command carries decision_id, generation, valid_until_unix_s)")
+    m = msg.meta
+    if not m.decision_id:
+        raise CommandInvalidError("meta.decision_id: must be non-empty")
+    if m.generation < 1:
+        raise CommandInvalidError(f"meta.generation: {m.generation} must be >= 1")
+    if m.generation < applied_generation:
+        return pb.Ack(status=pb.ACK_STATUS_STALE_GENERATION, applied_generation=applied_generation,
+                      message=f"generation {m.generation} is older than the applied generation {applied_generation}")
+    if m.generation == applied_generation:
+        if m.decision_id == applied_decision_id:
+            return pb.Ack(status=pb.ACK_STATUS_REPLAY, applied_generation=applied_generation,
+                          message=f"generation {m.generation} ({m.decision_id}) already applied{replay_note}")
+        return pb.Ack(status=pb.ACK_STATUS_STALE_GENERATION, applied_generation=applied_generation,
+                      message=f"generation {m.generation} was already applied as decision {applied_decision_id!r}, "
+                              f"not {m.decision_id!r}")
+    if not math.isfinite(m.valid_until_unix_s) or m.valid_until_unix_s <= now_unix_s:
+        raise CommandInvalidError(f"meta.valid_until_unix_s: {m.valid_until_unix_s!r} must be a Unix time after "
+                                  f"now ({now_unix_s:.3f})")
+    return None
+
+
+def each_pool(entries: Iterable[Any], pools: Collection[str], *,
+              known_as: str = "pools are") -> Iterator[tuple[str, Any]]:
+    """(field path, entry) per pool entry of a command, refusing unknown and repeated pools.
+
+    `known_as` leads the list of known pools in the unknown-pool message.
+    """
+    seen: set[str] = set()
+    for i, p in enumerate(entries):
+        where = f"pools[{i}]"
+        if p.pool not in pools:
+            raise CommandInvalidError(f"{where}.pool: unknown pool {p.pool!r}; {known_as} {sorted(pools)}")
+        if p.pool in seen:
+            raise CommandInvalidError(f"{where}.pool: pool {p.pool!r} appears more than once")
+        seen.add(p.pool)
+        yield where, p
+
+
+def validate_routing(msg: pb.RoutingPolicy, pools: Collection[str], *, known_as: str = "pools are",
+                     rate_limit_note: str = "") -> None:
+    """Raise CommandInvalidError naming the first bad field of a RoutingPolicy's pools and admission.
+
+    `rate_limit_note` is appended to the rate_limit_rps message.
+    """
+    for where, p in each_pool(msg.pools, pools, known_as=known_as):
+        if not finite_nonneg(p.traffic_weight):
+            raise CommandInvalidError(f"{where}.traffic_weight: {p.traffic_weight!r} must be a finite number >= 0")
+        if p.inflight_cap < 0:
+            raise CommandInvalidError(f"{where}.inflight_cap: {p.inflight_cap} must be >= 0 (0 = no cap)")
+        if p.HasField("weights"):
+            for fname in ("prefix", "queue", "kv_usage"):
+                v = getattr(p.weights, fname)
+                if not finite_nonneg(v):
+                    raise CommandInvalidError(f"{where}.weights.{fname}: {v!r} must be a finite number >= 0")
+    seen: set[str] = set()
+    for j, a in enumerate(msg.admission):
+        where = f"admission[{j}]"
+        if a.priority_class not in PRIORITY_CLASSES:
+            raise CommandInvalidError(f"{where}.priority_class: unknown class {a.priority_class!r}; "
+                                      f"allowed: {list(PRIORITY_CLASSES)}")
+        if a.priority_class in seen:
+            raise CommandInvalidError(f"{where}.priority_class: class {a.priority_class!r} appears more than once")
+        seen.add(a.priority_class)
+        if not finite_nonneg(a.rate_limit_rps):
+            raise CommandInvalidError(f"{where}.rate_limit_rps: {a.rate_limit_rps!r} must be a finite number >= 0"
+                                      f"{rate_limit_note}")
+        if a.queue_budget < -1:
+            raise CommandInvalidError(f"{where}.queue_budget: {a.queue_budget} must be >= -1 (-1 = unlimited)")
+        if not (math.isfinite(a.shed_fraction) and 0.0 <= a.shed_fraction <= 1.0):
+            raise CommandInvalidError(f"{where}.shed_fraction: {a.shed_fraction!r} is outside [0, 1]")
