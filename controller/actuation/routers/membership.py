@@ -7,6 +7,9 @@ ready and removes one as soon as it is chosen to go (draining) or gone. `remove`
 the actuator *before* a scale-down is sent, so no new request reaches a replica that is about to
 stop ("remove before drain").
 
+`HttpRouter` is what the routers of this folder share: construction (admin URL, metrics URL,
+pools, call timeout) and `reading()` from their per-worker Prometheus series.
+
 Every router call has a timeout; a failed call is reported in the `SyncResult` (and retried at the
 next sync), never raised. This module decides nothing about replica counts; it must not talk to
 Kubernetes or to the engines.
@@ -137,6 +140,36 @@ def remove_leaving(router: MembershipRouter, leaving: Iterable[Endpoint]) -> Syn
         except RouterError as exc:
             out.errors.append(str(exc))
     return out
+
+
+class HttpRouter:
+    """What the routers of routers/ share: the admin URL, the pools fronted, the call timeout, the metrics.
+
+    A subclass sets `kind` and the names of its per-worker metrics, and implements workers/add/remove.
+    """
+
+    kind = ""
+    healthy_metric = ""
+    requests_metric = ""
+    in_flight_metric: str | None = None  # None: the router exports no per-worker in-flight gauge
+
+    def __init__(self, url: str, *, metrics_url: str | None = None, pools: tuple[str, ...] = (),
+                 timeout_s: float = 5.0) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0 (got {timeout_s})")
+        self.url = url.rstrip("/")
+        self.metrics_url = metrics_url
+        self.pools = tuple(pools)
+        self.timeout_s = float(timeout_s)
+
+    def reading(self) -> RouterReading:
+        if not self.metrics_url:
+            return RouterReading()
+        status, body = http_call("GET", self.metrics_url, timeout_s=self.timeout_s, what=f"{self.kind} metrics")
+        if status != 200:
+            raise RouterError(f"{self.kind} metrics at {self.metrics_url}: HTTP {status}")
+        return parse_worker_metrics(body.decode(errors="replace"), healthy=self.healthy_metric,
+                                    requests=self.requests_metric, in_flight=self.in_flight_metric)
 
 
 # --------------------------------------------------------------------------- shared HTTP plumbing

@@ -19,22 +19,17 @@ import json
 import time
 import urllib.parse
 
-from controller.actuation.routers.membership import RouterError, RouterReading, http_call, parse_worker_metrics
+from controller.actuation.routers.membership import HttpRouter, RouterError, http_call
 
 _POLL_S = 0.05
 
 
-class SglangRouter:
+class SglangRouter(HttpRouter):
     kind = "sglang-router"
 
-    def __init__(self, url: str, *, metrics_url: str | None = None, pools: tuple[str, ...] = (),
-                 timeout_s: float = 5.0) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0 (got {timeout_s})")
-        self.url = url.rstrip("/")
-        self.metrics_url = metrics_url
-        self.pools = tuple(pools)
-        self.timeout_s = float(timeout_s)
+    healthy_metric = "smg_worker_health"
+    requests_metric = "smg_worker_cb_outcomes_total"
+    in_flight_metric = "smg_worker_requests_active"
 
     def _list(self) -> dict[str, str]:
         """url → worker id."""
@@ -80,12 +75,3 @@ class SglangRouter:
             raise RouterError(f"sglang-router DELETE /workers/{wid} ({url}) at {self.url}: HTTP {status}: "
                               f"{body.decode(errors='replace')[:200]}")
         self._wait(url, False, "remove")
-
-    def reading(self) -> RouterReading:
-        if not self.metrics_url:
-            return RouterReading()
-        status, body = http_call("GET", self.metrics_url, timeout_s=self.timeout_s, what="sglang-router metrics")
-        if status != 200:
-            raise RouterError(f"sglang-router metrics at {self.metrics_url}: HTTP {status}")
-        return parse_worker_metrics(body.decode(errors="replace"), healthy="smg_worker_health",
-                                    requests="smg_worker_cb_outcomes_total", in_flight="smg_worker_requests_active")

@@ -17,20 +17,15 @@ from __future__ import annotations
 import json
 import urllib.parse
 
-from controller.actuation.routers.membership import RouterError, RouterReading, http_call, parse_worker_metrics
+from controller.actuation.routers.membership import HttpRouter, RouterError, http_call
 
 
-class VllmRouter:
+class VllmRouter(HttpRouter):
     kind = "vllm-router"
 
-    def __init__(self, url: str, *, metrics_url: str | None = None, pools: tuple[str, ...] = (),
-                 timeout_s: float = 5.0) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0 (got {timeout_s})")
-        self.url = url.rstrip("/")
-        self.metrics_url = metrics_url
-        self.pools = tuple(pools)
-        self.timeout_s = float(timeout_s)
+    healthy_metric = "vllm_router_worker_health"
+    requests_metric = "vllm_router_processed_requests_total"
+    in_flight_metric = None
 
     def _call(self, method: str, path: str, what: str) -> tuple[int, str]:
         status, body = http_call(method, self.url + path, timeout_s=self.timeout_s, what=f"vllm-router {what}")
@@ -59,12 +54,3 @@ class VllmRouter:
         status, text = self._call("POST", f"/remove_worker?{q}", f"remove_worker {url}")
         if status != 200:
             raise RouterError(f"vllm-router remove_worker {url} at {self.url}: HTTP {status}: {text[:200]}")
-
-    def reading(self) -> RouterReading:
-        if not self.metrics_url:
-            return RouterReading()
-        status, body = http_call("GET", self.metrics_url, timeout_s=self.timeout_s, what="vllm-router metrics")
-        if status != 200:
-            raise RouterError(f"vllm-router metrics at {self.metrics_url}: HTTP {status}")
-        return parse_worker_metrics(body.decode(errors="replace"), healthy="vllm_router_worker_health",
-                                    requests="vllm_router_processed_requests_total", in_flight=None)
