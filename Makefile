@@ -9,9 +9,13 @@ STAMP := $(VENV)/.installed
 $(VPY):
 	$(PY) -m venv $(VENV)
 
+# xds-protos (the picker's Envoy ext_proc modules) ships its own, older copy of opentelemetry/proto/*: installed
+# after opentelemetry-proto it overwrites the modules the OTLP exporter imports (InstrumentationScope is missing
+# from its copy). The exporter's own copy, a superset the Envoy modules also load, is reinstalled last so it wins.
 $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -e '.[dev]'
+	$(VPY) -m pip install --quiet --force-reinstall --no-deps "$$(grep -o 'opentelemetry-proto==[0-9.]*' pyproject.toml)"
 	touch $(STAMP)
 
 # Runs the daemon against the embedded simulated fleet (Ctrl-C stops everything).
