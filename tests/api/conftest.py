@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import dataclass
 
 import grpc
@@ -14,6 +13,7 @@ from controller.api.store import StateStore
 from controller.clock import VirtualClock
 from controller.gen.governor.v1 import policy_pb2_grpc
 from tests.fakes.act_daemon import FakeDaemon
+from tests.fixtures.tls import make_pki
 
 TOKEN = "s3cret-token"
 T0 = 1_700_000_000.0
@@ -58,23 +58,10 @@ def api(tmp_path, api_start_s):
     store.close()
 
 
-def _openssl(*args: str, cwd) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def certs(tmp_path):
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate (tests/fixtures/tls.py)."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
-    d = tmp_path / "pki"
-    d.mkdir()
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=governor-test-ca",
-             cwd=d)
-    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-        extra = ["-extfile", "server.ext"] if name == "server" else []
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.crt", "-days", "2", *extra, cwd=d)
-    return d
+    make_pki(tmp_path / "pki")
+    return tmp_path / "pki"

@@ -188,25 +188,15 @@ def test_no_endpoint_builds_nothing_and_a_bad_endpoint_is_named():
 
 @pytest.fixture
 def pki(tmp_path):
-    """A CA, a server certificate for 127.0.0.1 and a client certificate (openssl, as tests/api does)."""
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (tests/fixtures/tls.py)."""
     import shutil
 
-    from tests.api.conftest import _openssl
+    from tests.fixtures.tls import make_pki
 
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
-    d = tmp_path / "pki"
-    d.mkdir()
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=otel-test-ca",
-             cwd=d)
-    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-        extra = ["-extfile", "server.ext"] if name == "server" else []
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.crt", "-days", "2", *extra, cwd=d)
-    return d
+    make_pki(tmp_path / "pki")
+    return tmp_path / "pki"
 
 
 def test_export_over_mutual_tls(tmp_path, pki):
