@@ -29,6 +29,7 @@ wall clock except through controller.clock for the elapsed time it prints.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -203,8 +204,10 @@ def params_for(label: str, ctx: BenchContext) -> tuple[str, dict[str, Any]]:
     return policy, params
 
 
+@functools.cache
 def shipped_forecaster() -> Any:
-    """The shipped load forecaster (models/), or None when it cannot be loaded (the prior is used)."""
+    """The shipped load forecaster (models/), or None when it cannot be loaded (the prior is used).
+    Read once per process: every MPC replay of a bench run plans with the same frozen model."""
     from controller.learning.store import SHIPPED_MODELS_DIR, ModelLoadError, ModelStore
 
     try:

@@ -71,11 +71,9 @@ class PoolBreach:
     """One pool's measured backlog and the floor it sets."""
 
     floor: int
-    serving: int
     arrivals_rps: float
     served_rps: float
     waiting: float
-    deficit_rps: float  # arrivals the ready replicas do not serve
 
 
 @dataclass(frozen=True)
@@ -126,8 +124,7 @@ def measure(obs: FleetObservation, fleet: FleetSpec, mem: Mapping[str, MpcPoolMe
         floor = min(math.ceil(need - 1e-9), cap, spec.max_replicas)
         short = max(arr - served, 0.0)
         deficit += short
-        breaches[spec.name] = PoolBreach(floor=floor, serving=serving, arrivals_rps=arr, served_rps=served,
-                                         waiting=waiting, deficit_rps=short)
+        breaches[spec.name] = PoolBreach(floor=floor, arrivals_rps=arr, served_rps=served, waiting=waiting)
         if floor > serving:
             floors[spec.name] = floor
     min_shed: dict[str, float] = {}
