@@ -78,6 +78,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.bench.oracle_joint import JointTooLargeError, joint_groups, plan_group, share_points
 from controller.bench.profile import PoolProfile, pool_model, request_work_s
 from controller.bench.runner import Progress, RunResult, run_closed_loop
 from controller.perf.catalogue import SKUS
@@ -131,8 +132,10 @@ def estimate_send_times(workload: Workload, e2e_s: np.ndarray) -> np.ndarray:
     return send
 
 
-def pool_shares(scenario: Scenario, workload: Workload) -> dict[str, np.ndarray]:
-    """Per pool, the expected share (0..1) of each request it serves, as the router splits traffic."""
+def pool_shares(scenario: Scenario, workload: Workload, *, full_share: bool = False) -> dict[str, np.ndarray]:
+    """Per pool, the expected share (0..1) of each request it serves, as the router splits traffic.
+
+    `full_share`: as if each pool took all of its hop's traffic in its group (the joint oracle's unit)."""
     names = sorted({p.group for p in scenario.pools})
     group_of_task = np.asarray(workload.task_id) % len(names)
     out: dict[str, np.ndarray] = {}
@@ -141,8 +144,8 @@ def pool_shares(scenario: Scenario, workload: Workload) -> dict[str, np.ndarray]
         in_group = (group_of_task == gi).astype(np.float64)
         for tier in ("first", "decode"):
             pools = [p for p in members if (p.role == "decode") == (tier == "decode")]
-            weights = [p.traffic_weight for p in pools]
-            total = sum(weights)
+            weights = [1.0 if full_share else p.traffic_weight for p in pools]
+            total = 1.0 if full_share else sum(weights)
             if total <= 0:
                 weights, total = [1.0] * len(pools), float(len(pools))
             for p, w in zip(pools, weights, strict=True):
@@ -151,21 +154,29 @@ def pool_shares(scenario: Scenario, workload: Workload) -> dict[str, np.ndarray]
 
 
 def pool_demands(scenario: Scenario, workload: Workload, profiles: Mapping[str, PoolProfile],
-                 work_s: Mapping[str, np.ndarray] | None = None) -> dict[str, PoolDemand]:
-    """Each pool's demand: estimated send times and cost-weighted shares of the workload's requests."""
+                 work_s: Mapping[str, np.ndarray] | None = None, *, full_share: bool = False) -> dict[str, PoolDemand]:
+    """Each pool's demand: estimated send times and cost-weighted shares of the workload's requests.
+
+    A request weighs on a pool by that pool's work for it (its model and SKU), relative to the
+    mix's mean; a prefill or decode pool counts only its own phase of the work (`request_work_s`
+    part), so a mix moving to longer prompts raises the prefill pool's demand, not the decode
+    pool's. `work_s` (whole-request work, per pool) is used for mixed pools only.
+    `full_share`: every pool's demand as if it took all of its group's traffic (`pool_shares`)."""
     out_tokens = np.asarray(workload.trace.output_tokens, dtype=np.float64)
     ttft = float(np.mean([p.ttft_p50_at_capacity_s for p in profiles.values()]))
     tpot = float(np.mean([p.tpot_p50_at_capacity_s for p in profiles.values()]))
     send = estimate_send_times(workload, ttft + np.maximum(out_tokens - 1, 0) * tpot)
     order = np.argsort(send, kind="stable")
-    shares = pool_shares(scenario, workload)
+    shares = pool_shares(scenario, workload, full_share=full_share)
     out: dict[str, PoolDemand] = {}
     for spec in scenario.pools:
-        w = work_s.get(spec.name) if work_s else None
+        w = work_s.get(spec.name) if work_s and spec.role == "mixed" else None
         if w is None:
             w = request_work_s(pool_model(spec), workload.trace.prompt_tokens, workload.trace.output_tokens,
-                               max_num_batched_tokens=spec.engine.max_num_batched_tokens)
-        weight = (w / float(np.mean(w))) * shares[spec.name]
+                               max_num_batched_tokens=spec.engine.max_num_batched_tokens,
+                               part="both" if spec.role == "mixed" else spec.role)
+        mean = float(np.mean(w)) if len(w) else 0.0
+        weight = (w / mean if mean > 0 else np.ones_like(w)) * shares[spec.name]
         out[spec.name] = PoolDemand(spec.name, send[order], weight[order])
     return out
 
@@ -221,6 +232,7 @@ class PoolPlan:
     need: tuple[int, ...]  # the lower bound per window
     planned_cost_usd: float
     capped_windows: int  # windows whose need exceeded max_replicas
+    shares: tuple[float, ...] = ()  # per window, the pool's share of its group (joint oracle); () = the scenario's
 
 
 def plan_cost(replicas: Sequence[int], initial: int, *, window_s: float, usd_per_s: float, startup_s: float,
@@ -360,9 +372,12 @@ class SchedulePolicy:
     breaker_config = None
 
     def __init__(self, targets: Mapping[str, Sequence[tuple[float, int]]],
-                 routing: Mapping[str, RoutingWeights]) -> None:
+                 routing: Mapping[str, RoutingWeights],
+                 weights: Mapping[str, Sequence[tuple[float, float]]] | None = None) -> None:
         self.targets = {p: tuple((float(t), int(n)) for t, n in pts) for p, pts in targets.items()}
         self.routing = dict(routing)
+        # (time, traffic weight) change points per pool (the joint oracle's split); absent: the scenario's
+        self.weights = {p: tuple((float(t), float(w)) for t, w in pts) for p, pts in (weights or {}).items()}
 
     def initial_state(self) -> None:
         return None
@@ -371,6 +386,13 @@ class SchedulePolicy:
         pts = self.targets[pool]
         times = [t for t, _ in pts]
         i = int(np.searchsorted(times, now_s, side="right")) - 1
+        return pts[max(i, 0)][1]
+
+    def weight_at(self, pool: str, now_s: float, default: float) -> float:
+        pts = self.weights.get(pool)
+        if not pts:
+            return default
+        i = int(np.searchsorted([t for t, _ in pts], now_s, side="right")) - 1
         return pts[max(i, 0)][1]
 
     def decide(self, state: None, inp: PolicyInput, rng: np.random.Generator) -> tuple[None, PolicyOutput]:
@@ -382,7 +404,8 @@ class SchedulePolicy:
             n = self.target_at(spec.name, inp.now_s)
             r = self.routing[spec.name]
             pools[spec.name] = PoolDecision(replicas=n, prefix_weight=r.prefix_weight, queue_weight=r.queue_weight,
-                                            kv_weight=r.kv_weight)
+                                            kv_weight=r.kv_weight,
+                                            traffic_weight=self.weight_at(spec.name, inp.now_s, 1.0))
             reasons.append(Reason("oracle_schedule", f"hindsight schedule: {n} replicas", pool=spec.name,
                                   data={"replicas": n}))
         return state, PolicyOutput(pools=pools, reasons=tuple(reasons), diagnostics={"policy": "oracle"})
@@ -506,9 +529,37 @@ def burst_rates(d: PoolDemand, window_s: float, burst_window_s: float, n_windows
 
 def plan_all(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: Mapping[str, PoolProfile], *,
              margin: float, window_s: float, n_windows: int, burst_window_s: float | None = None,
-             tick_s: float = 15.0) -> dict[str, PoolPlan]:
-    plans = {}
+             tick_s: float = 15.0, full_demands: Mapping[str, PoolDemand] | None = None) -> dict[str, PoolPlan]:
+    """Every pool's schedule at `margin`. With `full_demands` (each pool's demand at share 1), the
+    first-hop pools of a route group with two or more of them are planned jointly with their
+    split (controller/bench/oracle_joint.py); a group too large for the joint grid keeps the
+    scenario's split."""
+    plans: dict[str, PoolPlan] = {}
+    if full_demands is not None:
+        for group in joint_groups(scenario):
+            units, extras, prices, drains = [], [], [], []
+            for spec in group:
+                prof = profiles[spec.name]
+                rates = burst_rates(full_demands[spec.name], window_s, burst_window_s or window_s, n_windows)
+                units.append(margin * rates / prof.capacity.rps)
+                extras.append(fault_extra(scenario, spec.name, n_windows, window_s=window_s, tick_s=tick_s))
+                prices.append(usd_per_replica_s(spec))
+                drains.append(drain_estimate_s(prof))
+            try:
+                gp = plan_group(group, units, usd_per_s=prices, drain_s=drains, window_s=window_s, extra=extras)
+            except JointTooLargeError:
+                continue
+            for spec in group:
+                reps = gp.replicas[spec.name]
+                need = tuple(int(x) for x in np.ceil(np.asarray(units[group.index(spec)])
+                                                     * np.asarray(gp.shares[spec.name]) - 1e-9))
+                plans[spec.name] = PoolPlan(spec.name, reps, need, plan_cost(
+                    reps, spec.replicas, window_s=window_s, usd_per_s=usd_per_replica_s(spec),
+                    startup_s=spec.startup_cold_s, drain_s=drain_estimate_s(profiles[spec.name])),
+                    gp.capped_windows, gp.shares[spec.name])
     for spec in scenario.pools:
+        if spec.name in plans:
+            continue
         prof = profiles[spec.name]
         rates = burst_rates(demands[spec.name], window_s, burst_window_s or window_s, n_windows)
         extra = fault_extra(scenario, spec.name, n_windows, window_s=window_s, tick_s=tick_s)
@@ -524,7 +575,8 @@ def drain_estimate_s(prof: PoolProfile) -> float:
 
 def candidates(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: Mapping[str, PoolProfile], *,
                window_s: float, n_windows: int, margins: Sequence[float], burst_windows_s: Sequence[float],
-               static: Mapping[str, int], static_cost: float, tick_s: float = 15.0) -> list[Candidate]:
+               static: Mapping[str, int], static_cost: float, tick_s: float = 15.0,
+               full_demands: Mapping[str, PoolDemand] | None = None) -> list[Candidate]:
     """Every (burst window, margin) schedule, cheapest planned first; none planned dearer than static."""
     out: list[Candidate] = []
     seen: set[tuple] = set()
@@ -532,7 +584,7 @@ def candidates(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: 
     for bw in burst_windows_s:
         for m in margins:
             plans = plan_all(scenario, demands, profiles, margin=m, window_s=window_s, n_windows=n_windows,
-                             burst_window_s=bw, tick_s=tick_s)
+                             burst_window_s=bw, tick_s=tick_s, full_demands=full_demands)
             planned = sum(p.planned_cost_usd for p in plans.values())
             if planned >= static_cost:
                 if static_plans is None:
@@ -540,7 +592,7 @@ def candidates(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: 
                                     for n, p in plans.items()}
                     out.append(Candidate(static_cost, m, bw, True, static_plans))
                 continue
-            key = tuple(p.replicas for p in plans.values())
+            key = tuple((p.replicas, p.shares) for p in plans.values())
             if key in seen:
                 continue
             seen.add(key)
@@ -557,7 +609,8 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
                margins: Sequence[float] = MARGINS, burst_windows_s: Sequence[float] = BURST_WINDOWS_S,
                targets: Mapping[str, float] = TASK_SLO_TARGETS, max_replays: int | None = None,
                repair_rounds: int = REPAIR_ROUNDS, static: Mapping[str, int] | None = None,
-               progress: Callable[[str], Progress | None] | None = None) -> OracleResult:
+               progress: Callable[[str], Progress | None] | None = None,
+               full_demands: Mapping[str, PoolDemand] | None = None, label: str = "oracle") -> OracleResult:
     """Plan candidate schedules, replay, repair and bisect; return the cheapest replayed schedule that meets the SLO.
 
     1. Bisect the DP candidates (sorted by planned cost) on "meets the task targets": the
@@ -574,6 +627,9 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
     profiled peak size; the bench passes the size it verified by replay).
     `max_replays` bounds the bisection's replays (repairs have their own bound). If nothing
     meets, the schedule with the smallest worst-class shortfall is returned with slo_met = false.
+    `full_demands` (`pool_demands(..., full_share=True)`) makes it the joint oracle: the split of
+    each multi-pool route group is scheduled with the replicas (`plan_all`) and replayed as
+    traffic weights; `label` names the replays ("oracle-joint").
     """
     if max_replays is not None and max_replays < 1:
         raise ValueError(f"max_replays must be >= 1 (got {max_replays})")
@@ -593,19 +649,24 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
 
     static_cost = planned({s.name: [static[s.name]] * n_windows for s in scenario.pools})
     cands = candidates(scenario, demands, profiles, window_s=window_s, n_windows=n_windows, margins=margins,
-                       burst_windows_s=burst_windows_s, static=static, static_cost=static_cost, tick_s=tick_s)
+                       burst_windows_s=burst_windows_s, static=static, static_cost=static_cost, tick_s=tick_s,
+                       full_demands=full_demands)
     routing = schedule_routing(scenario)
     check_from_s = slo_check_from_s(scenario, tick_s)
     tried: list[dict[str, Any]] = []
+    run_label = label
 
-    def play(c: Candidate, label: str) -> tuple[bool, float, RunResult]:
+    def play(c: Candidate, what: str) -> tuple[bool, float, RunResult]:
         targets_t = {n: schedule_targets(scenario.pool(n), p.replicas, window_s=window_s, tick_s=tick_s)
                      for n, p in c.plans.items()}
-        run = run_closed_loop(scenario, SchedulePolicy(targets_t, routing), seed=seed, tick_s=tick_s,
-                              workload=workload, label="oracle", slo_check_from_s=check_from_s,
-                              progress=progress(label) if progress else None)
+        weights = {n: share_points(p.shares, window_s=window_s) for n, p in c.plans.items() if p.shares}
+        policy = SchedulePolicy(targets_t, routing, weights)
+        policy.name = run_label
+        run = run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s,
+                              workload=workload, label=run_label, slo_check_from_s=check_from_s,
+                              progress=progress(what) if progress else None)
         ok, worst = task_slo_ok(run, targets)
-        tried.append({"label": label, "margin": c.margin, "burst_window_s": c.burst_window_s,
+        tried.append({"label": what, "margin": c.margin, "burst_window_s": c.burst_window_s,
                       "fallback_static": c.fallback_static, "repaired": c.repaired,
                       "planned_cost_usd": c.planned_cost_usd, "cost_usd": run.summary.get("cost_usd"),
                       "task_slo_attainment": dict(run.extra.get("task_slo_attainment_checked") or {}),
@@ -617,8 +678,8 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
     def replay(i: int) -> bool:
         if i not in results:
             c = cands[i]
-            label = "oracle static" if c.fallback_static else f"oracle ×{c.margin:g}/{c.burst_window_s:g}s"
-            results[i] = play(c, label)
+            what = f"{run_label} static" if c.fallback_static else f"{run_label} ×{c.margin:g}/{c.burst_window_s:g}s"
+            results[i] = play(c, what)
         return results[i][0]
 
     budget = max_replays if max_replays is not None else len(cands)
@@ -672,7 +733,7 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
             plans = {n: replace(p, replicas=reps[n], planned_cost_usd=pool_planned(n, reps[n]))
                      for n, p in cur_c.plans.items()}
             cur_c = replace(cur_c, planned_cost_usd=cost, plans=plans, repaired=r + 1)
-            ok, worst, cur_run = play(cur_c, f"oracle repair {r + 1}")
+            ok, worst, cur_run = play(cur_c, f"{run_label} repair {r + 1}")
             played.append((cur_c, ok, worst, cur_run))
             if ok:
                 break
@@ -691,6 +752,7 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
                   "dearer_than_static": c.planned_cost_usd > static_cost + 1e-9, "window_s": window_s,
                   "candidates": len(cands), "replays": len(tried), "tried": tried,
                   "schedule": {n: list(p.replicas) for n, p in c.plans.items()},
+                  "split": {n: [round(float(x), 4) for x in p.shares] for n, p in c.plans.items() if p.shares},
                   "capped_windows": {n: p.capped_windows for n, p in c.plans.items()}})
     return OracleResult(run=replace(run, extra=extra), candidate=c, slo_met=ok, static_planned_cost_usd=static_cost,
                         tried=tuple(tried))

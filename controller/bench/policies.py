@@ -14,12 +14,13 @@ arrivals, and a bursty trace's cost can move by 10 % between draws.
 Policy names: the registered ones (static, hpa, kpa, sla-planner, scorer-kpa,
 slo-feedback, and mpc once it is registered — picked up when it builds, silently
 left out otherwise), the variants below, and "oracle" (always run unless a
-`--policies` list leaves it out). Scenario-dependent parameters come from the
-profile: `replicas` (static) = peak demand / capacity, raised one replica per pool at
-a time until a replay meets the oracle's task targets (at most `STATIC_VERIFY_ROUNDS`
-more replays; "static peak provisioning" is a fleet that serves the peak, checked, not
-an estimate that may fall short); `capacity` (SLA planner, and any policy that takes
-it) = the profiled ReplicaCapacity.
+`--policies` list leaves it out), plus "oracle-joint" where a route group has two or more
+first-hop pools (the oracle that also schedules the split between them; oracle_joint.py).
+Scenario-dependent parameters come from the profile: `replicas` (static) = peak demand /
+capacity, raised one replica per pool at a time until a replay meets the oracle's task
+targets (at most `STATIC_VERIFY_ROUNDS` more replays; "static peak provisioning" is a
+fleet that serves the peak, checked, not an estimate that may fall short); `capacity` (SLA
+planner, and any policy that takes it) = the profiled ReplicaCapacity.
 
 Exit codes: 0 done; 2 bad scenario, unknown policy, or a pool that cannot meet its
 SLO at any load. Must not: write anywhere but --out (and its .cache), or read the
@@ -49,6 +50,7 @@ from controller.bench.oracle import (
     static_replicas,
     task_slo_ok,
 )
+from controller.bench.oracle_joint import joint_groups
 from controller.bench.profile import PoolProfile, ProfileError, pool_model, profile_scenario, request_work_s
 from controller.bench.report import build_report, render_seeds_table, render_table, summarise_seeds, write_png
 from controller.bench.runner import Progress, RunResult, run_closed_loop, run_policy
@@ -73,6 +75,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "mpc-learned": ("mpc", {"planning_model": "learned"}),
 }
 ORACLE = "oracle"
+# The joint oracle: replicas and each multi-pool route group's split (controller/bench/oracle_joint.py);
+# listed by default where a route group has two or more first-hop pools.
+ORACLE_JOINT = "oracle-joint"
+REFERENCE_LABELS = (ORACLE, ORACLE_JOINT)
 MPC = "mpc"
 STATIC = "static"
 STATIC_VERIFY_ROUNDS = 6  # extra static replays, one more replica per pool each, before giving up
@@ -154,6 +160,8 @@ def default_policies(scenario: Scenario) -> list[str]:
     if mpc_available(scenario):
         out.append(MPC)
     out.append(ORACLE)
+    if joint_groups(scenario):
+        out.append(ORACLE_JOINT)
     return out
 
 
@@ -164,7 +172,7 @@ def resolve(label: str) -> tuple[str, dict[str, Any]]:
         return base, dict(params)
     if label in POLICY_NAMES or label == MPC:
         return label, {}
-    valid = [*POLICY_NAMES, *VARIANTS, ORACLE]
+    valid = [*POLICY_NAMES, *VARIANTS, *REFERENCE_LABELS]
     raise BenchError(f"unknown policy {label!r}; valid policies: {', '.join(valid)}")
 
 
@@ -240,7 +248,7 @@ def parse_policies(text: str | None, scenario: Scenario) -> list[str]:
         raise BenchError("--policies: give at least one policy name")
     seen: list[str] = []
     for label in labels:
-        if label != ORACLE:
+        if label not in REFERENCE_LABELS:
             resolve(label)
         if label == MPC and not mpc_available(scenario):
             raise BenchError("policy 'mpc' is not available (not registered, or it does not build for this scenario)")
@@ -281,12 +289,12 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
     lap("profile")
     runs: list[RunResult] = []
     static_run: RunResult | None = None
-    if STATIC in labels or ORACLE in labels:
+    if STATIC in labels or ORACLE in labels or ORACLE_JOINT in labels:
         verified, static_run, _ = verify_static(ctx, tick_s=tick_s, progress=progress)
         ctx = replace(ctx, static_replicas=verified)
         lap("static (verified)")
     for label in labels:
-        if label == ORACLE:
+        if label in REFERENCE_LABELS:
             continue
         if label == STATIC and static_run is not None:
             runs.append(static_run)
@@ -303,6 +311,12 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
                                seed=seed, tick_s=tick_s, progress=progress, max_replays=oracle_max_replays,
                                static=ctx.static_replicas).run)
         lap(ORACLE)
+    if ORACLE_JOINT in labels:
+        full = pool_demands(scenario, ctx.workload, ctx.profiles, full_share=True)
+        runs.append(run_oracle(scenario, workload=ctx.workload, profiles=ctx.profiles, demands=ctx.demands,
+                               seed=seed, tick_s=tick_s, progress=progress, max_replays=oracle_max_replays,
+                               static=ctx.static_replicas, full_demands=full, label=ORACLE_JOINT).run)
+        lap(ORACLE_JOINT)
     profiles = profile_summary(ctx)
     for p, d in ctx.demands.items():
         profiles[p]["peak_demand_rps"] = peak_rate(d)

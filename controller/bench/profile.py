@@ -131,8 +131,11 @@ class PoolProfile:
 # --------------------------------------------------------------------------- work estimate
 
 
+WORK_PARTS = ("both", "prefill", "decode")
+
+
 def request_work_s(model: IterationModel, prompt_tokens: np.ndarray, output_tokens: np.ndarray, *,
-                   max_num_batched_tokens: int, decode_batch: int = DECODE_BATCH) -> np.ndarray:
+                   max_num_batched_tokens: int, decode_batch: int = DECODE_BATCH, part: str = "both") -> np.ndarray:
     """Replica-seconds each request costs, from the calibrated iteration model (no cache hits assumed).
 
     Prefill: the prompt in chunks of the token budget, each a step of its own (attention
@@ -140,8 +143,14 @@ def request_work_s(model: IterationModel, prompt_tokens: np.ndarray, output_toke
     of a step decoding `decode_batch` sequences at the request's mean context
     (prompt + output / 2). Example (Llama-3-8B, A100): 2,000 prompt tokens ≈ 0.1 s of
     prefill, and each output token ≈ 0.4 ms at batch 64. It is a relative weight
-    (how much heavier one request is than another), not a latency prediction.
+    (how much heavier one request is than another), not a latency prediction. `part`:
+    "prefill" or "decode" keeps only that phase's work (what a disaggregated pool of that
+    role spends on the request; a mix shifting to longer prompts then moves prefill work,
+    not decode work).
     """
+    if part not in WORK_PARTS:
+        raise ValueError(f"part must be one of {WORK_PARTS} (got {part!r})")
+    pre, dec = part != "decode", part != "prefill"
     budget = int(max_num_batched_tokens)
     out = np.empty(len(prompt_tokens), dtype=np.float64)
     memo: dict[tuple[int, int], float] = {}
@@ -152,13 +161,13 @@ def request_work_s(model: IterationModel, prompt_tokens: np.ndarray, output_toke
         if w is None:
             t = 0.0
             before = 0
-            while before < p:
+            while pre and before < p:
                 c = min(budget, p - before)
                 t += model.step_time_s(c, c * (before + c / 2.0), 0, 0)
                 before += c
             ctx = p + o // 2
             per_token = model.step_time_s(0, 0.0, decode_batch, decode_batch * ctx) / decode_batch
-            w = memo[key] = t + o * per_token
+            w = memo[key] = t + (o * per_token if dec else 0.0)
         out[i] = w
     return out
 

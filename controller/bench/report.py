@@ -9,7 +9,8 @@ other work relies on (`governor bench policies --json`):
                          "gpu_hours", "ttft_p95_s", "tpot_p95_s", "hit_rate", "shed",
                          "failed", ...}}}
 
-with one entry per policy run plus "oracle". "best_baseline" is the cheapest baseline per
+with one entry per policy run plus "oracle" (and "oracle-joint", with "ratio_to_oracle_joint" in
+every entry, where a route group has several pools). "best_baseline" is the cheapest baseline per
 successful task whatever its attainment; "best_baseline_at_slo" the cheapest one that keeps
 at least `SLO_BAR` (99 %) of critical and of standard tasks (None if none does), and each
 entry's "ratio_to_best_baseline_at_slo" compares with it. Nothing time-of-day or wall-clock
@@ -32,6 +33,10 @@ if TYPE_CHECKING:
 
 # Base policies that count as baselines for "ratio to the best baseline" (not Governor's own policies).
 BASELINE_BASES = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa")
+
+# The hindsight references, listed after the policies: the oracle (replicas per pool, the scenario's
+# routing) and the joint oracle (replicas and each route group's split, controller/bench/oracle_joint.py).
+REFERENCES = ("oracle", "oracle-joint")
 
 # The attainment bar for "best baseline at the SLO": the MPC's acceptance (critical and standard).
 SLO_BAR = 0.99
@@ -98,11 +103,14 @@ def add_ratios(entries: dict[str, dict[str, Any]]) -> str | None:
     best = min(baselines, key=lambda n: (baselines[n], n)) if baselines else None
     at_slo = best_baseline_at_slo(entries)
     oracle = entries.get("oracle", {}).get(key)
+    joint = entries.get("oracle-joint", {}).get(key)
     for e in entries.values():
         v = e.get(key)
         e["ratio_to_best_baseline"] = v / baselines[best] if best and _finite(v) else None
         e["ratio_to_best_baseline_at_slo"] = v / entries[at_slo][key] if at_slo and _finite(v) else None
         e["ratio_to_oracle"] = v / oracle if _finite(oracle) and oracle > 0 and _finite(v) else None
+        if "oracle-joint" in entries:
+            e["ratio_to_oracle_joint"] = v / joint if _finite(joint) and joint > 0 and _finite(v) else None
     return best
 
 
@@ -168,17 +176,16 @@ def render_table(report: Mapping[str, Any]):
     for name, just in cols:
         t.add_column(name, justify=just, no_wrap=True)
     pols = report["policies"]
-    order = sorted((n for n in pols if n != "oracle"),
+    order = sorted((n for n in pols if n not in REFERENCES),
                    key=lambda n: (pols[n].get("cost_per_successful_task_usd") is None,
                                   pols[n].get("cost_per_successful_task_usd") or 0.0, n))
-    if "oracle" in pols:
-        order.append("oracle")
+    order += [n for n in REFERENCES if n in pols]
     for n in order:
         e = pols[n]
         att = e["slo_attainment"]
         label = n + (" *" if n == report.get("best_baseline") else "")
         label += " †" if n == report.get("best_baseline_at_slo") else ""
-        if n == "oracle" and e.get("margin") is not None:
+        if n in REFERENCES and e.get("margin") is not None:
             label += _oracle_suffix(e)
         t.add_row(
             label,
@@ -204,11 +211,10 @@ def render_table(report: Mapping[str, Any]):
 def table_markdown(report: Mapping[str, Any]) -> str:
     """The same table as GitHub markdown (for docs/BENCHMARKS.md)."""
     pols = report["policies"]
-    order = sorted((n for n in pols if n != "oracle"),
+    order = sorted((n for n in pols if n not in REFERENCES),
                    key=lambda n: (pols[n].get("cost_per_successful_task_usd") is None,
                                   pols[n].get("cost_per_successful_task_usd") or 0.0, n))
-    if "oracle" in pols:
-        order.append("oracle")
+    order += [n for n in REFERENCES if n in pols]
     head = ("| policy | $/succ. task | × best baseline | × best at SLO | × oracle | succ. tasks | "
             "SLO crit / std / shed | TTFT p50 / p95 s | TPOT p50 / p95 ms | GPU-h | hit rate | "
             "shed / failed / retried | scaling actions |")
@@ -219,7 +225,7 @@ def table_markdown(report: Mapping[str, Any]) -> str:
         label = f"**{n}**" if n == report.get("best_baseline") else n
         if n == report.get("best_baseline_at_slo"):
             label += " †"
-        if n == "oracle" and e.get("margin") is not None:
+        if n in REFERENCES and e.get("margin") is not None:
             label += _oracle_suffix(e)
         tp50 = None if e["tpot_p50_s"] is None else 1000 * e["tpot_p50_s"]
         tp95 = None if e["tpot_p95_s"] is None else 1000 * e["tpot_p95_s"]
@@ -273,7 +279,7 @@ def summarise_seeds(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             at_slo += 1
             rivals = [o[key] for m, o in r["policies"].items()
                       if m != n and base_name(m) in BASELINE_BASES and meets_bar(o) and _finite(o.get(key))]
-            beats += int(n != "oracle" and all(e[key] < v for v in rivals))
+            beats += int(n not in REFERENCES and all(e[key] < v for v in rivals))
         entry: dict[str, Any] = {
             "seeds": len(es),
             key: _spread([e.get(key) for e in es]),
@@ -315,9 +321,8 @@ def render_seeds_table(summary: Mapping[str, Any]):
         c = pols[n][key]
         return c["mean"] if c else math.inf
 
-    order = sorted((n for n in pols if n != "oracle"), key=lambda n: (mean_cost(n), n))
-    if "oracle" in pols:
-        order.append("oracle")
+    order = sorted((n for n in pols if n not in REFERENCES), key=lambda n: (mean_cost(n), n))
+    order += [n for n in REFERENCES if n in pols]
     for n in order:
         e = pols[n]
         c, att, ro = e[key], e["slo_attainment"], e["ratio_to_oracle"]
@@ -331,9 +336,9 @@ def render_seeds_table(summary: Mapping[str, Any]):
             f"{pct(att['critical'], 'mean')} / {pct(att['critical'], 'min')}",
             f"{pct(att['standard'], 'mean')} / {pct(att['standard'], 'min')}",
             pct(att["sheddable"], "mean"),
-            "–" if ro is None or n == "oracle" else escape(f"{ro['mean']:.2f} [{ro['max']:.2f}]"),
+            "–" if ro is None or n in REFERENCES else escape(f"{ro['mean']:.2f} [{ro['max']:.2f}]"),
             f"{e['seeds_at_slo']}/{e['seeds']}",
-            "–" if n == "oracle" else f"{e['seeds_beating_baselines']}/{e['seeds']}",
+            "–" if n in REFERENCES else f"{e['seeds_beating_baselines']}/{e['seeds']}",
             "–" if "crash_recovery_s_max" not in e else
             "never" if e["crash_recovery_s_max"] is None else f"{e['crash_recovery_s_max']:.0f}",
         )
@@ -380,7 +385,7 @@ def write_png(path: Path | str, report: Mapping[str, Any], runs: Sequence[RunRes
               ("hit", "prefix-cache hit rate"))
     cmap = plt.get_cmap("tab10")
     for i, run in enumerate(runs):
-        style = {"color": "black", "linewidth": 2.0, "linestyle": "--"} if run.policy == "oracle" else \
+        style = {"color": "black", "linewidth": 2.0, "linestyle": "--"} if run.policy in REFERENCES else \
                 {"color": cmap(i % 10), "linewidth": 1.2}
         for ax, (what, _) in zip(axes, panels, strict=True):
             xs, ys = _series(run, what)
