@@ -33,12 +33,14 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from controller.bench.oracle import (
     TASK_SLO_TARGETS,
     WINDOW_S,
+    OracleResult,
     SchedulePolicy,
     run_oracle,
     schedule_routing,
@@ -46,6 +48,7 @@ from controller.bench.oracle import (
     slo_check_from_s,
     task_slo_ok,
 )
+from controller.bench.oracle_joint import share_points
 from controller.bench.policies import (
     DEFAULT_OUT,
     DEFAULT_TICK_S,
@@ -62,6 +65,7 @@ from controller.bench.report import _fmt
 from controller.bench.runner import Progress, RunResult, run_closed_loop
 from controller.clock import WallClock
 from controller.sim.scenario import PoolSpecModel, Scenario, ScenarioError, load_scenario
+from controller.sim.workload import Workload
 from controller.types import PRIORITY_CLASSES
 
 if TYPE_CHECKING:
@@ -108,6 +112,50 @@ def lagged_targets(spec: PoolSpecModel, points: Sequence[tuple[float, int]],
         if out[-1][1] != int(n):
             out.append((float(t) + lag_s, int(n)))
     return tuple(out)
+
+
+def lagged_weights(points: Sequence[tuple[float, float]], lag_s: float,
+                   initial: float = 1.0) -> tuple[tuple[float, float], ...]:
+    """(time, traffic weight) change points made `lag_s` later; until the first lands, `initial`.
+    Example: ((0, 0.5), (120, 1.0)) lagged 30 s → ((0, 1.0), (30, 0.5), (150, 1.0))."""
+    if not (math.isfinite(lag_s) and lag_s >= 0):
+        raise ValueError(f"lag_s must be a finite number >= 0 (got {lag_s!r})")
+    if lag_s == 0:
+        return tuple((float(t), float(w)) for t, w in points)
+    out = [(0.0, float(initial))]
+    for t, w in points:
+        if abs(out[-1][1] - float(w)) > 1e-12:
+            out.append((float(t) + lag_s, float(w)))
+    return tuple(out)
+
+
+def reference_lag_s(scenario: Scenario, tick_s: float) -> float:
+    """The lag of the reachable reference: one tick (an online controller sees a change in the next
+    window of telemetry at the earliest) plus the longest warm start-up of the scenario's pools (its
+    replica then still has to start, from a warm node at best: the oracle ordered it a cold start-up
+    ahead). Example: tick 15 s, warm start-ups 30 s and 60 s → 75 s."""
+    return float(tick_s) + max((p.startup_warm_s for p in scenario.pools), default=0.0)
+
+
+def replay_lagged(scenario: Scenario, oracle: OracleResult, *, seed: int, tick_s: float, lag_s: float,
+                  workload: Workload | None = None, label: str = "oracle-lagged",
+                  progress: Progress | None = None) -> RunResult:
+    """The oracle's schedule (replicas and, for the joint oracle, the split) with every change made
+    `lag_s` later, replayed through the same loop. The scenario's split (weight 1) holds until the
+    first lagged split lands."""
+    targets, weights = {}, {}
+    for p in scenario.pools:
+        plan = oracle.candidate.plans[p.name]
+        targets[p.name] = lagged_targets(p, schedule_targets(p, plan.replicas, window_s=WINDOW_S, tick_s=tick_s),
+                                         lag_s)
+        if plan.shares:
+            weights[p.name] = lagged_weights(share_points(plan.shares, window_s=WINDOW_S), lag_s)
+    policy = SchedulePolicy(targets, schedule_routing(scenario), weights)
+    policy.name = label
+    run = run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s, workload=workload, label=label,
+                          slo_check_from_s=slo_check_from_s(scenario, tick_s), progress=progress)
+    extra = {k: v for k, v in run.extra.items() if k != "late_requests"}  # raw arrays: the oracle's repair input
+    return replace(run, extra={**extra, "lag_s": float(lag_s), "lagged": oracle.run.policy})
 
 
 def _entry(run: RunResult) -> dict[str, Any]:

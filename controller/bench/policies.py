@@ -15,7 +15,9 @@ Policy names: the registered ones (static, hpa, kpa, sla-planner, scorer-kpa,
 slo-feedback, and mpc once it is registered — picked up when it builds, silently
 left out otherwise), the variants below, and "oracle" (always run unless a
 `--policies` list leaves it out), plus "oracle-joint" where a route group has two or more
-first-hop pools (the oracle that also schedules the split between them; oracle_joint.py).
+first-hop pools (the oracle that also schedules the split between them; oracle_joint.py) and
+"oracle-lag" (that schedule with every change one tick plus a warm start-up late: the
+reference an online controller can reach; on request for any scenario).
 Scenario-dependent parameters come from the profile: `replicas` (static) = peak demand /
 capacity, raised one replica per pool at a time until a replay meets the oracle's task
 targets (at most `STATIC_VERIFY_ROUNDS` more replays; "static peak provisioning" is a
@@ -42,6 +44,7 @@ from typing import Any
 
 from controller.bench.oracle import (
     TASK_SLO_TARGETS,
+    OracleResult,
     PoolDemand,
     peak_rate,
     pool_demands,
@@ -78,7 +81,10 @@ ORACLE = "oracle"
 # The joint oracle: replicas and each multi-pool route group's split (controller/bench/oracle_joint.py);
 # listed by default where a route group has two or more first-hop pools.
 ORACLE_JOINT = "oracle-joint"
-REFERENCE_LABELS = (ORACLE, ORACLE_JOINT)
+# The reachable reference: the joint oracle's schedule (the plain one's where no group has two pools)
+# with every change one tick plus the longest warm start-up late (oracle_lag.reference_lag_s).
+ORACLE_LAG = "oracle-lag"
+REFERENCE_LABELS = (ORACLE, ORACLE_JOINT, ORACLE_LAG)
 MPC = "mpc"
 STATIC = "static"
 STATIC_VERIFY_ROUNDS = 6  # extra static replays, one more replica per pool each, before giving up
@@ -161,7 +167,7 @@ def default_policies(scenario: Scenario) -> list[str]:
         out.append(MPC)
     out.append(ORACLE)
     if joint_groups(scenario):
-        out.append(ORACLE_JOINT)
+        out += [ORACLE_JOINT, ORACLE_LAG]
     return out
 
 
@@ -289,7 +295,7 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
     lap("profile")
     runs: list[RunResult] = []
     static_run: RunResult | None = None
-    if STATIC in labels or ORACLE in labels or ORACLE_JOINT in labels:
+    if any(x in labels for x in (STATIC, *REFERENCE_LABELS)):
         verified, static_run, _ = verify_static(ctx, tick_s=tick_s, progress=progress)
         ctx = replace(ctx, static_replicas=verified)
         lap("static (verified)")
@@ -306,17 +312,27 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
         except ValueError as exc:
             raise BenchError(f"policy {label}: {exc}") from None
         lap(label)
-    if ORACLE in labels:
-        runs.append(run_oracle(scenario, workload=ctx.workload, profiles=ctx.profiles, demands=ctx.demands,
-                               seed=seed, tick_s=tick_s, progress=progress, max_replays=oracle_max_replays,
-                               static=ctx.static_replicas).run)
-        lap(ORACLE)
-    if ORACLE_JOINT in labels:
-        full = pool_demands(scenario, ctx.workload, ctx.profiles, full_share=True)
-        runs.append(run_oracle(scenario, workload=ctx.workload, profiles=ctx.profiles, demands=ctx.demands,
-                               seed=seed, tick_s=tick_s, progress=progress, max_replays=oracle_max_replays,
-                               static=ctx.static_replicas, full_demands=full, label=ORACLE_JOINT).run)
-        lap(ORACLE_JOINT)
+    joint = bool(joint_groups(scenario))
+    found: dict[str, OracleResult] = {}
+    for label in (ORACLE, ORACLE_JOINT):
+        lagged_base = ORACLE_JOINT if joint else ORACLE
+        if label not in labels and not (ORACLE_LAG in labels and label == lagged_base):
+            continue
+        full = pool_demands(scenario, ctx.workload, ctx.profiles, full_share=True) if label == ORACLE_JOINT else None
+        found[label] = run_oracle(scenario, workload=ctx.workload, profiles=ctx.profiles, demands=ctx.demands,
+                                  seed=seed, tick_s=tick_s, progress=progress, max_replays=oracle_max_replays,
+                                  static=ctx.static_replicas, full_demands=full, label=label)
+        if label in labels:
+            runs.append(found[label].run)
+        lap(label)
+    if ORACLE_LAG in labels:
+        from controller.bench.oracle_lag import reference_lag_s, replay_lagged  # it imports this module
+
+        lag = reference_lag_s(scenario, tick_s)
+        runs.append(replay_lagged(scenario, found[ORACLE_JOINT if joint else ORACLE], seed=seed, tick_s=tick_s,
+                                  lag_s=lag, workload=ctx.workload, label=ORACLE_LAG,
+                                  progress=progress(ORACLE_LAG) if progress else None))
+        lap(ORACLE_LAG)
     profiles = profile_summary(ctx)
     for p, d in ctx.demands.items():
         profiles[p]["peak_demand_rps"] = peak_rate(d)

@@ -9,12 +9,13 @@ other work relies on (`governor bench policies --json`):
                          "gpu_hours", "ttft_p95_s", "tpot_p95_s", "hit_rate", "shed",
                          "failed", ...}}}
 
-with one entry per policy run plus "oracle" (and "oracle-joint", with "ratio_to_oracle_joint" in
-every entry, where a route group has several pools). "best_baseline" is the cheapest baseline per
-successful task whatever its attainment; "best_baseline_at_slo" the cheapest one that keeps
-at least `SLO_BAR` (99 %) of critical and of standard tasks (None if none does), and each
-entry's "ratio_to_best_baseline_at_slo" compares with it. Nothing time-of-day or wall-clock
-dependent goes in it, so two runs with the same seed give identical JSON.
+with one entry per policy run plus "oracle" (and "oracle-joint" and "oracle-lag", with
+"ratio_to_oracle_joint" / "ratio_to_oracle_lag" in every entry, where a route group has several
+pools). "best_baseline" is the cheapest baseline per successful task whatever its attainment;
+"best_baseline_at_slo" the cheapest one that keeps at least `SLO_BAR` (99 %) of critical and of
+standard tasks (None if none does), and each entry's "ratio_to_best_baseline_at_slo" compares
+with it. Nothing time-of-day or wall-clock dependent goes in it, so two runs with the same seed
+give identical JSON.
 Must not: run policies, or write anywhere but the paths it is given.
 """
 
@@ -35,8 +36,9 @@ if TYPE_CHECKING:
 BASELINE_BASES = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa")
 
 # The hindsight references, listed after the policies: the oracle (replicas per pool, the scenario's
-# routing) and the joint oracle (replicas and each route group's split, controller/bench/oracle_joint.py).
-REFERENCES = ("oracle", "oracle-joint")
+# routing), the joint oracle (replicas and each route group's split, controller/bench/oracle_joint.py) and
+# the lagged reference (controller/bench/oracle_lag.py: `replay_lagged`).
+REFERENCES = ("oracle", "oracle-joint", "oracle-lag")
 
 # The attainment bar for "best baseline at the SLO": the MPC's acceptance (critical and standard).
 SLO_BAR = 0.99
@@ -104,6 +106,7 @@ def add_ratios(entries: dict[str, dict[str, Any]]) -> str | None:
     at_slo = best_baseline_at_slo(entries)
     oracle = entries.get("oracle", {}).get(key)
     joint = entries.get("oracle-joint", {}).get(key)
+    lag = entries.get("oracle-lag", {}).get(key)
     for e in entries.values():
         v = e.get(key)
         e["ratio_to_best_baseline"] = v / baselines[best] if best and _finite(v) else None
@@ -111,6 +114,8 @@ def add_ratios(entries: dict[str, dict[str, Any]]) -> str | None:
         e["ratio_to_oracle"] = v / oracle if _finite(oracle) and oracle > 0 and _finite(v) else None
         if "oracle-joint" in entries:
             e["ratio_to_oracle_joint"] = v / joint if _finite(joint) and joint > 0 and _finite(v) else None
+        if "oracle-lag" in entries:
+            e["ratio_to_oracle_lag"] = v / lag if _finite(lag) and lag > 0 and _finite(v) else None
     return best
 
 

@@ -15,7 +15,8 @@ from controller.bench.oracle import (
     run_oracle,
 )
 from controller.bench.oracle_joint import JointTooLargeError, joint_groups, plan_group, share_points
-from controller.bench.policies import ORACLE_JOINT, default_policies, prepare
+from controller.bench.oracle_lag import lagged_weights, reference_lag_s
+from controller.bench.policies import ORACLE_JOINT, ORACLE_LAG, default_policies, prepare, run_bench
 from controller.bench.profile import request_work_s
 from controller.perf.iteration import IterationModel
 from controller.sim.scenario import PoolSpecModel, load_scenario
@@ -192,3 +193,32 @@ def test_joint_oracle_moves_work_to_the_cheaper_pool(tmp_path) -> None:
                        seed=scenario.seed, full_demands=full, label=ORACLE_JOINT, max_replays=2, repair_rounds=1)
     assert again.run.extra["schedule"] == joint.run.extra["schedule"]
     assert again.run.extra.get("split") == joint.run.extra.get("split")
+
+
+def test_lagged_weights_and_the_reference_lag(tmp_path) -> None:
+    assert lagged_weights(((0.0, 0.5), (120.0, 1.0)), 30.0) == ((0.0, 1.0), (30.0, 0.5), (150.0, 1.0))
+    assert lagged_weights(((0.0, 0.5),), 0.0) == ((0.0, 0.5),)
+    with pytest.raises(ValueError, match="lag_s"):
+        lagged_weights(((0.0, 0.5),), float("nan"))
+    scenario = load_scenario(write_scenario(tmp_path))
+    assert reference_lag_s(scenario, 15.0) == 15.0 + 10.0  # tick + the pool's 10 s warm start-up
+
+
+def test_bench_lists_the_joint_references_with_their_ratios(tmp_path) -> None:
+    path = write_scenario(tmp_path, name="bench-two-sku")
+    path.write_text(path.read_text().replace("tasks:\n", TWO_SKU_POOLS + "tasks:\n", 1))
+    scenario = load_scenario(path)
+    report, runs, _ = run_bench(scenario, ["static", ORACLE_JOINT, ORACLE_LAG], seed=scenario.seed,
+                                cache_dir=tmp_path / ".cache", oracle_max_replays=2)
+    pols = report["policies"]
+    assert set(pols) == {"static", ORACLE_JOINT, ORACLE_LAG}  # the joint oracle ran for the lag, unlisted twice
+    lag_run = next(r for r in runs if r.policy == ORACLE_LAG)
+    assert lag_run.extra["lag_s"] == pytest.approx(25.0) and lag_run.extra["lagged"] == ORACLE_JOINT
+    for e in pols.values():
+        assert e["ratio_to_oracle_joint"] is not None and e["ratio_to_oracle_lag"] is not None
+        assert set(e["slo_attainment"]) == {"critical", "standard", "sheddable"}
+    assert pols[ORACLE_JOINT]["ratio_to_oracle_joint"] == pytest.approx(1.0)
+    # reacting a tick and a warm start-up late costs at least what the schedule planned, or loses tasks
+    lag, joint = pols[ORACLE_LAG], pols[ORACLE_JOINT]
+    assert (lag["cost_per_successful_task_usd"] >= 0.98 * joint["cost_per_successful_task_usd"]
+            or lag["successful_tasks"] < joint["successful_tasks"])
