@@ -156,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="directory for the JSON and PNG (default bench-out/)")
     b.add_argument("--tick", dest="tick_s", type=float, default=None, metavar="SECONDS",
                    help="control-loop tick of every replay, simulated seconds (default 15, the daemon's)")
+    b.add_argument("--ablate", action="store_true",
+                   help="also replay the MPC once per lever (affinity, in-flight cap, traffic split, standby, "
+                        "batch caps, admission) with that lever held: the JSON's lever_ablation says how much of "
+                        "the MPC's gain each lever carries")
     b.add_argument("--profile", default="balanced", choices=("cost", "balanced", "latency", "throughput"),
                    help="objective profile every replay runs under, as the daemon's `profile` (only the MPC "
                         "reads it; default balanced)")

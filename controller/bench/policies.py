@@ -55,7 +55,15 @@ from controller.bench.oracle import (
 )
 from controller.bench.oracle_joint import joint_groups
 from controller.bench.profile import PoolProfile, ProfileError, pool_model, profile_scenario, request_work_s
-from controller.bench.report import build_report, render_seeds_table, render_table, summarise_seeds, write_png
+from controller.bench.report import (
+    build_report,
+    meets_bar,
+    policy_entry,
+    render_seeds_table,
+    render_table,
+    summarise_seeds,
+    write_png,
+)
 from controller.bench.runner import Progress, RunResult, run_closed_loop, run_policy
 from controller.clock import WallClock
 from controller.policies.registry import POLICY_NAMES, build_policy, policy_params
@@ -274,12 +282,13 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
               cache_dir: Path | str | None = None, progress: Callable[[str], Progress | None] | None = None,
               scenario_file: str = "", timings: dict[str, float] | None = None,
               oracle_max_replays: int | None = None,
-              profile: str = "balanced") -> tuple[dict[str, Any], list[RunResult], BenchContext]:
+              profile: str = "balanced", ablate: bool = False) -> tuple[dict[str, Any], list[RunResult], BenchContext]:
     """Run every labelled policy (and the oracle if listed); return (report, runs, context).
 
     `timings`, when given, receives the wall seconds of each step (kept out of the report,
     which must not depend on the machine). `profile`: the objective profile of every replay
-    (only the MPC reads it; static and the oracle are schedules).
+    (only the MPC reads it; static and the oracle are schedules). `ablate`: also replay the MPC
+    once per lever of `controller.core.mpc.LEVERS` with that lever held (`lever_ablation`).
     """
     clock = WallClock()
     t = clock.monotonic_s()
@@ -339,7 +348,46 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
         profiles[p]["mean_demand_rps"] = d.total / max(float(d.send_s[-1]) if len(d.send_s) else 1.0, 1.0)
     report = build_report(scenario.name, seed, tick_s, runs, profiles, ctx.static_replicas, scenario_file)
     report["objective_profile"] = profile
+    report["lever_ablation"] = {}
+    if ablate and MPC in labels:
+        from controller.core.mpc import LEVERS
+
+        held: dict[str, RunResult] = {}
+        for lever in LEVERS:
+            label = f"{MPC}-without-{lever}"
+            policy, params = params_for(MPC, ctx)
+            params["planner"] = {**dict(params.get("planner") or {}), "fixed_levers": [lever]}
+            held[lever] = run_policy(scenario, policy, seed=seed, tick_s=tick_s, params=params, workload=ctx.workload,
+                                     label=label, progress=progress(label) if progress else None, profile=profile)
+            lap(label)
+        report["lever_ablation"] = lever_ablation(report, held)
     return report, runs, ctx
+
+
+def lever_ablation(report: Mapping[str, Any], held: Mapping[str, RunResult]) -> dict[str, Any]:
+    """Per lever, the MPC with that lever held against the MPC with every lever, and the share of the
+    MPC's gain over the cheapest baseline at the SLO that the lever carries.
+
+    gain = cost per successful task of the best baseline at the SLO − the MPC's; a lever's share =
+    (its held run's cost − the MPC's) / gain. Example: best baseline 0.010, MPC 0.007, MPC without
+    the traffic split 0.009 → ratio 1.29, share 0.67 (two thirds of the gain comes from the split).
+    A share is null where there is no gain to share (no baseline at the SLO, or the MPC no cheaper).
+    """
+    key = "cost_per_successful_task_usd"
+    pols = report["policies"]
+    mpc = pols.get(MPC, {}).get(key)
+    best = report.get("best_baseline_at_slo")
+    base = pols[best][key] if best else None
+    gain = base - mpc if base is not None and mpc is not None and base > mpc else None
+    levers: dict[str, Any] = {}
+    for lever, run in held.items():
+        e = policy_entry(run)
+        v = e.get(key)
+        levers[lever] = {key: v, "slo_attainment": e["slo_attainment"],
+                         "meets_bar": meets_bar(e),
+                         "ratio_to_mpc": v / mpc if v is not None and mpc else None,
+                         "share_of_gain": (v - mpc) / gain if v is not None and gain else None}
+    return {"mpc": mpc, "best_baseline_at_slo": best, "gain_usd_per_task": gain, "levers": levers}
 
 
 # --------------------------------------------------------------------------- CLI
@@ -457,7 +505,8 @@ def cmd_bench_policies(args: argparse.Namespace) -> int:
         with _Bar(enabled=not getattr(args, "quiet", False)) as bar:
             report, runs, ctx = run_bench(scenario, labels, seed=seed, tick_s=tick_s, cache_dir=out_dir / ".cache",
                                           progress=bar.task, scenario_file=str(args.scenario),
-                                          profile=getattr(args, "profile", "balanced"))
+                                          profile=getattr(args, "profile", "balanced"),
+                                          ablate=bool(getattr(args, "ablate", False)))
     except (BenchError, ProfileError, ScenarioError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

@@ -632,3 +632,46 @@ def test_a_memory_ceiling_leaves_lowering_open():
     capped = solve_burst(pool(batch_review=True, target=6, ready=6, max_batched_tokens=8192)).plan.pools["a"]
     assert free.max_num_batched_tokens < 8192
     assert capped.max_num_batched_tokens == free.max_num_batched_tokens
+
+
+# --------------------------------------------------------------------------- held levers (the bench's ablation)
+
+
+def test_held_traffic_split_balances_replicas_instead_of_moving_work():
+    """Held, the split is what a plain balancer over the hop's replicas gives: each pool's weight is
+    its share of the replicas serving in the first step, whatever split was in force before."""
+    cfg = MpcConfig(max_evaluations=1500, fixed_levers=("traffic_split",))
+    skewed = [pool("a", 0, lo=4, hi=4, target=4, ready=4, traffic_weight=0.9),
+              pool("b", 1, lo=4, hi=4, target=4, ready=4, traffic_weight=0.1)]
+    held = plan(skewed, 25.0, cfg=cfg).plan.pools
+    assert held["a"].traffic_weight == pytest.approx(0.5) and held["b"].traffic_weight == pytest.approx(0.5)
+    uneven = [pool("a", 0, lo=2, hi=2, target=2, ready=2), pool("b", 1, target=4, ready=4, warm_slots=8)]
+    held = plan(uneven, 30.0, cfg=cfg).plan.pools
+    # 4 of b's replicas and 2 of a's serve in the first step (b's new ones are still starting)
+    assert held["b"].traffic_weight / held["a"].traffic_weight == pytest.approx(4 / 2, rel=0.02)
+
+
+@pytest.mark.parametrize("lever, field, in_force", [
+    ("affinity", "prefix_weight", 3.0),
+    ("inflight_cap", "inflight_cap", 0),
+])
+def test_held_router_levers_stay_at_what_is_in_force(lever, field, in_force):
+    """Capacity short (both pools at their maximum): free, the planner caps or moves affinity; held,
+    the plan carries the value in force whatever else it changes."""
+    pools = [pool("a", 0, lo=4, hi=4), pool("b", 1, lo=2, hi=2, target=2, ready=2)]
+    held = plan(pools, 45.0, cfg=MpcConfig(max_evaluations=1500, fixed_levers=(lever,)))
+    for p in held.plan.pools.values():
+        assert getattr(p, field) == in_force
+
+
+def test_held_admission_sheds_only_the_floors():
+    pools = [pool("a", 0, lo=4, hi=4), pool("b", 1, lo=2, hi=2, target=2, ready=2)]
+    free = plan(pools, 45.0)
+    held = plan(pools, 45.0, cfg=MpcConfig(max_evaluations=1500, fixed_levers=("admission",)))
+    assert free.plan.shed["sheddable"] > 0.0  # the lever is pulled when free (test_capacity_short_delays...)
+    assert all(v == 0.0 for v in held.plan.shed.values())  # no floors in this problem: nothing shed
+
+
+def test_unknown_held_lever_is_refused():
+    with pytest.raises(ValueError, match="fixed_levers.*valid"):
+        MpcConfig(fixed_levers=("replicas",))

@@ -37,6 +37,7 @@ or import the simulator.
 
 from controller.core.mpc.levers import delay_ladder, ladder_level
 from controller.core.mpc.problem import (
+    LEVERS,
     ClassInput,
     MpcConfig,
     Plan,
@@ -53,6 +54,7 @@ from controller.core.mpc.solve import solve
 
 __all__ = [
     "ClassInput",
+    "LEVERS",
     "MpcConfig",
     "Plan",
     "PlanProblem",

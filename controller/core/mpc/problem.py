@@ -20,6 +20,14 @@ from controller.core.objective import ObjectiveWeights
 
 Timer = Callable[[], float]
 
+# The levers besides replicas that `MpcConfig.fixed_levers` can hold at what is in force (the bench's
+# lever ablation turns each off in turn; an operator can too): cache affinity (router prefix weight),
+# the per-replica in-flight cap, the traffic split between the pools of a hop (held: every serving
+# replica of the hop gets the same share, as a plain balancer gives), warm standby, engine batch caps,
+# and admission (planned shedding; the breaker's and the feedback layer's shed floors, which are
+# safety rules, still apply).
+LEVERS = ("affinity", "inflight_cap", "traffic_split", "standby", "batch_caps", "admission")
+
 # --------------------------------------------------------------------------- configuration
 
 
@@ -50,6 +58,7 @@ class MpcConfig:
     batch_token_options: tuple[int, ...] = (1024, 2048, 4096, 8192)
     batch_cap_gain: float = 0.1  # a batch-cap change must improve the objective by this share
     terminal_steps: float = 5.0  # extra weight of the last step (the state left behind the horizon)
+    fixed_levers: tuple[str, ...] = ()  # levers (of LEVERS) held at what is in force, never searched
 
     def __post_init__(self) -> None:
         if not (isinstance(self.horizon_steps, int) and 2 <= self.horizon_steps <= 40):
@@ -69,6 +78,9 @@ class MpcConfig:
             raise ValueError(f"mpc.max_evaluations must be >= 50 (got {self.max_evaluations})")
         if not 0 < self.ce_elite_frac < 1:
             raise ValueError(f"mpc.ce_elite_frac must be in (0, 1) (got {self.ce_elite_frac!r})")
+        bad = [x for x in self.fixed_levers if x not in LEVERS]
+        if not isinstance(self.fixed_levers, tuple) or bad:
+            raise ValueError(f"mpc.fixed_levers: unknown lever(s) {bad or self.fixed_levers!r}; valid: {list(LEVERS)}")
         lo, hi = self.prefix_weight_range
         if not 0 <= lo <= hi:
             raise ValueError(f"mpc.prefix_weight_range must be 0 <= lo <= hi (got {self.prefix_weight_range!r})")

@@ -28,6 +28,9 @@ from controller.core.mpc.risk import Risk
 from controller.core.mpc.traffic import Flow, Traffic
 from controller.core.mpc_model import PlanModel
 
+# the candidate arrays each lever of `MpcConfig.fixed_levers` owns (admission owns `shed`)
+_LEVER_FIELDS = {"affinity": ("pw",), "inflight_cap": ("cap",), "standby": ("standby",), "batch_caps": ("mbt", "mns")}
+
 
 class Evaluator:
     """Scores batches of candidates for one problem (each stage precomputes what does not depend on
@@ -82,11 +85,29 @@ class Evaluator:
     def score(self, cand: Candidates, detail: bool = False) -> tuple[np.ndarray, dict[str, Any] | None]:
         """Objective per candidate (inf where not finite); with `detail`, the terms behind it."""
         self.evaluations += cand.n
+        if self.cfg.fixed_levers:
+            self._hold_fixed(cand)
         ready, billed, fresh = self.dynamics.run(cand.repl, cand.standby)
         flow = self.traffic.admit(cand, ready, self.need, self.work)
         pl = self.latency.predict(cand, flow, fresh, self.work, detail)
         v = self.risk.late_share(pl, flow.share)
         return self._objective(cand, ready, billed, flow, pl, v, detail)
+
+    def _hold_fixed(self, cand: Candidates) -> None:
+        """Put the levers `cfg.fixed_levers` names back to what is in force, in place, on every row
+        scored: whatever a search step proposes, a held lever cannot move (admission: no shedding
+        beyond the classes' floors)."""
+        cur = self.cur
+        for lever in self.cfg.fixed_levers:
+            if lever == "admission":
+                cand.shed[:] = np.array([c.min_shed for c in self.prob.classes])[None, :]
+            elif lever == "traffic_split":
+                # every serving replica of a hop gets the same share: a plain balancer over the hop's
+                # replicas (pool weights follow the replicas ready, see Traffic.per_replica_weights)
+                cand.tw[:] = 1.0
+            else:
+                for f in _LEVER_FIELDS[lever]:
+                    getattr(cand, f)[:] = getattr(cur, f)[0][None, :]
 
     def _objective(self, cand: Candidates, ready: np.ndarray, billed: np.ndarray, flow: Flow, pl: PoolLatencies,
                    v: np.ndarray, detail: bool) -> tuple[np.ndarray, dict[str, Any] | None]:

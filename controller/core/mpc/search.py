@@ -158,7 +158,7 @@ def sweep_replicas(s: Search, needs: list[np.ndarray], order: list[int]) -> None
         c.repl[:, j, :] = tpl
         # standby options ride along on the constant-level rows of this pool
         p = ev.prob.pools[j]
-        if not p.frozen and p.hi > 0 and s.cfg.standby_cost_frac < 1.0:
+        if not p.frozen and p.hi > 0 and s.cfg.standby_cost_frac < 1.0 and "standby" not in s.cfg.fixed_levers:
             extra = base.tile(len(tpl))
             extra.repl = c.repl.copy()
             extra.standby = extra.standby.copy()
@@ -239,6 +239,8 @@ def batch_caps(s: Search, needs: list[np.ndarray] | None = None) -> None:
     plan bought under the old caps are not what the new caps need (a smaller batch budget changes
     each replica's capacity)."""
     ev = s.ev
+    if "batch_caps" in s.cfg.fixed_levers:
+        return
     for j, p in enumerate(ev.prob.pools):
         if not p.batch_review or p.frozen or s.left() <= 0 or s.best is None:
             continue
