@@ -675,3 +675,16 @@ def test_held_admission_sheds_only_the_floors():
 def test_unknown_held_lever_is_refused():
     with pytest.raises(ValueError, match="fixed_levers.*valid"):
         MpcConfig(fixed_levers=("replicas",))
+
+
+def test_capacity_moves_to_the_cheaper_pool_of_a_hop():
+    """Two equal pools, one at nearly twice the price: the sweeps pool by pool stay put (taking a
+    replica off the dear pool alone overloads it); a transfer orders replicas on the cheap pool and
+    gives the dear pool's up once they serve, and the cheap pool takes the larger share at once."""
+    pools = [pool("a", 0, lo=1, hi=8, target=4, ready=4, traffic_weight=0.5),
+             pool("b", 1, lo=1, hi=8, target=4, ready=4, traffic_weight=0.5, usd_per_hour=90.0)]
+    r = plan(pools, 25.0)
+    a, b = r.plan.pools["a"], r.plan.pools["b"]
+    assert a.replicas[-1] > b.replicas[-1]  # by the end of the horizon the cheap pool carries more
+    assert a.traffic_weight > b.traffic_weight
+    assert sum(a.replicas) * 49.16 + sum(b.replicas) * 90.0 < sum(b.replicas) * 49.16 + sum(a.replicas) * 90.0

@@ -3,7 +3,8 @@
 `Search` scores batches within the budget (a count of candidate × pool rows, or wall time
 through an injected timer, see MpcConfig) and keeps the best candidate. The moves, run in
 order by `solve`: replica sweeps pool by pool (`sweep_replicas`, templates from
-trajectories.py), the share × delay grid (`delay_sweep`), cross-entropy refinement of the
+trajectories.py), moves of capacity between two pools of a hop (`transfer_replicas`), the
+share × delay grid (`delay_sweep`), cross-entropy refinement of the
 continuous levers (`cross_entropy`), the slow batch-cap lever (`batch_caps`) and putting back
 levers whose change does not pay (`settle`).
 
@@ -165,6 +166,59 @@ def sweep_replicas(s: Search, needs: list[np.ndarray], order: list[int]) -> None
             extra.standby[:, j] = 1.0 if p.standby == 0 else 0.0
             c = Candidates.concat([c, extra])
         s.run(c)
+
+
+# Transfer sizes tried per pair of pools: one or two replicas, then four, then all the pool may give
+# (geometric, so a fleet of any size is covered in a few rows).
+TRANSFER_STEPS = (1, 2, 4)
+
+
+def transfer_replicas(s: Search) -> None:
+    """Move serving capacity between two pools of a hop in one move: m replicas fewer on one, about
+    the capacity they carried more on the other (±1), on the best plan; traffic follows, the weights
+    being per replica. The pool-by-pool sweeps cannot find this: taking replicas off the dearer pool
+    alone overloads it, adding them to the cheaper one alone only adds cost. A pool's capacity per
+    replica is its share of the traffic over the replicas that share needs (`ev.need`, p90); pairs
+    are every pool with the hop's cheapest per unit of capacity, both ways (the cheap pool may be the
+    slow one to start). Example: A100 pool needs 6 for half the load, H100 pool 3 for the other half
+    → one H100 replica carries two A100 replicas' worth: moving 1 off the H100 pool tries +1, +2, +3 A100."""
+    ev = s.ev
+    if s.best is None or ev.need is None or s.left() <= 0:
+        return
+    pools = ev.prob.pools
+    need = np.maximum(ev.need.mean(axis=1), 1e-9)
+    per_replica = np.where(ev.share_now > 0, ev.share_now / need, 0.0)  # share of the traffic one replica carries
+    # the step from which a replica ordered now serves (warm where a warm slot is free, else cold)
+    ready_step = [math.ceil((p.startup_warm_s if p.warm_slots > 0 else p.startup_cold_s) / ev.dt) for p in pools]
+    parts: list[tuple[int, Candidates]] = []
+    for _, m in ev.traffic.hop_masks:
+        idx = [j for j in np.flatnonzero(m) if not pools[j].frozen and pools[j].lo < pools[j].hi]
+        if len(idx) < 2 or not all(per_replica[j] > 0 for j in idx):
+            continue
+        cheap = min(idx, key=lambda j: (pools[j].usd_per_hour / per_replica[j], j))
+        for other in idx:
+            if other == cheap:
+                continue
+            for src, dst in ((other, cheap), (cheap, other)):
+                base = s.best
+                give = int(np.max(base.repl[0, src]) - pools[src].lo)
+                steps = sorted({x for x in (*TRANSFER_STEPS, give) if 1 <= x <= give})
+                for k in steps:
+                    carried = k * per_replica[src] / per_replica[dst]
+                    for add in {max(math.ceil(carried) + d, 0) for d in (-1, 0, 1)}:
+                        c = base.tile(1)
+                        c.repl = c.repl.copy()
+                        # the source gives its replicas up once the destination's are serving
+                        at = min(ready_step[dst], ev.H - 1)
+                        c.repl[0, src, at:] = np.clip(c.repl[0, src, at:] - k, pools[src].lo, pools[src].hi)
+                        c.repl[0, dst] = np.clip(c.repl[0, dst] + add, pools[dst].lo, pools[dst].hi)
+                        parts.append((k, c))
+    if parts:
+        # at most a quarter of the budget left, the smallest transfers first: on a large fleet the
+        # pairs are many, and the later moves (delay grid, cross-entropy) need their share
+        parts.sort(key=lambda x: x[0])
+        room = max(s.left() // 4, 1)
+        s.run(Candidates.concat([c for _, c in parts[:room]]))
 
 
 def cross_entropy(s: Search) -> None:

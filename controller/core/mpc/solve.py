@@ -19,7 +19,15 @@ import numpy as np
 from controller.core.mpc.candidates import Candidates
 from controller.core.mpc.problem import MpcConfig, Plan, PlanProblem, PlanResult, PoolPlan, Timer
 from controller.core.mpc.score import Evaluator
-from controller.core.mpc.search import Search, batch_caps, cross_entropy, delay_sweep, settle, sweep_replicas
+from controller.core.mpc.search import (
+    Search,
+    batch_caps,
+    cross_entropy,
+    delay_sweep,
+    settle,
+    sweep_replicas,
+    transfer_replicas,
+)
 from controller.core.mpc.trajectories import need_per_step
 from controller.core.mpc_model import PlanModel
 
@@ -109,9 +117,11 @@ def solve(problem: PlanProblem, model: PlanModel, config: MpcConfig, rng: np.ran
     s.best_J = float(s.score(s.best)[0])  # rescore: shedding now releases once capacity is ready
     delay_sweep(s)
     sweep_replicas(s, needs, order)
+    transfer_replicas(s)
     delay_sweep(s)
     cross_entropy(s)
     sweep_replicas(s, needs, order)
+    transfer_replicas(s)
     delay_sweep(s)
     batch_caps(s, needs)
     settle(s)
