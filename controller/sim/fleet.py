@@ -178,6 +178,18 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
         a.queue_budget = int(queue_budget)
         a.shed_frac = float(shed_frac)
 
+    def set_tenant_quota(self, tenant: str, *, rate_rps: float) -> None:
+        """Change a tenant's quota (0 = none); the bucket keeps its tokens, capped at the new burst."""
+        names = self.workload.tenant_names
+        if tenant not in names:
+            raise ValueError(f"unknown tenant {tenant!r}; tenants are {list(names)}")
+        if not (isinstance(rate_rps, (int, float)) and math.isfinite(rate_rps) and rate_rps >= 0):
+            raise ValueError(f"set_tenant_quota({tenant!r}): rate_rps = {rate_rps!r} must be a finite number >= 0")
+        q = self.router.tenants[names.index(tenant)]
+        q.settle(self.now_s)  # at the old rate first
+        q.rate_rps = float(rate_rps)
+        q.tokens = min(q.tokens, q.cap)
+
     def set_pool_target(self, pool: str, *, replicas: int, warm_standby: int | None = None,
                         max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None) -> None:
         p = self._pool(pool)

@@ -73,6 +73,21 @@ class PoolSummary:
 
 
 @dataclass(frozen=True)
+class TenantSummary:
+    """One tenant's outcome. Cost is the fleet's cost split by the prompt + output tokens of each
+    tenant's completed requests (a token-share attribution, as a chargeback report would do it)."""
+
+    tasks: int
+    successful_tasks: int
+    slo_attainment: Mapping[str, float]  # per class of its tasks: succeeded / tasks
+    quota_shed: int  # over-quota requests shed (every attempt counted)
+    quota_delayed: int  # over-quota requests queued for a token
+    cost_share: float  # 0..1
+    cost_usd: float
+    cost_per_successful_task_usd: float
+
+
+@dataclass(frozen=True)
 class SimSummary:
     scenario: str
     seed: int
@@ -97,6 +112,7 @@ class SimSummary:
     preemptions: int
     scaling_actions: int  # target changes (replicas or warm standby) applied
     per_pool: Mapping[str, PoolSummary] = field(default_factory=dict)
+    per_tenant: Mapping[str, TenantSummary] = field(default_factory=dict)  # empty without tenants
 
     def to_dict(self) -> dict:
         """JSON-ready: NaN becomes None."""
@@ -222,7 +238,37 @@ class AccountingMixin(FleetBase):
             ttft_p50_s=pct(ttft, 50), ttft_p95_s=pct(ttft, 95), tpot_p50_s=pct(tpot, 50), tpot_p95_s=pct(tpot, 95),
             hit_rate=hits / queries if queries else math.nan, shed=self._shed, failed=self._failed,
             retried=self._retried, timed_out=self._timed_out, preemptions=int(preempt),
-            scaling_actions=self._scaling_actions, per_pool=per_pool)
+            scaling_actions=self._scaling_actions, per_pool=per_pool, per_tenant=self._tenant_summaries(cost))
+
+    def _tenant_summaries(self, cost: float) -> dict[str, TenantSummary]:
+        wl = self.workload
+        if wl.tenant is None:
+            return {}
+        names = wl.tenant_names
+        k = len(names)
+        n_cls = len(PRIORITY_CLASSES)
+        task_tenant = np.zeros(self._n_tasks, dtype=np.int64)
+        task_tenant[wl.task_id] = wl.tenant
+        cell = task_tenant * n_cls + self._task_prio
+        tasks = np.bincount(cell, minlength=k * n_cls).reshape(k, n_cls)
+        ok = self._task_ok & self._task_resolved
+        succ = np.bincount(cell[ok], minlength=k * n_cls).reshape(k, n_cls)
+        done = self._status == 1
+        tokens = (wl.trace.prompt_tokens + wl.trace.output_tokens).astype(np.float64)
+        used = np.bincount(wl.tenant[done], weights=tokens[done], minlength=k)
+        shares = used / used.sum() if used.sum() > 0 else np.zeros(k)
+        out = {}
+        for j, name in enumerate(names):
+            att = {c: float(succ[j, c_i]) / int(tasks[j, c_i]) if tasks[j, c_i] else math.nan
+                   for c_i, c in enumerate(PRIORITY_CLASSES) if c in self.scenario.classes or tasks[j, c_i]}
+            q = self.router.tenants[j]
+            n_succ = int(succ[j].sum())
+            c_usd = cost * float(shares[j])
+            out[name] = TenantSummary(
+                tasks=int(tasks[j].sum()), successful_tasks=n_succ, slo_attainment=att, quota_shed=q.shed,
+                quota_delayed=q.delayed, cost_share=float(shares[j]), cost_usd=c_usd,
+                cost_per_successful_task_usd=c_usd / n_succ if n_succ else math.nan)
+        return out
 
     def resolved_attainment(self) -> tuple[dict[str, float], int]:
         """Per class, the share of the tasks resolved so far (every step done, or one failed or late)

@@ -13,6 +13,8 @@ generator chooses), or change replicas' lifecycle (fleet_lifecycle does).
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import numpy as np
 
 from controller.sim.engine import Replica
@@ -30,8 +32,9 @@ from controller.sim.engine_records import (
     ReplicaBase,
     Req,
 )
-from controller.sim.fleet_events import EV_HOLD_EXPIRE, EV_RETRY, EV_SEND, EV_TIMEOUT, EV_TRANSFER
+from controller.sim.fleet_events import EV_ADMIT, EV_HOLD_EXPIRE, EV_RETRY, EV_SEND, EV_TIMEOUT, EV_TRANSFER
 from controller.sim.fleet_records import INF, FleetBase, PoolRT
+from controller.sim.router import PoolRoute, TenantQuotaState
 from controller.sim.scenario import Scenario
 from controller.sim.stats import ClassStepStats
 from controller.types import PRIORITY_CLASSES
@@ -101,6 +104,48 @@ class ClientsMixin(FleetBase):
         self._slo_tpot = [s[1] for s in slos]
         # per class: list indexed by step (grown on demand)
         self._cells: list[list[ClassStepStats | None]] = [[None] * 1 for _ in PRIORITY_CLASSES]
+        self._init_tiers(scenario)
+        self._init_tenants(scenario)
+
+    def _init_tiers(self, scenario: Scenario) -> None:
+        """Tier rules: per route group, hop and class, the eligible pools for each range of the task's draw u.
+
+        For one (group, hop, class) the pools' eligible shares sorted ascending are the cuts; a
+        request with draw u may use the pools whose share is > u, i.e. those with share >= the
+        first cut above u: `lists[bisect_right(cuts, u)]` (validation guarantees a share of 1)."""
+        wl = self.workload
+        self._tier_u: list[float] | None = wl.tier_u.tolist() if wl.tier_u is not None else None
+        self._tier_tables: list[tuple[list[tuple[list[float], list[list[PoolRoute]]]], ...]] = []
+        if self._tier_u is None:
+            return
+        for g in self._groups:
+            hops = []
+            for routes in (g.first, g.decode):
+                per_class = []
+                for c in PRIORITY_CLASSES:
+                    share = {id(rt): self._pool_of_route[rt].spec.eligible_share(c) for rt in routes}
+                    cuts = sorted({v for v in share.values() if v > 0.0})
+                    lists = [[rt for rt in routes if share[id(rt)] >= cut] for cut in cuts]
+                    per_class.append((cuts, lists))
+                hops.append(per_class)
+            self._tier_tables.append(tuple(hops))
+
+    def _eligible(self, r: Req, hop: int, routes: list[PoolRoute]) -> list[PoolRoute]:
+        """The routes of `routes` (the group's first-hop or decode pools) request `r` may use."""
+        if self._tier_u is None:
+            return routes
+        cuts, lists = self._tier_tables[r.group][hop][r.prio]
+        k = bisect_right(cuts, self._tier_u[r.idx])
+        return lists[k] if k < len(lists) else routes  # k == len only if validation was bypassed
+
+    def _init_tenants(self, scenario: Scenario) -> None:
+        wl = self.workload
+        self._tenant: list[int] | None = wl.tenant.astype(np.int64).tolist() if wl.tenant is not None else None
+        self.router.tenants = []
+        for name in wl.tenant_names:
+            t = scenario.tenants[name]
+            queue = tuple(t.over_quota.get(c, "shed") == "queue" for c in PRIORITY_CLASSES)
+            self.router.tenants.append(TenantQuotaState(t.quota_rps, t.quota_burst_s, queue, tuple(self._slo_ttft)))
 
     def _new_req(self, i: int) -> Req:
         prompt = self._prompt[i]
@@ -135,15 +180,32 @@ class ClientsMixin(FleetBase):
         r.streamed = False
         r.state = IDLE
         self.push(now + self._timeout_s, EV_TIMEOUT, r, r.attempt)
+        r.cell.arrivals += 1
+        tenant = self._tenant
+        if tenant is not None:
+            wait = self.router.tenants[tenant[r.idx]].admit(r.prio, now)
+            if wait < 0.0:
+                self._on_shed(r, 429)
+                return
+            if wait > 0.0:
+                self.push(now + wait, EV_ADMIT, r, r.attempt)
+                return
+        self._admit_and_route(r)
+
+    def _on_admit(self, r: Req, attempt: int) -> None:
+        """A request queued for its tenant's quota token: its token is due now."""
+        if r.attempt == attempt and r.state == IDLE:
+            self._admit_and_route(r)
+
+    def _admit_and_route(self, r: Req) -> None:
         cell = r.cell
-        cell.arrivals += 1
-        code = self.router.admit(r.prio, now)
+        code = self.router.admit(r.prio, self.now_s)
         if code:
             self._on_shed(r, code)
             return
         cell.admitted += 1
         g = self._groups[r.group]
-        route = self.router.choose(g.first)
+        route = self.router.choose(self._eligible(r, 0, g.first) if self._tier_u is not None else g.first)
         p = self._pool_of_route[route]
         p.requests += 1
         p.win_arrivals += 1
@@ -264,7 +326,7 @@ class ClientsMixin(FleetBase):
     def _on_transfer(self, r: Req, attempt: int) -> None:
         if r.attempt != attempt or r.state != TRANSFER:
             return
-        route = self.router.choose(self._groups[r.group].decode)
+        route = self.router.choose(self._eligible(r, 1, self._groups[r.group].decode))
         r.t_queued = self.now_s
         self._dispatch(r, self._pool_of_route[route], MODE_DECODE_ONLY)
 

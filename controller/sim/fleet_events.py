@@ -20,7 +20,8 @@ from controller.sim.engine_records import EV_KICK, EV_SEG_END, IDLE
 from controller.sim.fleet_records import INF, STARTING, FleetBase
 
 # event kinds (1 and 2 are the engine's)
-EV_SEND, EV_RETRY, EV_READY, EV_TIMEOUT, EV_HOLD_EXPIRE, EV_TRANSFER, EV_FAULT, EV_SLOW_END, EV_SAMPLE = range(3, 12)
+(EV_SEND, EV_RETRY, EV_READY, EV_TIMEOUT, EV_HOLD_EXPIRE, EV_TRANSFER, EV_FAULT, EV_SLOW_END, EV_SAMPLE,
+ EV_ADMIT) = range(3, 13)
 
 
 class EventsMixin(FleetBase):
@@ -84,6 +85,8 @@ class EventsMixin(FleetBase):
                         inst.engine.set_slow(1.0, t)
                 elif kind == EV_SAMPLE:
                     self._sample()
+                elif kind == EV_ADMIT:
+                    self._on_admit(ev[3], ev[4])
             else:
                 if ta > t_end or ta == INF:
                     break

@@ -11,8 +11,17 @@ Admission, per priority class, in this order (first rejection wins):
      requests of its class are held; beyond that it is rejected (503). Held requests
      are dispatched as soon as a replica has room; after `hold_timeout_s` they get 503.
 
+Tenant quota (scenarios with `tenants:`), checked before the class admission: a token bucket
+per tenant refilled at `quota_rps`, holding `quota_burst_s` seconds of tokens (at least 1). A request that
+finds it empty is, per its class's `over_quota`, shed at once (429) or queued: it takes the next
+token ahead (the bucket goes negative) and is sent on when that token is due, unless that is
+more than `max_wait_s` away (its class's TTFT SLO: later, it has missed the SLO before it
+starts), then it is shed. E.g. 2 rps, empty bucket: the next two queued requests wait 0.5 s
+and 1 s.
+
 Pool choice: within a route group a pool is drawn with probability proportional
-to its traffic_weight (seeded); all weights zero means equal weights.
+to its traffic_weight (seeded) among the pools the request is eligible for (the pools'
+`eligible` tier rule; all pools without one); all weights zero means equal weights.
 
 Replica choice among the pool's ready replicas below the in-flight cap:
 
@@ -40,6 +49,8 @@ import numpy as np
 
 from controller.sim.engine import Replica
 from controller.sim.engine_records import HELD, Req
+from controller.sim.scenario import Scenario
+from controller.sim.workload import Workload
 from controller.types import PRIORITY_CLASSES
 
 N_CLASSES = len(PRIORITY_CLASSES)
@@ -78,6 +89,53 @@ class ClassAdmissionState:
         cap = self.rate_limit_rps if self.rate_limit_rps > 1.0 else 1.0
         self.tokens = cap
         self.t_last_s = now_s
+
+
+@dataclass
+class TenantQuotaState:
+    """Quota token bucket of one tenant, and what happens to its over-quota requests per class."""
+
+    rate_rps: float  # 0 = no quota
+    burst_s: float  # bucket depth, seconds of quota
+    queue: tuple[bool, ...]  # per class: queue (True) or shed (False) over quota
+    max_wait_s: tuple[float, ...]  # per class: longest a queued request may wait for its token
+    tokens: float = 1.0
+    t_last_s: float = 0.0
+    shed: int = 0  # over-quota requests shed
+    delayed: int = 0  # over-quota requests queued
+
+    def __post_init__(self) -> None:
+        self.tokens = self.cap
+
+    @property
+    def cap(self) -> float:
+        c = self.rate_rps * self.burst_s
+        return c if c > 1.0 else 1.0  # at least one request
+
+    def settle(self, now_s: float) -> None:
+        """Refill the bucket up to now_s."""
+        rate = self.rate_rps
+        cap = self.cap
+        tokens = self.tokens + (now_s - self.t_last_s) * rate
+        self.tokens = tokens if tokens < cap else cap
+        self.t_last_s = now_s
+
+    def admit(self, prio: int, now_s: float) -> float:
+        """0: within quota; > 0: queued, send after this many seconds; < 0: shed (429)."""
+        rate = self.rate_rps
+        if rate <= 0.0:
+            return 0.0
+        self.settle(now_s)
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        wait = (1.0 - self.tokens) / rate
+        if not self.queue[prio] or wait > self.max_wait_s[prio]:
+            self.shed += 1
+            return -1.0
+        self.tokens -= 1.0
+        self.delayed += 1
+        return wait
 
 
 class PoolRoute:
@@ -186,6 +244,7 @@ class Router:
         self.rng = rng
         self.classes = [ClassAdmissionState() for _ in PRIORITY_CLASSES]
         self.pools: dict[str, PoolRoute] = {}
+        self.tenants: list[TenantQuotaState] = []  # index = the workload's tenant index
 
     def admit(self, prio: int, now_s: float) -> int:
         """0 if admitted, else the HTTP status of the rejection (429)."""
@@ -219,3 +278,39 @@ class Router:
             if x < acc and w > 0.0:
                 return p
         return positive[-1]
+
+
+def expected_pool_shares(scenario: Scenario, workload: Workload) -> dict[str, np.ndarray]:
+    """Per pool, the expected share (0..1) of each workload request it serves, as `Router.choose` splits
+    traffic: task t goes to route group t mod n (groups sorted by name); within a group and hop (first
+    hop: prefill and mixed pools; decode pools) the request's eligible pools (tier rules) share it by
+    traffic_weight (all zero: equally). For planners and the bench, which size pools from demand."""
+    names = sorted({p.group for p in scenario.pools})
+    group_of_task = np.asarray(workload.task_id) % len(names)
+    prio = np.asarray(workload.priority)
+    u = workload.tier_u if workload.tier_u is not None else np.zeros(len(workload))
+    out: dict[str, np.ndarray] = {}
+    for gi, g in enumerate(names):
+        members = [p for p in scenario.pools if p.group == g]
+        in_group = (group_of_task == gi).astype(np.float64)
+        for hop_decode in (False, True):
+            pools = [p for p in members if (p.role == "decode") == hop_decode]
+            if not pools:
+                continue
+            weights = np.array([p.traffic_weight for p in pools], dtype=np.float64)
+            if weights.sum() <= 0:
+                weights = np.ones(len(pools))
+            elig = np.zeros((len(pools), len(workload)), dtype=bool)
+            for j, p in enumerate(pools):
+                share = np.array([p.eligible_share(c) for c in PRIORITY_CLASSES])
+                elig[j] = u < share[prio]
+            none = ~elig.any(axis=0)
+            elig[:, none] = True  # a request no pool may take (only where validation was bypassed) goes anywhere
+            w = elig * weights[:, None]
+            total = w.sum(axis=0)
+            zero = total <= 0
+            w[:, zero] = elig[:, zero]  # eligible pools all at weight 0: equal shares, as choose() does
+            total = w.sum(axis=0)
+            for j, p in enumerate(pools):
+                out[p.name] = in_group * (w[j] / total)
+    return out

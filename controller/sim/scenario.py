@@ -8,6 +8,7 @@ against the scenario file's directory.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -78,6 +79,32 @@ class ServeGenSpec(_Strict):
         return self
 
 
+class MixShiftSpec(_Strict):
+    """A prompt/output mix that moves during the run (for prefill/decode splits), resampled from the trace itself.
+
+    The trace's (prompt, output) pairs are split at the median of prompt/output into a prefill-heavy
+    half (long prompt for its output) and a decode-heavy half. Each request keeps its arrival time and
+    gets a pair drawn (seeded, with replacement) from the prefill-heavy half with probability
+    `prefill_heavy_frac(t)`, linear between the points `(at_s[k], prefill_heavy_frac[k])` (after time
+    scaling; constant before the first and after the last point), else from the decode-heavy half.
+    0.5 everywhere keeps the trace's own mix in distribution. Nothing is invented: every pair is one
+    the trace holds."""
+
+    at_s: list[float] = Field(min_length=1)
+    prefill_heavy_frac: list[float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _points(self) -> MixShiftSpec:
+        if len(self.at_s) != len(self.prefill_heavy_frac):
+            raise ValueError(f"at_s ({len(self.at_s)} points) and prefill_heavy_frac "
+                             f"({len(self.prefill_heavy_frac)}) must have the same length")
+        if any(b <= a for a, b in zip(self.at_s, self.at_s[1:], strict=False)) or self.at_s[0] < 0:
+            raise ValueError(f"at_s must be >= 0 and strictly increasing (got {self.at_s})")
+        if any(not 0.0 <= f <= 1.0 for f in self.prefill_heavy_frac):
+            raise ValueError(f"prefill_heavy_frac values must be in [0, 1] (got {self.prefill_heavy_frac})")
+        return self
+
+
 class TraceSpec(_Strict):
     path: str
     format: Literal["auto", "azure", "mooncake", "servegen", "jsonl", "csv"] = "auto"
@@ -89,6 +116,7 @@ class TraceSpec(_Strict):
     prefixes: SyntheticPrefixSpec | None = None
     servegen: ServeGenSpec | None = None
     surge: SurgeSpec | None = None
+    mix_shift: MixShiftSpec | None = None  # traces without their own hash ids only
 
 
 class EngineSpec(_Strict):
@@ -120,6 +148,13 @@ class PoolSpecModel(_Strict):
     traffic_weight: float = Field(default=1.0, ge=0)
     region: str = ""
     node_gpus: int = Field(default=8, ge=1)  # GPUs per node (for the DCGM exporter view)
+    # Tier rule: the share of each class's tasks this pool may serve (class → 0..1; a class not
+    # listed: 1, all of it). A task draws u ~ U[0, 1) once (seeded); it may go to this pool iff
+    # u < eligible[class], so with {critical: 0, standard: 0.5} half of the standard tasks (the
+    # same half for every pool with 0.5) and no critical one may land here. traffic_weight then
+    # splits only the traffic eligible for several pools. What may go to a smaller model is a
+    # product decision (its quality), stated here, not modelled.
+    eligible: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpecModel:
@@ -132,7 +167,17 @@ class PoolSpecModel(_Strict):
             )
         if self.tp > self.node_gpus:
             raise ValueError(f"tp ({self.tp}) must be <= node_gpus ({self.node_gpus})")
+        unknown = set(self.eligible) - set(PRIORITY_CLASSES)
+        if unknown:
+            raise ValueError(f"eligible: unknown priority class {sorted(unknown)}; allowed: {list(PRIORITY_CLASSES)}")
+        bad = {c: v for c, v in self.eligible.items() if not 0.0 <= v <= 1.0}
+        if bad:
+            raise ValueError(f"eligible: shares must be in [0, 1] (got {bad})")
         return self
+
+    def eligible_share(self, priority_class: str) -> float:
+        """Share of `priority_class`'s tasks this pool may serve (1 unless the tier rule says less)."""
+        return self.eligible.get(priority_class, 1.0)
 
 
 class AdmissionSpec(_Strict):
@@ -180,10 +225,12 @@ class TaskSpec(_Strict):
     are found by prefix reuse (every Mooncake request shares block 0, so that block
     is not the key; see controller/sim/workload.py), otherwise steps_min..steps_max
     consecutive requests. workflow: steps_min..steps_max consecutive requests; step
-    i+1 is sent think_time_s after step i returns.
+    i+1 is sent think_time_s after step i returns. agentic (traces with their own hash
+    ids): every trace request becomes one task of steps_min..steps_max calls whose
+    prompts are growing prefixes of that request's prompt (controller/sim/workload.py).
     """
 
-    kind: Literal["single", "session", "workflow"] = "single"
+    kind: Literal["single", "session", "workflow", "agentic"] = "single"
     steps_min: int = Field(default=1, ge=1, le=64)
     steps_max: int = Field(default=1, ge=1, le=64)
     think_time_s: float = Field(default=0.0, ge=0)
@@ -193,6 +240,47 @@ class TaskSpec(_Strict):
         if self.steps_min > self.steps_max:
             raise ValueError(f"steps_min ({self.steps_min}) must be <= steps_max ({self.steps_max})")
         return self
+
+
+OverQuota = Literal["shed", "queue"]
+
+
+def _default_over_quota() -> dict[str, OverQuota]:
+    return {"critical": "queue", "standard": "queue", "sheddable": "shed"}
+
+
+class TenantSpec(_Strict):
+    """One tenant: its share of the tasks, its class mix, its quota and an optional surge of its own.
+
+    quota_rps: a token bucket per tenant, refilled at quota_rps and holding quota_burst_s seconds of
+    tokens (at least one), checked after the class admission (controller/sim/router.py). A request over quota is,
+    per class, `shed` (429 at once; the client may retry) or `queue`d: it takes the next token ahead
+    of time and is sent on when that token is due, unless that is later than its class's TTFT SLO (a
+    request delayed that long has missed its SLO before it starts), then it is shed."""
+
+    share: float = Field(gt=0, le=1)  # fraction of the trace's requests from this tenant
+    classes: dict[str, float] | None = None  # class mix of its tasks; None: the scenario's class shares
+    quota_rps: float = Field(default=0.0, ge=0)  # 0 = no quota
+    # Bucket depth in seconds of quota: API rate limits are stated per minute (requests per minute),
+    # so a minute's worth may arrive at once; a shorter depth turns a bursty tenant's bursts away.
+    quota_burst_s: float = Field(default=60.0, gt=0)
+    over_quota: dict[str, OverQuota] = Field(default_factory=_default_over_quota)
+    surge: SurgeSpec | None = None  # this tenant's rate alone multiplied (copies of its own requests)
+
+    @model_validator(mode="after")
+    def _mix(self) -> TenantSpec:
+        for what, keys in (("classes", set(self.classes or {})), ("over_quota", set(self.over_quota))):
+            unknown = keys - set(PRIORITY_CLASSES)
+            if unknown:
+                raise ValueError(f"{what}: unknown priority class {sorted(unknown)}; allowed: {list(PRIORITY_CLASSES)}")
+        if self.classes is not None:
+            total = sum(self.classes.values())
+            if any(v < 0 for v in self.classes.values()) or abs(total - 1.0) > 1e-6:
+                raise ValueError(f"classes: shares must be >= 0 and sum to 1 (got {total:g})")
+        return self
+
+    def class_shares(self, default: dict[str, float]) -> dict[str, float]:
+        return dict(self.classes) if self.classes is not None else dict(default)
 
 
 class ClientSpec(_Strict):
@@ -230,6 +318,7 @@ class Scenario(_Strict):
     tasks: TaskSpec = TaskSpec()
     clients: ClientSpec = ClientSpec()
     faults: list[FaultSpec] = Field(default_factory=list)
+    tenants: dict[str, TenantSpec] = Field(default_factory=dict)  # none: one anonymous tenant
     catalogue: CatalogueSettings = CatalogueSettings()  # models and SKUs beyond the built-in catalogue
     base_dir: str = Field(default=".", exclude=True)  # directory of the file; set by load_scenario
 
@@ -265,7 +354,44 @@ class Scenario(_Strict):
         for g, roles in groups.items():
             if ("prefill" in roles) != ("decode" in roles):
                 raise ValueError(f"pools: group {g!r} has a prefill pool without a decode pool (or the reverse)")
+        self._check_tiers()
+        self._check_tenants()
         return self
+
+    def _check_tiers(self) -> None:
+        """Every task must have a pool: per route group and hop, some pool takes all of each class."""
+        used = [c for c, spec in self.classes.items() if spec.share > 0]
+        for t in self.tenants.values():
+            used += [c for c, v in (t.classes or {}).items() if v > 0]
+        for g in sorted({p.group for p in self.pools}):
+            for hop in ("first", "decode"):
+                members = [p for p in self.pools if p.group == g and (p.role == "decode") == (hop == "decode")]
+                if not members:
+                    continue
+                for c in sorted(set(used)):
+                    if max(p.eligible_share(c) for p in members) < 1.0:
+                        names = [p.name for p in members]
+                        raise ValueError(
+                            f"pools: in route group {g!r} no {'decode' if hop == 'decode' else 'first-hop'} pool "
+                            f"takes every {c!r} task (eligible < 1 on all of {names}); give one of them "
+                            f"eligible.{c}: 1 (or leave it out)")
+
+    def _check_tenants(self) -> None:
+        if not self.tenants:
+            return
+        for name in self.tenants:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", name):
+                raise ValueError(f"tenants: name {name!r} must be lowercase letters, digits and '-' (<= 63)")
+        total = sum(t.share for t in self.tenants.values())
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"tenants: shares must sum to 1 (got {total:g})")
+        if self.tasks.kind == "session":
+            raise ValueError("tenants: tasks.kind session is not supported with tenants (conversations are "
+                             "found across the whole trace); use single, workflow or agentic")
+        for name, t in self.tenants.items():
+            for c, v in (t.classes or {}).items():
+                if v > 0 and c not in self.classes:
+                    raise ValueError(f"tenants.{name}.classes: class {c!r} has no SLO under classes:")
 
     def trace_path(self) -> Path:
         p = Path(self.trace.path)

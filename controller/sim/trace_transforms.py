@@ -1,5 +1,6 @@
-"""Trace transforms, in `load_trace`'s order: window, compress (time_scale), scale_rate, surge, and
-synthetic prefixes for traces without their own block ids.
+"""Trace transforms, in `load_trace`'s order: window, compress (time_scale), scale_rate, surge, mix
+shift, and synthetic prefixes for traces without their own block ids (the workload adds per-tenant
+surges with `add_surge_where`).
 
 Each returns a new `Trace` (or the same one when it does nothing); every random choice uses the
 Generator passed in. Must not: read files or know any format.
@@ -12,7 +13,7 @@ import math
 
 import numpy as np
 
-from controller.sim.scenario import SurgeSpec, SyntheticPrefixSpec
+from controller.sim.scenario import MixShiftSpec, SurgeSpec, SyntheticPrefixSpec
 from controller.sim.trace_types import FreshIds, Trace, TraceError
 
 
@@ -87,7 +88,44 @@ def add_surge(trace: Trace, surge: SurgeSpec, rng: np.random.Generator) -> Trace
     return _add_copies(trace, extra, rng)
 
 
+def add_surge_where(trace: Trace, surge: SurgeSpec, mask: np.ndarray,
+                    rng: np.random.Generator) -> tuple[Trace, np.ndarray]:
+    """`add_surge` for the requests where `mask` holds (one tenant's): returns the new trace and, per
+    request of it, the index of its source request in `trace` (copies name their original)."""
+    extra = np.where(mask, surge_multiplier(trace.arrival_s, surge) - 1.0, 0.0)
+    if not np.any(extra > 0):
+        return trace, np.arange(len(trace))
+    return _add_copies_src(trace, extra, rng)
+
+
+def mix_shift(trace: Trace, spec: MixShiftSpec, rng: np.random.Generator, source: str = "trace") -> Trace:
+    """Resample each request's (prompt, output) pair so the mix moves as `spec` says (see MixShiftSpec).
+
+    The halves split at the median of prompt/output (ties by index, so they are equal in size);
+    arrivals are kept. Example: prefill_heavy_frac 0.2 at 0 s and 0.8 at 3,600 s → at 1,800 s half
+    the requests carry a pair from the prefill-heavy half."""
+    if trace.block_hashes is not None:
+        raise TraceError(f"{source}: trace.mix_shift: the trace has its own hash_ids; resampled lengths would "
+                         "not match them (use a trace without hash ids, with trace.prefixes)")
+    n = len(trace)
+    if n < 2:
+        raise TraceError(f"{source}: trace.mix_shift needs at least 2 requests")
+    ratio = trace.prompt_tokens / np.maximum(trace.output_tokens, 1)
+    order = np.argsort(ratio, kind="stable")
+    decode_heavy, prefill_heavy = order[: n // 2], order[n // 2:]
+    frac = np.interp(trace.arrival_s, spec.at_s, spec.prefill_heavy_frac)
+    heavy = rng.random(n) < frac
+    pick = np.where(heavy, prefill_heavy[rng.integers(0, len(prefill_heavy), n)],
+                    decode_heavy[rng.integers(0, len(decode_heavy), n)])
+    return Trace(trace.name, trace.arrival_s, np.ascontiguousarray(trace.prompt_tokens[pick]),
+                 np.ascontiguousarray(trace.output_tokens[pick]), None, trace.hash_block_tokens)
+
+
 def _add_copies(trace: Trace, extra: np.ndarray, rng: np.random.Generator) -> Trace:
+    return _add_copies_src(trace, extra, rng)[0]
+
+
+def _add_copies_src(trace: Trace, extra: np.ndarray, rng: np.random.Generator) -> tuple[Trace, np.ndarray]:
     """Request i gets floor(extra_i) copies, plus one with probability frac(extra_i).
 
     A copy keeps the original's token counts and lands uniformly in the original's neighbourhood
@@ -104,7 +142,7 @@ def _add_copies(trace: Trace, extra: np.ndarray, rng: np.random.Generator) -> Tr
     counts = base + (rng.random(len(extra)) < (extra - base)).astype(np.int64)
     src = np.repeat(np.arange(len(trace)), counts)
     if src.size == 0:
-        return trace
+        return trace, np.arange(len(trace))
     t = trace.arrival_s
     lo_cell = np.concatenate([[t[0]], (t[:-1] + t[1:]) / 2])
     hi_cell = np.concatenate([(t[:-1] + t[1:]) / 2, [t[-1]]])
@@ -131,7 +169,7 @@ def _add_copies(trace: Trace, extra: np.ndarray, rng: np.random.Generator) -> Tr
         block_hashes=tuple(hashes[i] for i in order) if hashes is not None else None,
         hash_block_tokens=trace.hash_block_tokens,
     )
-    return merged
+    return merged, all_src
 
 
 def add_synthetic_prefixes(

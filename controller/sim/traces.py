@@ -23,7 +23,8 @@ Transforms, applied in this order by `load_trace`:
   2. time_scale: arrival_s /= time_scale (24 turns a day into an hour, and multiplies the rate by 24);
   3. rate_scale: < 1 keeps each request with that probability; > 1 adds copies (see `scale_rate`);
   4. surge: extra copies so the rate is multiplied by a ramped factor for a while (`add_surge`);
-  5. synthetic prefixes, only for traces without their own hash ids (`add_synthetic_prefixes`).
+  5. mix shift: resample (prompt, output) pairs so the length mix moves over time (`mix_shift`);
+  6. synthetic prefixes, only for traces without their own hash ids (`add_synthetic_prefixes`).
 
 Block-id invariant: when `block_hashes` is not None, request i has exactly
 ceil(prompt_tokens[i] / hash_block_tokens) ids (a generic trace with fewer gets fresh unique ids
@@ -46,7 +47,7 @@ from controller.sim.scenario import ServeGenSpec, TraceSpec
 from controller.sim.trace_csv import AZURE_COLUMNS, GENERIC_COLUMNS, read_azure, read_generic_csv
 from controller.sim.trace_jsonl import read_jsonl
 from controller.sim.trace_servegen import read_servegen_rates, servegen_arrivals
-from controller.sim.trace_transforms import add_surge, add_synthetic_prefixes, compress, scale_rate, window
+from controller.sim.trace_transforms import add_surge, add_synthetic_prefixes, compress, mix_shift, scale_rate, window
 from controller.sim.trace_types import MOONCAKE_BLOCK_TOKENS, Trace, TraceError
 
 
@@ -71,6 +72,8 @@ def load_trace(spec: TraceSpec, base_dir: Path, rng: np.random.Generator) -> Tra
     trace = scale_rate(trace, spec.rate_scale, rng, source=str(path))
     if spec.surge is not None:
         trace = add_surge(trace, spec.surge, rng)
+    if spec.mix_shift is not None:
+        trace = mix_shift(trace, spec.mix_shift, rng, source=str(path))
     if spec.prefixes is not None:
         trace = add_synthetic_prefixes(trace, spec.prefixes, rng, source=str(path))
     return trace

@@ -23,8 +23,25 @@ Rules (requests stay in trace order; a task's requests are its steps, in trace o
   steps_min/steps_max do not apply: the data decides.
 - session on a trace without its own hash ids (Azure, ServeGen, synthetic prefixes): grouped
   like workflow (consecutive requests, steps uniform in [steps_min, steps_max]).
+- agentic, on a trace with its own hash ids (Mooncake): every trace request becomes one task of
+  S calls, S uniform in [steps_min, steps_max]; call k (0-based) sends the first
+  max(1, round(prompt × (k + 1) / S)) tokens of that request's prompt with the matching leading
+  hash blocks, so each call re-sends the previous call's context and adds to it (an agent loop
+  re-reading its history and tool output) and the last call is the trace's request itself. The
+  last call keeps the request's output length; earlier calls draw theirs from the trace's output
+  lengths (seeded). Example: a 12,000-token prompt in 4 calls sends 3,000, 6,000, 9,000 and
+  12,000 tokens, the first 5, 11, 17 and 23 512-token blocks shared with the call before.
+  Shared system-prompt blocks across tasks stay shared, as in the trace.
+- Tenants (`scenario.tenants`): each request of the loaded trace draws a tenant by share (its
+  own stream); a tenant's `surge` then adds copies of that tenant's requests only (controller/
+  sim/trace_transforms.py `add_surge_where`); workflow tasks group consecutive requests of one
+  tenant. A task's class is drawn from its tenant's class mix.
+- Tier draw: when a pool has an `eligible` rule, each task draws u ~ U[0, 1) (its own stream),
+  shared by its steps; the router sends it only to pools with u < eligible[class].
 - Priorities: each task draws a class with probability `scenario.classes[c].share` (classes
   not listed have share 0); every request of a task gets its task's class.
+- Streams beyond the first three (tenants, agentic output draws, tier draws) are spawned after
+  them, so a scenario without those features draws exactly what it drew before.
 - Timing (the engine's job, stated here for reference): step 0 is sent at its trace arrival; step
   k > 0 is sent `think_time_s` after step k − 1 finished successfully, its own arrival_s ignored.
 """
@@ -37,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from controller.sim.scenario import Scenario, TaskSpec
+from controller.sim.trace_transforms import add_surge_where
 from controller.sim.trace_types import Trace
 from controller.sim.traces import load_trace
 from controller.types import PRIORITY_CLASSES
@@ -57,11 +75,16 @@ class Workload:
     steps_in_task: np.ndarray  # int32 per request
     think_time_s: float  # delay between a step's completion and the next step's send
     n_tasks: int
+    tenant: np.ndarray | None = None  # int16 per request: index into tenant_names; None without tenants
+    tenant_names: tuple[str, ...] = ()
+    tier_u: np.ndarray | None = None  # float64 per request (its task's draw); None: no tier rules
 
     def __post_init__(self) -> None:
         n = len(self.trace)
-        for name in ("priority", "task_id", "step", "steps_in_task"):
+        for name in ("priority", "task_id", "step", "steps_in_task", "tenant", "tier_u"):
             arr = getattr(self, name)
+            if arr is None:
+                continue
             if len(arr) != n:
                 raise ValueError(f"Workload: {name} has {len(arr)} entries for {n} requests")
             arr.setflags(write=False)
@@ -95,17 +118,45 @@ def build_workload(scenario: Scenario, rng: np.random.Generator) -> Workload:
     trace = load_trace(scenario.trace, Path(scenario.base_dir), trace_rng)
     tasks = scenario.tasks
     own_hashes = trace.block_hashes is not None and scenario.trace.prefixes is None
-    if tasks.kind == "single":
+    tenant_names = tuple(scenario.tenants)
+    tenant: np.ndarray | None = None
+    if tenant_names:
+        trace, tenant = assign_tenants(trace, scenario, rng.spawn(1)[0])
+    if tasks.kind == "agentic":
+        if not own_hashes:
+            raise ValueError(f"{scenario.trace.path}: tasks.kind agentic needs a trace with its own hash_ids "
+                             "(Mooncake): its calls are growing prefixes of a real prompt")
+        trace, src, task_id, step = agentic_tasks(trace, tasks, rng.spawn(1)[0])
+        tenant = tenant[src] if tenant is not None else None
+    elif tasks.kind == "single":
         task_id = np.arange(len(trace), dtype=np.int64)
         step = np.zeros(len(trace), dtype=np.int32)
     elif tasks.kind == "session" and own_hashes:
         task_id, step = conversations(trace)
+    elif tenant is not None:
+        task_id, step = per_tenant_consecutive_tasks(tenant, len(tenant_names), tasks, task_rng)
     else:
         task_id, step = consecutive_tasks(len(trace), tasks, task_rng)
     n_tasks = int(task_id.max()) + 1 if len(task_id) else 0
     steps_in_task = np.bincount(task_id, minlength=n_tasks).astype(np.int32)[task_id]
-    shares = np.array([scenario.classes[c].share if c in scenario.classes else 0.0 for c in PRIORITY_CLASSES])
-    task_class = prio_rng.choice(len(PRIORITY_CLASSES), size=n_tasks, p=shares / shares.sum()).astype(np.int8)
+    default = {c: scenario.classes[c].share if c in scenario.classes else 0.0 for c in PRIORITY_CLASSES}
+    shares = np.array([default[c] for c in PRIORITY_CLASSES])
+    if tenant is None:
+        task_class = prio_rng.choice(len(PRIORITY_CLASSES), size=n_tasks, p=shares / shares.sum()).astype(np.int8)
+    else:
+        task_tenant = np.zeros(n_tasks, dtype=np.int64)
+        task_tenant[task_id] = tenant
+        u = prio_rng.random(n_tasks)
+        task_class = np.zeros(n_tasks, dtype=np.int8)
+        for k, name in enumerate(tenant_names):
+            mix = scenario.tenants[name].class_shares(default)
+            cum = np.cumsum([mix.get(c, 0.0) for c in PRIORITY_CLASSES])
+            mine = task_tenant == k
+            task_class[mine] = np.minimum(np.searchsorted(cum / cum[-1], u[mine], side="right"),
+                                          len(PRIORITY_CLASSES) - 1)
+    tier_u = None
+    if any(p.eligible for p in scenario.pools):
+        tier_u = rng.spawn(1)[0].random(n_tasks)[task_id]
     return Workload(
         trace=trace,
         priority=task_class[task_id],
@@ -114,7 +165,73 @@ def build_workload(scenario: Scenario, rng: np.random.Generator) -> Workload:
         steps_in_task=steps_in_task,
         think_time_s=tasks.think_time_s,
         n_tasks=n_tasks,
+        tenant=tenant.astype(np.int16) if tenant is not None else None,
+        tenant_names=tenant_names,
+        tier_u=tier_u,
     )
+
+
+def assign_tenants(trace: Trace, scenario: Scenario, rng: np.random.Generator) -> tuple[Trace, np.ndarray]:
+    """Draw a tenant per request by share, then add each tenant's own surge. Returns (trace, tenant index)."""
+    names = tuple(scenario.tenants)
+    shares = np.array([scenario.tenants[t].share for t in names])
+    tenant = rng.choice(len(names), size=len(trace), p=shares / shares.sum())
+    for k, name in enumerate(names):
+        surge = scenario.tenants[name].surge
+        if surge is not None:
+            trace, src = add_surge_where(trace, surge, tenant == k, rng)
+            tenant = tenant[src]
+    return trace, tenant.astype(np.int64)
+
+
+def per_tenant_consecutive_tasks(tenant: np.ndarray, n_tenants: int, tasks: TaskSpec,
+                                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """`consecutive_tasks` within each tenant's requests (a task never mixes tenants); ids by first step."""
+    n = len(tenant)
+    task_id = np.zeros(n, dtype=np.int64)
+    step = np.zeros(n, dtype=np.int32)
+    offset = 0
+    for k in range(n_tenants):
+        idx = np.flatnonzero(tenant == k)
+        if idx.size == 0:
+            continue
+        tid, st = consecutive_tasks(idx.size, tasks, rng)
+        task_id[idx] = tid + offset
+        step[idx] = st
+        offset += int(tid.max()) + 1
+    # renumber so tasks are numbered in order of their step 0 (the Workload convention)
+    heads = np.flatnonzero(step == 0)
+    order = np.empty(offset, dtype=np.int64)
+    order[task_id[heads]] = np.arange(heads.size)
+    return order[task_id], step
+
+
+def agentic_tasks(trace: Trace, tasks: TaskSpec,
+                  rng: np.random.Generator) -> tuple[Trace, np.ndarray, np.ndarray, np.ndarray]:
+    """Each request → one task of growing-prefix calls (rules in the module docstring).
+
+    Returns the new trace (a task's calls consecutive, all at the task's arrival), the source
+    request of each call, task ids and steps."""
+    assert trace.block_hashes is not None  # checked by the caller
+    n = len(trace)
+    steps = rng.integers(tasks.steps_min, tasks.steps_max + 1, size=n)
+    src = np.repeat(np.arange(n), steps)
+    starts = np.concatenate([[0], np.cumsum(steps)[:-1]])
+    step = (np.arange(src.size) - starts[src]).astype(np.int32)
+    total = steps[src]
+    prompt_full = trace.prompt_tokens[src].astype(np.int64)
+    prompt = np.maximum(1, np.rint(prompt_full * (step + 1) / total).astype(np.int64))
+    last = step == total - 1
+    prompt[last] = prompt_full[last]
+    drawn = trace.output_tokens[rng.integers(0, n, size=src.size)]
+    output = np.where(last, trace.output_tokens[src], drawn).astype(trace.output_tokens.dtype)
+    b = trace.hash_block_tokens
+    n_blocks = -(-prompt // b)
+    hashes = tuple(trace.block_hashes[i][:k] for i, k in zip(src.tolist(), n_blocks.tolist(), strict=True))
+    new = Trace(name=f"{trace.name}-agentic", arrival_s=np.ascontiguousarray(trace.arrival_s[src]),
+                prompt_tokens=np.ascontiguousarray(prompt), output_tokens=np.ascontiguousarray(output),
+                block_hashes=hashes, hash_block_tokens=b)
+    return new, src, src.astype(np.int64), step
 
 
 def consecutive_tasks(n: int, tasks: TaskSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
