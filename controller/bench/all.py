@@ -38,7 +38,9 @@ WORKERS = 2
 ORACLE_MAX_REPLAYS = 3  # bisection: the nominal schedule, the dearest, one step (repairs add up to
 # oracle.REPAIR_ROUNDS more, and one for the dearest DP schedule when nothing met)
 # Rough relative cost of each scenario (sessions and bursty prompts replay slower): longest first.
-_COST_HINT = {"mooncake": 3.0, "azure-conv": 2.0, "servegen": 2.0, "azure-code": 1.0}
+_COST_HINT = {"mooncake": 3.0, "azure-conv": 2.0, "servegen": 2.0, "azure-code": 1.0,
+              # heterogeneous fleets (30 minutes of trace, several pools: profiles per pool)
+              "tiers": 2.0, "pd-split": 2.0, "mixed-sku": 1.5, "agentic": 1.5, "multi-tenant": 1.0}
 
 
 def scenarios_dir() -> Path:

@@ -84,6 +84,7 @@ from controller.bench.runner import Progress, RunResult, run_closed_loop
 from controller.perf.catalogue import SKUS
 from controller.policies.common import RoutingWeights
 from controller.sim.fleet_lifecycle import WARM_NODE_TTL_S
+from controller.sim.router import expected_pool_shares
 from controller.sim.scenario import PoolSpecModel, Scenario
 from controller.sim.workload import Workload
 from controller.types import PRIORITY_CLASSES, PolicyInput, PolicyOutput, PoolDecision, Reason
@@ -133,24 +134,12 @@ def estimate_send_times(workload: Workload, e2e_s: np.ndarray) -> np.ndarray:
 
 
 def pool_shares(scenario: Scenario, workload: Workload, *, full_share: bool = False) -> dict[str, np.ndarray]:
-    """Per pool, the expected share (0..1) of each request it serves, as the router splits traffic.
+    """Per pool, the expected share (0..1) of each request it serves, as the router splits traffic
+    (route groups, tier rules and traffic weights: controller/sim/router.py `expected_pool_shares`).
 
-    `full_share`: as if each pool took all of its hop's traffic in its group (the joint oracle's unit)."""
-    names = sorted({p.group for p in scenario.pools})
-    group_of_task = np.asarray(workload.task_id) % len(names)
-    out: dict[str, np.ndarray] = {}
-    for gi, g in enumerate(names):
-        members = [p for p in scenario.pools if p.group == g]
-        in_group = (group_of_task == gi).astype(np.float64)
-        for tier in ("first", "decode"):
-            pools = [p for p in members if (p.role == "decode") == (tier == "decode")]
-            weights = [1.0 if full_share else p.traffic_weight for p in pools]
-            total = 1.0 if full_share else sum(weights)
-            if total <= 0:
-                weights, total = [1.0] * len(pools), float(len(pools))
-            for p, w in zip(pools, weights, strict=True):
-                out[p.name] = in_group * (w / total)
-    return out
+    `full_share`: as if each pool took every request of its group and hop that its tier rule lets
+    it serve (the joint oracle's unit)."""
+    return expected_pool_shares(scenario, workload, full_share=full_share)
 
 
 def pool_demands(scenario: Scenario, workload: Workload, profiles: Mapping[str, PoolProfile],

@@ -43,7 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from controller.perf.engines import Catalogue, step_model
 from controller.perf.iteration import IterationModel
+from controller.perf.roofline import Roofline
 from controller.policies.common import tightest_slo
 from controller.policies.sla_planner import ReplicaCapacity, capacity_from_samples
 from controller.sim.fleet import Fleet
@@ -134,7 +136,7 @@ class PoolProfile:
 WORK_PARTS = ("both", "prefill", "decode")
 
 
-def request_work_s(model: IterationModel, prompt_tokens: np.ndarray, output_tokens: np.ndarray, *,
+def request_work_s(model: IterationModel | Roofline, prompt_tokens: np.ndarray, output_tokens: np.ndarray, *,
                    max_num_batched_tokens: int, decode_batch: int = DECODE_BATCH, part: str = "both") -> np.ndarray:
     """Replica-seconds each request costs, from the calibrated iteration model (no cache hits assumed).
 
@@ -172,8 +174,11 @@ def request_work_s(model: IterationModel, prompt_tokens: np.ndarray, output_toke
     return out
 
 
-def pool_model(spec: PoolSpecModel) -> IterationModel:
-    return IterationModel.build(spec.model, spec.sku, spec.tp)
+def pool_model(spec: PoolSpecModel) -> IterationModel | Roofline:
+    """What the simulator times the pool's replicas with: the calibrated model, or the roofline prior for a
+    pair nobody profiled (e.g. an L40S pool), as controller.perf.engines.step_model picks."""
+    cat = Catalogue.builtin()
+    return step_model(cat.model(spec.model), cat.sku(spec.sku), spec.tp)
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -201,8 +206,9 @@ def _profile_scenario(scenario: Scenario, pool: str, duration_s: float) -> Scena
             n = 2 * PROFILE_REPLICAS  # the other half of a prefill/decode pair, sized not to be the bottleneck
         else:
             continue
+        # eligible: {} — a pool's capacity is measured on its own, whichever classes the tier rule lets in
         pools.append(p.model_copy(update={"replicas": n, "min_replicas": n, "max_replicas": max(n, 1),
-                                          "warm_standby": 0, "traffic_weight": 1.0}))
+                                          "warm_standby": 0, "traffic_weight": 1.0, "eligible": {}}))
     return scenario.model_copy(update={
         "name": f"{scenario.name}-profile-{pool}",
         "pools": pools,
@@ -210,6 +216,7 @@ def _profile_scenario(scenario: Scenario, pool: str, duration_s: float) -> Scena
         "duration_s": duration_s,
         "router": scenario.router.model_copy(update={"admission": {}}),
         "clients": scenario.clients.model_copy(update={"max_retries": 0}),
+        "tenants": {},  # capacity is per pool, not per tenant: no quotas, no per-tenant surges
         "tasks": scenario.tasks.model_copy(update={"kind": "single", "steps_min": 1, "steps_max": 1,
                                                    "think_time_s": 0.0}),
     })

@@ -280,11 +280,13 @@ class Router:
         return positive[-1]
 
 
-def expected_pool_shares(scenario: Scenario, workload: Workload) -> dict[str, np.ndarray]:
+def expected_pool_shares(scenario: Scenario, workload: Workload, *, full_share: bool = False) -> dict[str, np.ndarray]:
     """Per pool, the expected share (0..1) of each workload request it serves, as `Router.choose` splits
     traffic: task t goes to route group t mod n (groups sorted by name); within a group and hop (first
     hop: prefill and mixed pools; decode pools) the request's eligible pools (tier rules) share it by
-    traffic_weight (all zero: equally). For planners and the bench, which size pools from demand."""
+    traffic_weight (all zero: equally). For planners and the bench, which size pools from demand.
+    `full_share`: each pool's share as if it took every request of its group and hop it is eligible
+    for (1 or 0 per request; the joint oracle's unit)."""
     names = sorted({p.group for p in scenario.pools})
     group_of_task = np.asarray(workload.task_id) % len(names)
     prio = np.asarray(workload.priority)
@@ -306,6 +308,10 @@ def expected_pool_shares(scenario: Scenario, workload: Workload) -> dict[str, np
                 elig[j] = u < share[prio]
             none = ~elig.any(axis=0)
             elig[:, none] = True  # a request no pool may take (only where validation was bypassed) goes anywhere
+            if full_share:
+                for j, p in enumerate(pools):
+                    out[p.name] = in_group * elig[j]
+                continue
             w = elig * weights[:, None]
             total = w.sum(axis=0)
             zero = total <= 0
