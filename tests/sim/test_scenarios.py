@@ -17,6 +17,8 @@ from controller.sim.workload import Workload, build_workload
 SCENARIOS = PROJECT_ROOT / "scenarios"
 FILES = sorted(SCENARIOS.glob("*.yaml"))
 BASES = ("azure-conv", "azure-code", "mooncake-conv", "servegen-diurnal")
+# Heterogeneous fleets (issue 16): several pools, tiers, SKUs, P/D, agents, tenants.
+HETERO_BASES = ("tiers", "mixed-sku", "pd-split", "agentic", "multi-tenant")
 
 # Capacities the scenario comments size fleets with: (prefill tok/s, output tok/s) of one replica,
 # read off the calibrated iteration model at each trace's typical context and the scenario's
@@ -69,7 +71,7 @@ def _need_at_peak(sc: Scenario, w: Workload) -> float:
 
 def test_the_expected_scenarios_are_shipped():
     names = {p.stem for p in FILES}
-    expected = {"demo"} | {b + v for b in BASES for v in ("", "-crash", "-surge")}
+    expected = {"demo"} | {b + v for b in BASES + HETERO_BASES for v in ("", "-crash", "-surge")}
     assert expected <= names
     readme = (SCENARIOS / "README.md").read_text()
     for name in names:
@@ -134,6 +136,50 @@ def test_surge_variant_is_3x_within_a_minute_for_a_few_minutes(base):
         assert pool.pop("max_replicas") >= base_pool.pop("max_replicas")
     assert dump == base_dump
     assert f"at {int(surge.at_s)} s" in (SCENARIOS / f"{base}-surge.yaml").read_text()
+
+
+@pytest.mark.parametrize("base", HETERO_BASES)
+def test_heterogeneous_variants_differ_from_their_base_only_by_the_event(base):
+    base_sc = load_scenario(SCENARIOS / f"{base}.yaml")
+    crash = load_scenario(SCENARIOS / f"{base}-crash.yaml")
+    surge = load_scenario(SCENARIOS / f"{base}-surge.yaml")
+    assert not base_sc.faults and base_sc.trace.surge is None
+    keep = {"name", "description", "faults"}
+    assert crash.model_dump(exclude=keep) == base_sc.model_dump(exclude=keep)
+    (fault,) = crash.faults
+    assert fault.kind == "crash" and fault.at_s is not None and fault.count >= 1
+    assert fault.count <= crash.pool(fault.pool).max_replicas
+    assert f"at {int(fault.at_s)} s" in (SCENARIOS / f"{base}-crash.yaml").read_text()
+    s = surge.trace.surge
+    assert s is not None and s.factor == 3 and s.ramp_s <= 60 and s.duration_s == 240
+    dump = surge.model_dump(exclude={"name", "description"})
+    dump["trace"]["surge"] = None
+    base_dump = base_sc.model_dump(exclude={"name", "description"})
+    for pool, base_pool in zip(dump["pools"], base_dump["pools"], strict=True):
+        assert pool.pop("max_replicas") >= base_pool.pop("max_replicas")
+    assert dump == base_dump
+    assert f"at {int(s.at_s)} s" in (SCENARIOS / f"{base}-surge.yaml").read_text()
+
+
+def test_heterogeneous_bases_use_the_features_they_are_named_for():
+    tiers = load_scenario(SCENARIOS / "tiers.yaml")
+    assert {p.model for p in tiers.pools} == {"llama-3-70b", "llama-3-8b"} and len({p.group for p in tiers.pools}) == 1
+    small = next(p for p in tiers.pools if p.model == "llama-3-8b")
+    assert small.eligible_share("critical") == 0.0 and 0 < small.eligible_share("standard") < 1
+    assert all(p.usd_per_gpu_hour for p in tiers.pools)
+    mixed = load_scenario(SCENARIOS / "mixed-sku.yaml")
+    assert {p.sku for p in mixed.pools} == {"a100-80gb", "h100-80gb", "l40s-48gb"}
+    assert len({p.model for p in mixed.pools}) == 1 and len({p.usd_per_gpu_hour for p in mixed.pools}) == 3
+    assert len({p.startup_cold_s for p in mixed.pools}) > 1
+    pd = load_scenario(SCENARIOS / "pd-split.yaml")
+    assert sorted(p.role for p in pd.pools) == ["decode", "prefill"] and pd.trace.mix_shift is not None
+    agentic = load_scenario(SCENARIOS / "agentic.yaml")
+    assert agentic.tasks.kind == "agentic" and (agentic.tasks.steps_min, agentic.tasks.steps_max) == (3, 8)
+    assert agentic.tasks.think_time_s > 0
+    tenants = load_scenario(SCENARIOS / "multi-tenant.yaml").tenants
+    assert len(tenants) == 3 and all(t.quota_rps > 0 for t in tenants.values())
+    assert sum(t.surge is not None for t in tenants.values()) == 1
+    assert len({tuple(sorted((t.classes or {}).items())) for t in tenants.values()}) == 3
 
 
 def test_task_structures_cover_workflow_and_session():
