@@ -59,6 +59,8 @@ def policy_entry(run: RunResult) -> dict[str, Any]:
     out["decisions"] = run.decisions
     out["changed_decisions"] = run.changed_decisions
     out["replicas_peak"] = {p: v.get("replicas_peak") for p, v in (s.get("per_pool") or {}).items()}
+    if s.get("per_tenant"):  # scenarios with tenants: attainment, quota sheds and cost share per tenant
+        out["per_tenant"] = s["per_tenant"]
     if run.params:
         out["params"] = _jsonable(run.params)
     if run.extra:

@@ -32,6 +32,21 @@ def test_the_terms_come_from_the_data_sheet():
     assert mix.collective_s > 0 and mix.weights_read_s == pytest.approx(46_702_792_704 * 2 / 2 / (3.35e12 * 0.7))
 
 
+def test_l40s_llama_8b_figures_quoted_by_the_mixed_sku_scenario():
+    """scenarios/mixed-sku.yaml sizes its L40S pool with these figures (data sheet: 864 GB/s GDDR6,
+    362 TFLOPS dense BF16, 48 GB; PCIe, no NVLink) and compares them with the calibrated A100."""
+    l40s = SKUS["l40s-48gb"]
+    assert (l40s.hbm_bytes_per_s, l40s.dense_bf16_flops, l40s.usd_per_gpu_hour) == (864e9, 362.05e12, 1.86)
+    r = roofline(MODELS["llama-3-8b"], l40s, 1)
+    a100 = IterationModel.build("llama-3-8b", "a100-80gb", 1)
+    prefill = 1024 / r.step_time_s(1024, 1024 * 1000.0, 0, 0)  # a 1,024-token chunk at ~2k context
+    decode = 64 / r.step_time_s(0, 0.0, 64, 64 * 2000)  # batch 64 at 2k context
+    assert prefill == pytest.approx(9_700, rel=0.03) and decode == pytest.approx(830, rel=0.03)
+    assert 1024 / r.step_time_s(1024, 1024 * 1000.0, 0, 0) < 1024 / a100.step_time_s(1024, 1024 * 1000.0, 0, 0)
+    # a 1,024-token chunk is over the 100 ms critical TPOT, a 512-token one under it (why the pool runs 512)
+    assert r.step_time_s(1024, 1024 * 1000.0, 0, 0) > 0.1 > r.step_time_s(512, 512 * 1000.0, 0, 0)
+
+
 def test_the_reserve_is_the_calibrated_models():
     for model, sku, tp in (("llama-3-8b", "a100-80gb", 1), ("llama-3-70b", "h100-80gb", 4)):
         im = IterationModel.build(model, sku, tp)
