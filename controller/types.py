@@ -99,6 +99,10 @@ class PoolSpec:
     group: str = "default"  # route group: pools that can serve the same traffic
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    # Tier rule: (class, share of that class's tasks this pool may serve) for the classes limited
+    # below 1; empty: every class. The router splits only eligible traffic by traffic_weight
+    # (controller/sim/router.py; docs/SIMULATOR.md "pools").
+    eligible: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ def fleet_spec_from_scenario(scenario: Scenario) -> FleetSpec:
             usd_per_replica_hour=price * p.tp, min_replicas=p.min_replicas, max_replicas=p.max_replicas,
             startup_warm_s=p.startup_warm_s, startup_cold_s=p.startup_cold_s, role=p.role, group=p.group,
             max_num_seqs=p.engine.max_num_seqs, max_num_batched_tokens=p.engine.max_num_batched_tokens,
+            eligible=tuple(sorted((c, v) for c, v in p.eligible.items() if v < 1.0)),
         ))
     slos = {name: SloSpec(ttft_s=c.ttft_slo_s, tpot_s=c.tpot_slo_s) for name, c in scenario.classes.items()}
     return FleetSpec(pools=tuple(pools), slos=slos)
