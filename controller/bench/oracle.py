@@ -222,6 +222,7 @@ class PoolPlan:
     planned_cost_usd: float
     capped_windows: int  # windows whose need exceeded max_replicas
     shares: tuple[float, ...] = ()  # per window, the pool's share of its group (joint oracle); () = the scenario's
+    weights: tuple[float, ...] = ()  # per window, the router weight that gives that share (tier rules)
 
 
 def plan_cost(replicas: Sequence[int], initial: int, *, window_s: float, usd_per_s: float, startup_s: float,
@@ -518,24 +519,30 @@ def burst_rates(d: PoolDemand, window_s: float, burst_window_s: float, n_windows
 
 def plan_all(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: Mapping[str, PoolProfile], *,
              margin: float, window_s: float, n_windows: int, burst_window_s: float | None = None,
-             tick_s: float = 15.0, full_demands: Mapping[str, PoolDemand] | None = None) -> dict[str, PoolPlan]:
-    """Every pool's schedule at `margin`. With `full_demands` (each pool's demand at share 1), the
-    first-hop pools of a route group with two or more of them are planned jointly with their
-    split (controller/bench/oracle_joint.py); a group too large for the joint grid keeps the
-    scenario's split."""
+             tick_s: float = 15.0, full_demands: Mapping[str, PoolDemand] | None = None,
+             all_demands: Mapping[str, PoolDemand] | None = None) -> dict[str, PoolPlan]:
+    """Every pool's schedule at `margin`. With `full_demands` (each pool's demand at share 1: every
+    request its tier rule lets it serve), the first-hop pools of a route group with two or more of
+    them are planned jointly with their split (controller/bench/oracle_joint.py); `all_demands`
+    (the same without the tier rule; default: `full_demands`) gives each window's eligible share.
+    A group too large for the joint grid keeps the scenario's split."""
     plans: dict[str, PoolPlan] = {}
     if full_demands is not None:
         for group in joint_groups(scenario):
-            units, extras, prices, drains = [], [], [], []
+            units, extras, prices, drains, eligible = [], [], [], [], []
             for spec in group:
                 prof = profiles[spec.name]
-                rates = burst_rates(full_demands[spec.name], window_s, burst_window_s or window_s, n_windows)
+                bw = burst_window_s or window_s
+                rates = burst_rates((all_demands or full_demands)[spec.name], window_s, bw, n_windows)
+                mine = burst_rates(full_demands[spec.name], window_s, bw, n_windows)
+                eligible.append(np.where(rates > 0, np.minimum(mine / np.maximum(rates, 1e-300), 1.0), 1.0))
                 units.append(margin * rates / prof.capacity.rps)
                 extras.append(fault_extra(scenario, spec.name, n_windows, window_s=window_s, tick_s=tick_s))
                 prices.append(usd_per_replica_s(spec))
                 drains.append(drain_estimate_s(prof))
             try:
-                gp = plan_group(group, units, usd_per_s=prices, drain_s=drains, window_s=window_s, extra=extras)
+                gp = plan_group(group, units, usd_per_s=prices, drain_s=drains, window_s=window_s, extra=extras,
+                                eligible=eligible)
             except JointTooLargeError:
                 continue
             for spec in group:
@@ -545,7 +552,7 @@ def plan_all(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: Ma
                 plans[spec.name] = PoolPlan(spec.name, reps, need, plan_cost(
                     reps, spec.replicas, window_s=window_s, usd_per_s=usd_per_replica_s(spec),
                     startup_s=spec.startup_cold_s, drain_s=drain_estimate_s(profiles[spec.name])),
-                    gp.capped_windows, gp.shares[spec.name])
+                    gp.capped_windows, gp.shares[spec.name], gp.weights[spec.name])
     for spec in scenario.pools:
         if spec.name in plans:
             continue
@@ -565,7 +572,8 @@ def drain_estimate_s(prof: PoolProfile) -> float:
 def candidates(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: Mapping[str, PoolProfile], *,
                window_s: float, n_windows: int, margins: Sequence[float], burst_windows_s: Sequence[float],
                static: Mapping[str, int], static_cost: float, tick_s: float = 15.0,
-               full_demands: Mapping[str, PoolDemand] | None = None) -> list[Candidate]:
+               full_demands: Mapping[str, PoolDemand] | None = None,
+               all_demands: Mapping[str, PoolDemand] | None = None) -> list[Candidate]:
     """Every (burst window, margin) schedule, cheapest planned first; none planned dearer than static."""
     out: list[Candidate] = []
     seen: set[tuple] = set()
@@ -573,7 +581,7 @@ def candidates(scenario: Scenario, demands: Mapping[str, PoolDemand], profiles: 
     for bw in burst_windows_s:
         for m in margins:
             plans = plan_all(scenario, demands, profiles, margin=m, window_s=window_s, n_windows=n_windows,
-                             burst_window_s=bw, tick_s=tick_s, full_demands=full_demands)
+                             burst_window_s=bw, tick_s=tick_s, full_demands=full_demands, all_demands=all_demands)
             planned = sum(p.planned_cost_usd for p in plans.values())
             if planned >= static_cost:
                 if static_plans is None:
@@ -599,7 +607,8 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
                targets: Mapping[str, float] = TASK_SLO_TARGETS, max_replays: int | None = None,
                repair_rounds: int = REPAIR_ROUNDS, static: Mapping[str, int] | None = None,
                progress: Callable[[str], Progress | None] | None = None,
-               full_demands: Mapping[str, PoolDemand] | None = None, label: str = "oracle") -> OracleResult:
+               full_demands: Mapping[str, PoolDemand] | None = None,
+               all_demands: Mapping[str, PoolDemand] | None = None, label: str = "oracle") -> OracleResult:
     """Plan candidate schedules, replay, repair and bisect; return the cheapest replayed schedule that meets the SLO.
 
     1. Bisect the DP candidates (sorted by planned cost) on "meets the task targets": the
@@ -617,8 +626,9 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
     `max_replays` bounds the bisection's replays (repairs have their own bound). If nothing
     meets, the schedule with the smallest worst-class shortfall is returned with slo_met = false.
     `full_demands` (`pool_demands(..., full_share=True)`) makes it the joint oracle: the split of
-    each multi-pool route group is scheduled with the replicas (`plan_all`) and replayed as
-    traffic weights; `label` names the replays ("oracle-joint").
+    each multi-pool route group is scheduled with the replicas (`plan_all`; `all_demands`, the same
+    without tier rules, bounds each pool's share by what its rule lets in) and replayed as traffic
+    weights; `label` names the replays ("oracle-joint").
     """
     if max_replays is not None and max_replays < 1:
         raise ValueError(f"max_replays must be >= 1 (got {max_replays})")
@@ -639,7 +649,7 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
     static_cost = planned({s.name: [static[s.name]] * n_windows for s in scenario.pools})
     cands = candidates(scenario, demands, profiles, window_s=window_s, n_windows=n_windows, margins=margins,
                        burst_windows_s=burst_windows_s, static=static, static_cost=static_cost, tick_s=tick_s,
-                       full_demands=full_demands)
+                       full_demands=full_demands, all_demands=all_demands)
     routing = schedule_routing(scenario)
     check_from_s = slo_check_from_s(scenario, tick_s)
     tried: list[dict[str, Any]] = []
@@ -648,7 +658,7 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
     def play(c: Candidate, what: str) -> tuple[bool, float, RunResult]:
         targets_t = {n: schedule_targets(scenario.pool(n), p.replicas, window_s=window_s, tick_s=tick_s)
                      for n, p in c.plans.items()}
-        weights = {n: share_points(p.shares, window_s=window_s) for n, p in c.plans.items() if p.shares}
+        weights = {n: share_points(p.weights or p.shares, window_s=window_s) for n, p in c.plans.items() if p.shares}
         policy = SchedulePolicy(targets_t, routing, weights)
         policy.name = run_label
         run = run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s,

@@ -13,13 +13,17 @@ weighed by their own part of each request's work, see `oracle.pool_demands`).
 The programme, for the first-hop pools p = 1..n of one group (n ≥ 2):
   u_{p,k}  = the window's demand if p took all of the group's traffic, in p's replicas
              (its demand at share 1 over its profiled per-replica capacity, × margin);
-  e_p      = the share of the group's traffic p may take (1, or the small tier's eligible share);
+  e_{p,k}  = the share of the window's group traffic p may take (1, or what the tier rule lets
+             into a small tier: its eligible work over all of the group's, per window);
   a state is a replica vector m = (m_1..m_n); it carries window k when
-             Σ_p min((m_p − f_{p,k}) / u_{p,k}, e_p) ≥ 1, f_{p,k} = replicas a scheduled fault takes away;
+             Σ_p min((m_p − f_{p,k}) / u_{p,k}, e_{p,k}) ≥ 1, f_{p,k} = replicas a scheduled fault takes away;
   cost     = Σ_k Σ_p m_{p,k} × window_s × price_p + starts_p × startup_cold_s_p × price_p
              + stops_p × drain_s_p × price_p (as the per-pool DP, per pool);
   the share p gets in window k is its term of that sum, normalised (every pool then runs at the
-  same fraction of what it can carry within the SLO).
+  same fraction of what it can carry within the SLO). The router splits each request among the
+  pools its class may use, by weight (controller/sim/router.py), so a restricted pool's weight is
+  its share over its eligible share and the unrestricted pools split the rest by their shares
+  (`router_weights`; exact for one restricted tier, the tiers scenario's case).
 The transition cost is a sum over pools, so the minimum over the previous state is taken one pool's
 axis at a time (a min-plus product per axis): O(windows × states × Σ_p S_p), with S_p = the replica
 counts pool p may take. Ties go to fewer replicas of the first pool. A grid larger than
@@ -55,6 +59,7 @@ class GroupPlan:
     pools: tuple[str, ...]
     replicas: Mapping[str, tuple[int, ...]]  # per window
     shares: Mapping[str, tuple[float, ...]]  # per window, summing to 1 over the group's pools
+    weights: Mapping[str, tuple[float, ...]]  # per window, the router weights that give those shares
     planned_cost_usd: float
     capped_windows: int  # windows no state could carry (every pool at its max)
 
@@ -77,7 +82,7 @@ def _min_plus_axis(cost: np.ndarray, trans: np.ndarray, axis: int) -> tuple[np.n
 
 
 def plan_group(specs: Sequence[PoolSpecModel], units: Sequence[np.ndarray], *, usd_per_s: Sequence[float],
-               drain_s: Sequence[float], window_s: float, eligible: Sequence[float] | None = None,
+               drain_s: Sequence[float], window_s: float, eligible: Sequence[float | np.ndarray] | None = None,
                extra: Sequence[np.ndarray] | None = None, floors: Sequence[int] | None = None) -> GroupPlan:
     """The cheapest replica vectors per window that carry the group's demand, with the shares that go with them.
 
@@ -93,14 +98,17 @@ def plan_group(specs: Sequence[PoolSpecModel], units: Sequence[np.ndarray], *, u
     u = np.stack([np.asarray(x, dtype=np.float64) for x in units])  # [pool, window]
     if not np.all(np.isfinite(u)) or np.any(u < 0):
         raise ValueError("plan_group: demands must be finite and >= 0")
-    e = np.asarray(eligible if eligible is not None else [1.0] * n, dtype=np.float64)
+    e = np.ones((n, n_windows))
+    if eligible is not None:
+        e = np.stack([np.broadcast_to(np.asarray(x, dtype=np.float64), (n_windows,)) for x in eligible])
+    e = np.clip(e, 0.0, 1.0)
     f = (np.stack([np.asarray(x, dtype=np.int64) for x in extra]) if extra is not None
          else np.zeros((n, n_windows), dtype=np.int64))
     lo = [int(x) for x in (floors if floors is not None else [s.min_replicas for s in specs])]
     # Each pool never needs more than what carries its eligible share of the peak window (plus faults).
     # (and never below the replicas it starts with: the first transition is from there)
     hi = [int(min(s.max_replicas, max(lo[i], s.replicas,
-                                      math.ceil(float(np.max(u[i] * min(e[i], 1.0), initial=0.0)) - 1e-9)
+                                      math.ceil(float(np.max(u[i] * e[i], initial=0.0)) - 1e-9)
                                       + int(np.max(f[i], initial=0)))))
           for i, s in enumerate(specs)]
     sizes = [h + 1 for h in hi]
@@ -126,7 +134,7 @@ def plan_group(specs: Sequence[PoolSpecModel], units: Sequence[np.ndarray], *, u
         for i, g in enumerate(m_grids):
             eff = np.maximum(g - f[i, k], 0).astype(np.float64)
             frac = np.where(u[i, k] > 0, eff / max(u[i, k], 1e-300), np.inf)
-            tot = tot + np.minimum(frac, e[i])
+            tot = tot + np.minimum(frac, e[i, k])
         return tot
 
     cost = np.full(tuple(sizes), np.inf)
@@ -167,11 +175,39 @@ def plan_group(specs: Sequence[PoolSpecModel], units: Sequence[np.ndarray], *, u
         terms = []
         for i in range(n):
             eff = max(int(path[k, i]) - int(f[i, k]), 0)
-            terms.append(min(eff / u[i, k], e[i]) if u[i, k] > 0 else (e[i] if eff > 0 else 0.0))
+            terms.append(float(min(eff / u[i, k], e[i, k])) if u[i, k] > 0 else (float(e[i, k]) if eff > 0 else 0.0))
         tot = sum(terms)
         for i, s in enumerate(specs):
             shares[s.name].append(terms[i] / tot if tot > 0 else 1.0 / n)
-    return GroupPlan(tuple(s.name for s in specs), reps, {k: tuple(v) for k, v in shares.items()}, total, capped)
+    weights: dict[str, list[float]] = {s.name: [] for s in specs}
+    for k in range(n_windows):
+        w = router_weights([shares[s.name][k] for s in specs], e[:, k].tolist())
+        for i, s in enumerate(specs):
+            weights[s.name].append(w[i])
+    return GroupPlan(tuple(s.name for s in specs), reps, {k: tuple(v) for k, v in shares.items()},
+                     {k: tuple(v) for k, v in weights.items()}, total, capped)
+
+
+def router_weights(shares: Sequence[float], eligible: Sequence[float]) -> list[float]:
+    """Router weights that give each pool its share of the group when a request is split by weight
+    among the pools its class may use (controller/sim/router.py). A restricted pool (eligible e < 1)
+    gets s / e; the unrestricted ones share what is left in proportion to their shares. Exact when one
+    pool is restricted: with e = 0.5 and s = 0.3 the small tier gets 0.6 of the eligible half = 0.3 of
+    all, the large one the other 0.7. Example: shares (0.7, 0.3), eligible (1, 0.5) → (0.4, 0.6)."""
+    n = len(shares)
+    w = [0.0] * n
+    restricted = [i for i in range(n) if eligible[i] < 1.0 - 1e-9]
+    free = [i for i in range(n) if i not in restricted]
+    for i in restricted:
+        w[i] = shares[i] / eligible[i] if eligible[i] > 0 else 0.0
+    used = sum(w)
+    if used > 1.0:  # several restricted tiers over-asked: scale them into the whole
+        w = [x / used for x in w]
+        used = 1.0
+    rest = sum(shares[i] for i in free)
+    for i in free:
+        w[i] = (1.0 - used) * shares[i] / rest if rest > 0 else (1.0 - used) / len(free)
+    return w
 
 
 def share_points(shares: Sequence[float], *, window_s: float) -> tuple[tuple[float, float], ...]:
@@ -183,4 +219,5 @@ def share_points(shares: Sequence[float], *, window_s: float) -> tuple[tuple[flo
     return tuple(out)
 
 
-__all__ = ["MAX_STATES", "GroupPlan", "JointTooLargeError", "joint_groups", "plan_group", "share_points"]
+__all__ = ["MAX_STATES", "GroupPlan", "JointTooLargeError", "joint_groups", "plan_group", "router_weights",
+           "share_points"]

@@ -149,7 +149,7 @@ def replay_lagged(scenario: Scenario, oracle: OracleResult, *, seed: int, tick_s
         targets[p.name] = lagged_targets(p, schedule_targets(p, plan.replicas, window_s=WINDOW_S, tick_s=tick_s),
                                          lag_s)
         if plan.shares:
-            weights[p.name] = lagged_weights(share_points(plan.shares, window_s=WINDOW_S), lag_s)
+            weights[p.name] = lagged_weights(share_points(plan.weights or plan.shares, window_s=WINDOW_S), lag_s)
     policy = SchedulePolicy(targets, schedule_routing(scenario), weights)
     policy.name = label
     run = run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s, workload=workload, label=label,

@@ -327,10 +327,12 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
         lagged_base = ORACLE_JOINT if joint else ORACLE
         if label not in labels and not (ORACLE_LAG in labels and label == lagged_base):
             continue
-        full = pool_demands(scenario, ctx.workload, ctx.profiles, full_share=True) if label == ORACLE_JOINT else None
+        full = all_ = None
+        if label == ORACLE_JOINT:
+            full, all_ = joint_demands(ctx)
         found[label] = run_oracle(scenario, workload=ctx.workload, profiles=ctx.profiles, demands=ctx.demands,
                                   seed=seed, tick_s=tick_s, progress=progress, max_replays=oracle_max_replays,
-                                  static=ctx.static_replicas, full_demands=full, label=label)
+                                  static=ctx.static_replicas, full_demands=full, all_demands=all_, label=label)
         if label in labels:
             runs.append(found[label].run)
         lap(label)
@@ -362,6 +364,17 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
             lap(label)
         report["lever_ablation"] = lever_ablation(report, held)
     return report, runs, ctx
+
+
+def joint_demands(ctx: BenchContext) -> tuple[dict[str, PoolDemand], dict[str, PoolDemand]]:
+    """The joint oracle's demands: each pool's at share 1 with its tier rule (what it may serve) and
+    without it (the group's whole traffic, for the eligible share per window)."""
+    sc = ctx.scenario
+    full = pool_demands(sc, ctx.workload, ctx.profiles, full_share=True)
+    if not any(p.eligible for p in sc.pools):
+        return full, full
+    ruleless = sc.model_copy(update={"pools": [p.model_copy(update={"eligible": {}}) for p in sc.pools]})
+    return full, pool_demands(ruleless, ctx.workload, ctx.profiles, full_share=True)
 
 
 def lever_ablation(report: Mapping[str, Any], held: Mapping[str, RunResult]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from controller.bench.oracle import (
     pool_demands,
     run_oracle,
 )
-from controller.bench.oracle_joint import JointTooLargeError, joint_groups, plan_group, share_points
+from controller.bench.oracle_joint import JointTooLargeError, joint_groups, plan_group, router_weights, share_points
 from controller.bench.oracle_lag import lagged_weights, reference_lag_s
 from controller.bench.policies import ORACLE_JOINT, ORACLE_LAG, default_policies, prepare, run_bench
 from controller.bench.profile import request_work_s
@@ -245,3 +245,30 @@ def test_lever_ablation_replays_the_mpc_once_per_held_lever(tmp_path) -> None:
     assert ab["levers"]["traffic_split"]["cost_per_successful_task_usd"] != mpc
     assert "lever_ablation" in run_bench(scenario, ["static"], seed=scenario.seed,
                                          cache_dir=tmp_path / ".cache")[0]
+
+
+@pytest.mark.parametrize("shares, eligible, want", [
+    ((0.7, 0.3), (1.0, 0.5), (0.4, 0.6)),  # the small tier gets 0.6 of the eligible half = 0.3 of all
+    ((0.5, 0.5), (1.0, 1.0), (0.5, 0.5)),  # no tier rule: the weights are the shares
+    ((1.0, 0.0), (1.0, 0.2), (1.0, 0.0)),
+    ((0.2, 0.8), (1.0, 0.8), (0.0, 1.0)),  # every eligible request to the small tier
+])
+def test_router_weights_give_the_shares_under_a_tier_rule(shares, eligible, want) -> None:
+    w = router_weights(list(shares), list(eligible))
+    assert w == pytest.approx(list(want))
+    # as the router splits: eligible requests by weight among both, the rest to the large tier only
+    small = eligible[1] * w[1] / (w[0] + w[1])
+    assert small == pytest.approx(shares[1])
+
+
+def test_a_restricted_tier_takes_at_most_its_eligible_share_per_window() -> None:
+    specs = [pool("large"), pool("small")]
+    e_small = np.array([0.2, 0.6])  # the class mix changes: 20 % then 60 % of the work may go small
+    gp = plan_group(specs, [np.full(2, 8.0), np.full(2, 4.0)], usd_per_s=[4 / 60, 1 / 60], drain_s=[0, 0],
+                    window_s=60.0, eligible=[np.ones(2), e_small])
+    # window 0: 1 small replica carries its whole 20 %, 7 large ones the rest (0.2 + 7/8 ≥ 1 by 7.5 %);
+    # window 1: 2 small carry half of all (below their 60 %), 4 large the other half (2/4 + 4/8 = 1)
+    assert gp.replicas["small"] == (1, 2) and gp.replicas["large"] == (7, 4)
+    assert gp.shares["small"] == pytest.approx((0.2 / 1.075, 0.5))
+    assert all(s <= e + 1e-9 for s, e in zip(gp.shares["small"], e_small, strict=True))
+    assert gp.planned_cost_usd == pytest.approx(7 * 4 + 1 + 4 * 4 + 2 * 1)
