@@ -688,3 +688,38 @@ def test_capacity_moves_to_the_cheaper_pool_of_a_hop():
     assert a.replicas[-1] > b.replicas[-1]  # by the end of the horizon the cheap pool carries more
     assert a.traffic_weight > b.traffic_weight
     assert sum(a.replicas) * 49.16 + sum(b.replicas) * 90.0 < sum(b.replicas) * 49.16 + sum(a.replicas) * 90.0
+
+
+def test_tier_rules_split_each_class_as_the_router_does():
+    from controller.core.mpc.traffic import Traffic
+
+    pools = [pool("large", 0), pool("small", 1, eligible=(("critical", 0.0), ("standard", 0.5)))]
+    H = plan_steps(CFG, pools)
+    prob = PlanProblem(pools=tuple(pools), classes=classes(np.full(H, 10.0)), weights=resolve_weights("balanced"))
+    tr = Traffic(prob, H, CFG.step_s, CFG.client_retries)
+    assert tr.tiered
+    k = {c.name: i for i, c in enumerate(prob.classes)}
+    eq = tr.class_shares(np.array([[1.0, 1.0]]))[:, 0]  # (K, P) at equal weights
+    assert eq[k["critical"]] == pytest.approx([1.0, 0.0])  # no critical task may go small
+    assert eq[k["standard"]] == pytest.approx([0.75, 0.25])  # half of the eligible half
+    assert eq[k["sheddable"]] == pytest.approx([0.5, 0.5])
+    all_small = tr.class_shares(np.array([[0.0, 1.0]]))[:, 0]
+    assert all_small[k["standard"]] == pytest.approx([0.5, 0.5])  # at most its eligible share
+    assert all_small[k["critical"]] == pytest.approx([1.0, 0.0])  # even at weight 0 the large takes it
+    no_rule = Traffic(PlanProblem(pools=(pool("large", 0), pool("small", 1)), classes=prob.classes,
+                                  weights=prob.weights), H, CFG.step_s, CFG.client_retries)
+    assert not no_rule.tiered
+
+
+def test_the_planner_keeps_the_large_tier_for_what_only_it_may_serve():
+    """A cheap small tier that may serve only sheddable traffic: the large tier must keep the
+    capacity for critical and standard; planned without the rule, the large tier would be cut."""
+    def plan_for(eligible):
+        pools = [pool("large", 0, lo=1, hi=16, target=6, ready=6),
+                 pool("small", 1, lo=1, hi=16, target=6, ready=6, usd_per_hour=5.0, eligible=eligible)]
+        return plan(pools, 36.0).plan.pools
+    ruled = plan_for((("critical", 0.0), ("standard", 0.0)))
+    free = plan_for(())
+    assert ruled["large"].replicas[-1] > free["large"].replicas[-1]
+    # critical + standard (80 % of 36 req/s) stay on the large tier: it keeps at least what 6 did before
+    assert ruled["large"].replicas[-1] >= 6 and free["small"].replicas[-1] > ruled["small"].replicas[-1]

@@ -127,6 +127,9 @@ class PoolInput:
     # lever may lower the caps freely but not raise them above it
     max_batched_tokens: int | None = None
     batch_review: bool = False  # may the slow batch-cap lever change this tick
+    # tier rule: (class, share of that class's tasks this pool may serve) for the classes below 1;
+    # empty: every class (controller/types.py PoolSpec.eligible; see traffic.py for the split)
+    eligible: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

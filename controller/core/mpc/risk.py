@@ -57,12 +57,13 @@ class Risk:
 
     def late_share(self, pl: PoolLatencies, share: np.ndarray) -> np.ndarray:
         """(C,2,H,K) share of each class's admitted requests that is late, given each pool's share of
-        the class traffic (C,H,P)."""
+        the class traffic (C,H,P), or of each class's traffic (K,C,H,P) under tier rules."""
         t50, t95, tpot50, tpot95, scratch = pl.t50, pl.t95, pl.tpot50, pl.tpot95, pl.scratch
         pf = lognormal_exceed_into(t50, t95, self.slo_ttft_k, TTFT_TAIL_SIGMA, z=t50, scratch=scratch, own=True)
         pt = lognormal_exceed_into(tpot50, tpot95, self.slo_tpot_k, TPOT_TAIL_SIGMA, z=t95, scratch=scratch)
         kern = compiled_kernel() if self.compiled else None
-        if kern is not None and pf.shape[0] >= 2:  # the rest as one compiled loop (mpc_kernel.combine_rows)
+        # the rest as one compiled loop (mpc_kernel.combine_rows), for one split of every class
+        if kern is not None and pf.shape[0] >= 2 and share.ndim == 3:
             tmax = pl.lat.tpot_max_s
             bounded = tmax is not None
             p_c = (np.zeros(pl.shape) if tmax is None else
@@ -85,7 +86,7 @@ class Risk:
         if pl.timed_out.any():
             pf[pl.timed_out] = 1.0
         # Per class: combine the hops of each group, weighted by traffic share.
-        w_share = share[None, :, None, :, :]
+        w_share = share[:, :, None, :, :] if share.ndim == 4 else share[None, :, None, :, :]  # per class: tier rules
         prod = np.multiply(pf, pt, out=scratch)
         mixed_v = np.add(pf, pt, out=pt)
         mixed_v -= prod  # 1 − (1 − pf)(1 − pt)

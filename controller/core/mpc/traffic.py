@@ -3,8 +3,13 @@
 Per class the forecast arrival rate × the share its route group receives × (1 − shed^(1+retries))
 (a shed request is retried by its client, so only shed^(1+R) is finally rejected); within a
 group, first-hop pools share by traffic weight (decode pools of a disaggregated group share the
-decode hop). Shedding applies only while some route group has fewer replicas ready than its
-planned-for load needs (`shed_active`).
+decode hop). With tier rules (`PoolInput.eligible`: a pool may serve only a share e of a class's
+tasks) each class is split on its own, as the router does: a task draws u in [0, 1) once and may
+use the pools with u < e, so for u between two consecutive thresholds the pools at or above the
+upper one share it by weight (none: every pool of the hop). Example: a 70B pool (e = 1) and an 8B
+pool (e = 0.5 for standard) at equal weights: the 8B gets half of the eligible half, 25 % of the
+standard traffic, and none of the critical traffic if its e there is 0. Shedding applies only
+while some route group has fewer replicas ready than its planned-for load needs (`shed_active`).
 
 Must not: predict latency or price anything (latency.py, score.py), or change its inputs.
 """
@@ -24,7 +29,7 @@ class Flow:
     """What the traffic stage hands on, per candidate (arrays are the stage's results, not inputs)."""
 
     ready_hp: np.ndarray  # (C,H,P) replicas ready during each step
-    share: np.ndarray  # (C,H,P) each pool's share of the fleet's class traffic
+    share: np.ndarray  # (C,H,P) each pool's share of the fleet's class traffic; (K,C,H,P) per class with tier rules
     shed: np.ndarray  # (C,H,K) shed fractions in force per step
     rejected: np.ndarray  # (C,H,K) finally rejected share (shed^(1+retries))
     adm: np.ndarray  # (C,2,H,K) admitted arrival rate per load scenario
@@ -71,6 +76,12 @@ class Traffic:
                           for m in [(gidx == g) & hop] if m.any()]
         self.group_masks = [gidx == g for g in range(len(groups))]
         self.floor = np.array([c.min_shed for c in cls])  # the breaker's shed floors
+        # tier rules: elig[k, j] = share of class k's tasks pool j may serve (all 1: no rule, one split)
+        self.elig = np.array([[dict(p.eligible).get(c.name, 1.0) for p in pools] for c in cls]).reshape(self.K, P)
+        self.tiered = bool((self.elig < 1.0).any())
+        # class weights of the aggregate share (`shares`) under tier rules: the classes' planned traffic
+        tot = self.lam[1].sum(axis=0)
+        self.class_weight = tot / tot.sum() if tot.sum() > 0 else np.full(self.K, 1.0 / max(self.K, 1))
 
     def per_replica_weights(self, absolute: np.ndarray) -> np.ndarray:
         """(C, P) router weights → the search's weights per serving replica, the largest of each hop 1.
@@ -105,7 +116,10 @@ class Traffic:
 
         `tw` is the effective weight of each pool (the plan's weight per ready replica × the
         replicas ready), so traffic follows capacity as it arrives unless the plan says otherwise.
+        With tier rules: the classes' shares (`class_shares`) weighted by their planned traffic.
         """
+        if self.tiered:
+            return np.tensordot(self.class_weight, self.class_shares(tw), axes=(0, 0))
         tw = np.maximum(tw, 0.0)
         lead = tw.shape[:-1]
         tw = tw.reshape(-1, self.P)
@@ -120,13 +134,34 @@ class Traffic:
             share[:, m] = split * self.gshare[g]
         return share.reshape(lead + (self.P,))
 
+    def class_shares(self, tw: np.ndarray) -> np.ndarray:
+        """(K, …, P): each pool's share of each class's traffic under the tier rules (module docstring)."""
+        tw = np.maximum(tw, 0.0)
+        lead = tw.shape[:-1]
+        tw = tw.reshape(-1, self.P)
+        out = np.zeros((self.K, tw.shape[0], self.P))
+        for k in range(self.K):
+            for g, m in self.hop_masks:
+                idx = np.flatnonzero(m)
+                e = self.elig[k, idx]
+                cuts = np.unique(np.concatenate([[0.0, 1.0], np.clip(e, 0.0, 1.0)]))
+                for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+                    ok = e >= hi - 1e-12
+                    if not ok.any():
+                        ok = np.ones_like(ok)  # no pool may take it: the router sends it anywhere in the hop
+                    sub = tw[:, idx] * ok
+                    tot = sub.sum(axis=1, keepdims=True)
+                    split = np.where(tot > 0, sub / np.maximum(tot, 1e-12), ok / ok.sum())
+                    out[k][:, idx] += (hi - lo) * split * self.gshare[g]
+        return out.reshape((self.K,) + lead + (self.P,))
+
     def admit(self, cand: Candidates, ready: np.ndarray, need: np.ndarray | None, work: WorkArrays) -> Flow:
         """The traffic of each candidate, given its replicas ready (C,P,H) from the dynamics stage."""
         C, P, H = ready.shape
         K = self.K
         ready_hp = np.transpose(ready, (0, 2, 1))  # (C,H,P)
         eff = cand.tw[:, None, :] * np.maximum(ready_hp, 1e-3)  # (C,H,P)
-        share = self.shares(eff)  # (C,H,P)
+        share = self.class_shares(eff) if self.tiered else self.shares(eff)  # (C,H,P), or (K,C,H,P)
         active = self.shed_active(ready, need)  # (C,H): shedding holds until the capacity the load needs is ready
         floor = self.floor
         shed = np.where(active[:, :, None], np.clip(cand.shed, 0.0, 1.0)[:, None, :], floor[None, None, :])
@@ -136,8 +171,8 @@ class Traffic:
         # broadcast over whole contiguous blocks instead of an inner axis of K = 3 elements, which
         # numpy runs several times slower; every element is the same product either way.
         kshape = (K, C, 2, H, P)
-        pool_k = np.multiply(share[None, :, None, :, :], np.moveaxis(adm, 3, 0)[..., None],
-                             out=work.get("a", kshape))  # (K,C,2,H,P)
+        w = share[:, :, None, :, :] if self.tiered else share[None, :, None, :, :]
+        pool_k = np.multiply(w, np.moveaxis(adm, 3, 0)[..., None], out=work.get("a", kshape))  # (K,C,2,H,P)
         # Fluid backlog per pool, served in priority order (cumulative over classes); the last
         # cumulative row is the pool's total (the same left-to-right sum as summing pool_k over K).
         cum_in = np.cumsum(pool_k, axis=0, out=pool_k)  # (K,C,2,H,P)

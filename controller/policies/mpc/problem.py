@@ -219,7 +219,7 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
             max_prefix_weight=action.max_prefix_weight.get(spec.name), max_inflight_cap=max_cap,
             max_batched_tokens=h.max_batched_tokens if (h := (headroom or {}).get(spec.name)) else None,
             batch_review=batch_review_s > 0 and now - m.caps_changed_s >= batch_review_s
-            and ready_n > 0 and steady and m.burst >= 0.2))
+            and ready_n > 0 and steady and m.burst >= 0.2, eligible=spec.eligible))
     classes: list[ClassInput] = []
     z = float(ndtri(weights.plan_quantile)) / float(ndtri(0.9))  # 0.75 → 0.53 of the way to p90
     plan_q = fc.p50 + z * (fc.p90 - fc.p50)
