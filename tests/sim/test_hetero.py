@@ -194,6 +194,7 @@ def test_quota_sheds_or_queues_over_quota_requests_and_reports_per_tenant(tmp_pa
     assert a.cost_share + b.cost_share == pytest.approx(1.0)
     assert a.cost_usd + b.cost_usd == pytest.approx(s.cost_usd)
     assert s.to_dict()["per_tenant"]["beta"]["quota_shed"] == b.quota_shed
+    assert Fleet(sc).run().to_dict() == s.to_dict()  # seeded: quotas, surges and queues replay exactly
     f2 = Fleet(sc)
     f2.set_tenant_quota("beta", rate_rps=0.0)
     s2 = f2.run()
