@@ -55,6 +55,11 @@ Semantics of the fleet, over all those modules (docs/SIMULATOR.md carries the sa
   (kv_transfer_gbps × 10^9) seconds (Gbit/s; e.g. Llama-3-8B, 2,000 tokens:
   262 MB over 100 Gbit/s = 21 ms) and a decode pool produces every output token,
   the first one included.
+- Tier rules: a pool's `eligible` shares admit a task iff its per-task draw is below its class's
+  share; the group's traffic weights split only the eligible traffic (router.py).
+- Tenants: a per-tenant quota bucket is checked before the class admission; over quota a request
+  is shed or, per class, queued for its token (at most its class's TTFT SLO); the summary reports
+  per tenant (fleet_accounting.py).
 - Prompts longer than max_model_len are served (scenarios that need it assume the
   long-context variant); a request that cannot fit in a replica's whole KV cache
   is rejected (error, not retried).
