@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from rich.console import JustifyMethod
 
 # Base policies that count as baselines for "ratio to the best baseline" (not Governor's own policies).
-BASELINE_BASES = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa")
+BASELINE_BASES = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa", "llm-d-stack", "aibrix-stack", "dynamo-stack")
 
 # The hindsight references, listed after the policies: the oracle (replicas per pool, the scenario's
 # routing), the joint oracle (replicas and each route group's split, controller/bench/oracle_joint.py) and

@@ -94,6 +94,37 @@ LEAST_LOADED = RoutingWeights(prefix_weight=0.0, queue_weight=1.0, kv_weight=0.0
 SCORER_DEFAULT = RoutingWeights(prefix_weight=3.0, queue_weight=2.0, kv_weight=2.0)
 
 
+def route_groups(fleet: FleetSpec) -> dict[str, list[PoolSpec]]:
+    """The fleet's pools by route group (pools that can serve the same traffic), in fleet order."""
+    groups: dict[str, list[PoolSpec]] = {}
+    for p in fleet.pools:
+        groups.setdefault(p.group, []).append(p)
+    return groups
+
+
+def pod_share_weights(inp: PolicyInput) -> dict[str, float]:
+    """Per pool, the router traffic weight a pod-level picker gives it: its share of the group's ready replicas.
+
+    The llm-d EPP, the AIBrix gateway and the Dynamo router all pick among *pods* (workers) of
+    a model, whatever pool (variant, GPU type) they belong to; our router first draws a pool by
+    traffic_weight, then scores its replicas. Weighting each pool by its ready replicas is what
+    a picker that spreads load evenly over pods does. Example: A100 pool 2 ready, H100 pool 6
+    ready → weights 0.25 and 0.75. Pools alone in their group keep weight 1; a group with no ready
+    replica (or no reading) keeps equal weights.
+    """
+    out: dict[str, float] = {}
+    for pools in route_groups(inp.fleet).values():
+        ready: dict[str, float] = {}
+        for p in pools:
+            obs = inp.observation.pools.get(p.name)
+            r = value(obs.replicas_ready) if obs is not None else None
+            ready[p.name] = max(0.0, r) if r is not None else 0.0
+        total = sum(ready.values())
+        for p in pools:
+            out[p.name] = 1.0 if len(pools) == 1 or total <= 0 else ready[p.name] / total
+    return out
+
+
 def pool_decision(replicas: int, routing: RoutingWeights) -> PoolDecision:
     """A PoolDecision with the replica count and routing a baseline controls; all else default."""
     return PoolDecision(replicas=int(replicas), prefix_weight=routing.prefix_weight,

@@ -18,9 +18,12 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+from controller.policies.aibrix_stack import AibrixStackPolicy
 from controller.policies.common import RoutingWeights
+from controller.policies.dynamo_stack import DynamoStackPolicy
 from controller.policies.hpa import HpaPolicy
 from controller.policies.kpa import KpaPolicy
+from controller.policies.llm_d_stack import LlmdStackPolicy
 from controller.policies.mpc import MpcPolicy
 from controller.policies.scorer_kpa import ScorerKpaPolicy
 from controller.policies.sla_planner import SlaPlannerPolicy
@@ -28,7 +31,8 @@ from controller.policies.slo_feedback import SloFeedbackPolicy
 from controller.policies.static import StaticPolicy
 from controller.types import FleetSpec, Policy
 
-POLICY_NAMES: tuple[str, ...] = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa", "slo-feedback", "mpc")
+POLICY_NAMES: tuple[str, ...] = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa", "slo-feedback", "llm-d-stack",
+                                 "aibrix-stack", "dynamo-stack", "mpc")
 
 
 def _policy_classes() -> dict[str, type]:
@@ -39,6 +43,9 @@ def _policy_classes() -> dict[str, type]:
         "sla-planner": SlaPlannerPolicy,
         "scorer-kpa": ScorerKpaPolicy,
         "slo-feedback": SloFeedbackPolicy,
+        "llm-d-stack": LlmdStackPolicy,
+        "aibrix-stack": AibrixStackPolicy,
+        "dynamo-stack": DynamoStackPolicy,
         "mpc": MpcPolicy,
     }
 
@@ -69,6 +76,16 @@ def _check_pool_keys(name: str, param: str, given: Any, fleet: FleetSpec) -> Non
         raise ValueError(f"policy {name}: {param} has no entry for pool(s) {missing}; fleet pools: {pools}")
 
 
+def _check_known_pools(name: str, param: str, given: Any, fleet: FleetSpec) -> None:
+    """`given` maps pools to values and names only pools of the fleet (some may be left out)."""
+    if not isinstance(given, Mapping):
+        raise ValueError(f"policy {name}: {param} must be a mapping pool -> value (got {type(given).__name__})")
+    pools = [p.name for p in fleet.pools]
+    unknown = sorted(set(map(str, given)) - set(pools))
+    if unknown:
+        raise ValueError(f"policy {name}: {param} names unknown pool(s) {unknown}; fleet pools: {pools}")
+
+
 def build_policy(name: str, fleet: FleetSpec, params: Mapping[str, Any] | None = None) -> Policy:
     """Build the named policy for `fleet` from `params` (constructor keyword arguments).
 
@@ -94,8 +111,10 @@ def build_policy(name: str, fleet: FleetSpec, params: Mapping[str, Any] | None =
         params["routing"] = RoutingWeights(**{k: float(v) for k, v in params["routing"].items()})
     if name == "static":
         _check_pool_keys(name, "replicas", params["replicas"], fleet)
-    if name == "sla-planner":
+    if name in ("sla-planner", "dynamo-stack"):
         _check_pool_keys(name, "capacity", params["capacity"], fleet)
+    if name == "aibrix-stack" and params.get("capacity") is not None:
+        _check_known_pools(name, "capacity", params["capacity"], fleet)
     slo_class = params.get("slo_class")
     if slo_class is not None and slo_class not in fleet.slos:
         raise ValueError(f"policy {name}: slo_class {slo_class!r} is not a fleet SLO class; "
