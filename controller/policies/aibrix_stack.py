@@ -35,7 +35,8 @@ Sources (public docs and code of vllm-project/aibrix; figures only, no code copi
   The optimizer only acts on route groups with two or more pools (a GPU mix to choose); a pool
   alone in its group, or one without a capacity profile, is left to the KPA on KV usage.
 - Traffic across pools of a group: the gateway picks among all pods of the model, whatever
-  their GPU type; we weight each pool by its ready-replica share (`pod_share_weights`).
+  their GPU type, and its load guard moves work off busy pods; we weight each pool by its
+  ready replicas × profiled per-replica throughput (`pod_share_weights` in common.py).
 Missing data: the KPA layer's rules (scorer_kpa.py: hold without a fresh KV reading); the
 optimizer keeps its last recommendation while no arrival rate is usable, and makes none before
 its first one.
@@ -197,7 +198,7 @@ class AibrixStackPolicy:
                 follow[s.name] = fmem
                 reasons.extend(f_reasons)
                 pools[s.name] = replace(pools[s.name], replicas=n)
-        weights = pod_share_weights(inp)
+        weights = pod_share_weights(inp, {k: c.rps for k, c in self.capacity.items()})
         pools = {k: replace(v, traffic_weight=weights[k]) for k, v in pools.items()}
         diag = {**inner.diagnostics, "optimizer": opt_diag, "autoscaler": self.autoscaler,
                 "traffic_weight": weights}

@@ -30,7 +30,7 @@ Reason codes used by the policies (Reason.code):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,26 +102,29 @@ def route_groups(fleet: FleetSpec) -> dict[str, list[PoolSpec]]:
     return groups
 
 
-def pod_share_weights(inp: PolicyInput) -> dict[str, float]:
-    """Per pool, the router traffic weight a pod-level picker gives it: its share of the group's ready replicas.
+def pod_share_weights(inp: PolicyInput, per_replica_rps: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Per pool, the router traffic weight a load-aware pod-level picker gives it.
 
-    The llm-d EPP, the AIBrix gateway and the Dynamo router all pick among *pods* (workers) of
-    a model, whatever pool (variant, GPU type) they belong to; our router first draws a pool by
-    traffic_weight, then scores its replicas. Weighting each pool by its ready replicas is what
-    a picker that spreads load evenly over pods does. Example: A100 pool 2 ready, H100 pool 6
-    ready → weights 0.25 and 0.75. Pools alone in their group keep weight 1; a group with no ready
-    replica (or no reading) keeps equal weights.
+    The llm-d EPP, the AIBrix gateway and the Dynamo router all pick among *pods* (workers) of a
+    model, whatever pool (variant, GPU type) they belong to, and their load terms (queue, active
+    blocks, running requests) send each pod work as fast as it drains it. Our router first draws
+    a pool by traffic_weight, then scores its replicas, so each pool gets its ready replicas ×
+    its per-replica throughput (`per_replica_rps`, e.g. the profiled `ReplicaCapacity.rps`; a
+    pool without one counts 1 per replica). Example: A100 pool 2 ready at 5 req/s, H100 pool 2
+    ready at 10 req/s → 1/3 and 2/3. Pools alone in their group keep weight 1; a group with no
+    ready replica (or no reading) keeps equal weights.
     """
     out: dict[str, float] = {}
+    rates = per_replica_rps or {}
     for pools in route_groups(inp.fleet).values():
-        ready: dict[str, float] = {}
+        share: dict[str, float] = {}
         for p in pools:
             obs = inp.observation.pools.get(p.name)
             r = value(obs.replicas_ready) if obs is not None else None
-            ready[p.name] = max(0.0, r) if r is not None else 0.0
-        total = sum(ready.values())
+            share[p.name] = max(0.0, r) * rates.get(p.name, 1.0) if r is not None else 0.0
+        total = sum(share.values())
         for p in pools:
-            out[p.name] = 1.0 if len(pools) == 1 or total <= 0 else ready[p.name] / total
+            out[p.name] = 1.0 if len(pools) == 1 or total <= 0 else share[p.name] / total
     return out
 
 

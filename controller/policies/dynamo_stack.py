@@ -29,7 +29,8 @@ Sources (ai-dynamo/dynamo docs; figures only, no code copied):
 - Load-based shedding: the planner baseline's (sheddable rejected while a decode/mixed pool's
   KV usage is ≥ 0.9; see sla_planner.py for how that relates to Dynamo's busy thresholds).
 - Traffic across pools of a group: Dynamo's router picks among workers of the model whatever
-  their pool; we weight each pool by its ready-replica share (`pod_share_weights`).
+  their pool, and its active-block term sends a worker work as fast as it drains it; we weight
+  each pool by its ready replicas × profiled per-replica throughput (`pod_share_weights`).
 
 Pure: no I/O, no clock; does not import telemetry/actuation/api/runtime/gen, grpc or
 prometheus clients. The KV capacity comes from the packaged engine table (no file is read).
@@ -115,7 +116,7 @@ class DynamoStackPolicy:
         reasons: list[Reason] = [r for r in inner.reasons if r.code != "routing_set"]
         prompts = dict(state.mean_prompt)
         kv_tokens = dict(state.kv_tokens)
-        weights = pod_share_weights(inp)
+        weights = pod_share_weights(inp, {k: c.rps for k, c in self.planner.capacity.items()})
         pools: dict[str, PoolDecision] = {}
         routing_diag: dict[str, Any] = {}
         for spec in inp.fleet.pools:

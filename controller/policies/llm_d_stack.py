@@ -45,8 +45,11 @@ Mapping onto the levers the simulator has (and what has no counterpart):
   router in-flight cap on the saturated group's pools of (running per ready replica + the
   queue threshold 5): standard and sheddable requests beyond it wait at the router, critical
   first; the simulator lets critical pass the cap, as GAIE does (controller/sim/router.py);
-- pod-level picking across variants → traffic weights by ready-replica share
-  (`pod_share_weights` in common.py).
+- pod-level picking across variants → each pool's traffic weight is its ready replicas × its
+  per-replica throughput (`pod_share_weights` in common.py): the EPP's queue and KV scorers send
+  a pod work as fast as it drains it, while our router draws a pool first. The throughput is the
+  bench's profiled `capacity` when given (used for nothing else: the WVA needs no profile),
+  else every replica counts the same.
 Missing data: a pool without a usable KV or queue reading holds its target and blocks the
 group's scale-downs (WVA does not act on what it cannot see); for flow control it counts as
 saturated, as GAIE counts a pod with stale metrics.
@@ -82,6 +85,7 @@ from controller.policies.common import (
     value,
     window_values,
 )
+from controller.policies.sla_planner import ReplicaCapacity
 from controller.types import ClassAdmission, PolicyInput, PolicyOutput, PoolDecision, PoolSpec, Reason
 
 SHED_CLASS = "sheddable"  # GAIE sheds the Sheddable criticality (negative priority) under saturation
@@ -115,7 +119,8 @@ class LlmdStackPolicy:
 
     name = "llm-d-stack"
 
-    def __init__(self, *, kv_cache_threshold: float = 0.8, queue_length_threshold: float = 5.0,
+    def __init__(self, capacity: Mapping[str, ReplicaCapacity | Mapping[str, Any]] | None = None, *,
+                 kv_cache_threshold: float = 0.8, queue_length_threshold: float = 5.0,
                  kv_spare_trigger: float = 0.1, queue_spare_trigger: float = 3.0, interval_s: float = 60.0,
                  metric_window_s: float = 60.0, fc_queue_depth_threshold: float = 5.0,
                  fc_kv_cache_util_threshold: float = 0.8, routing: RoutingWeights = SCORER_DEFAULT) -> None:
@@ -132,6 +137,7 @@ class LlmdStackPolicy:
         self.fc_q = check_positive("llm_d_stack.fc_queue_depth_threshold", fc_queue_depth_threshold)
         self.fc_kv = check_frac("llm_d_stack.fc_kv_cache_util_threshold", fc_kv_cache_util_threshold)
         self.routing = routing
+        self.pod_rps = {str(k): ReplicaCapacity.of(v).rps for k, v in (capacity or {}).items()}
 
     def initial_state(self) -> LlmdState:
         return LlmdState()
@@ -158,7 +164,7 @@ class LlmdStackPolicy:
 
         saturated, fc_diag = self._saturated_groups(inp)
         diag["flow_control"] = fc_diag
-        weights = pod_share_weights(inp)
+        weights = pod_share_weights(inp, self.pod_rps)
         pools_out: dict[str, PoolDecision] = {}
         for spec in inp.fleet.pools:
             rr = routing_reason(inp, spec.name, self.routing, self.name)

@@ -30,7 +30,7 @@ def test_policy_modules_import_nothing_impure(path):
 
 
 @pytest.mark.parametrize("name", ["hpa", "kpa", "sla_planner", "scorer_kpa", "static", "slo_feedback", "common",
-                                  "registry"])
+                                  "registry", "llm_d_stack", "aibrix_stack", "dynamo_stack"])
 def test_every_module_docstring_names_its_source_and_what_it_must_not_do(name):
     doc = ast.get_docstring(ast.parse((POLICIES / f"{name}.py").read_text())) or ""
     if name not in ("slo_feedback", "common", "registry"):  # Governor's own: no published source
@@ -40,7 +40,9 @@ def test_every_module_docstring_names_its_source_and_what_it_must_not_do(name):
 
 PARAMS: dict[str, dict[str, Any]] = {"static": {"replicas": {"p": 3}},
                                      "sla-planner": {"capacity": {"p": ReplicaCapacity(rps=2.0)},
-                                                     "adjustment_interval_s": 30.0}}
+                                                     "adjustment_interval_s": 30.0},
+                                     "dynamo-stack": {"capacity": {"p": ReplicaCapacity(rps=2.0)},
+                                                      "adjustment_interval_s": 30.0}}
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)

@@ -18,6 +18,9 @@ MINIMAL: dict[str, dict[str, Any]] = {
     "sla-planner": {"capacity": {"a": ReplicaCapacity(rps=4.0), "b": {"rps": 2.0}}},
     "scorer-kpa": {},
     "slo-feedback": {},
+    "llm-d-stack": {},
+    "aibrix-stack": {"capacity": {"a": ReplicaCapacity(rps=4.0), "b": {"rps": 2.0}}},
+    "dynamo-stack": {"capacity": {"a": ReplicaCapacity(rps=4.0), "b": {"rps": 2.0}}},
     "mpc": {},
 }
 
