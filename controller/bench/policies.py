@@ -12,15 +12,16 @@ printed and written as S-seeds.json (`report.summarise_seeds`): one seed is one 
 arrivals, and a bursty trace's cost can move by 10 % between draws.
 
 Policy names: the registered ones (static, hpa, kpa, sla-planner, scorer-kpa,
-slo-feedback, and mpc once it is registered — picked up when it builds, silently
-left out otherwise), the variants below, and "oracle" (always run unless a
-`--policies` list leaves it out), plus "oracle-joint" where a route group has two or more
-first-hop pools (the oracle that also schedules the split between them; oracle_joint.py) and
-"oracle-lag" (that schedule with every change one tick plus a warm start-up late: the
-reference an online controller can reach; on request for any scenario).
-Scenario-dependent parameters come from the profile: `replicas` (static) = peak demand /
-capacity, raised one replica per pool at a time until a replay meets the oracle's task
-targets (at most `STATIC_VERIFY_ROUNDS` more replays; "static peak provisioning" is a
+slo-feedback, the composed stacks llm-d-stack, aibrix-stack and dynamo-stack, and mpc
+once it is registered — picked up when it builds, silently left out otherwise), the
+variants below (the `OPT_IN_VARIANTS` only when `--policies` names them), and "oracle"
+(always run unless a `--policies` list leaves it out), plus "oracle-joint" where a route
+group has two or more first-hop pools (the oracle that also schedules the split between
+them; oracle_joint.py) and "oracle-lag" (that schedule with every change one tick plus a
+warm start-up late: the reference an online controller can reach; on request for any
+scenario). Scenario-dependent parameters come from the profile: `replicas` (static) = peak
+demand / capacity, raised one replica per pool at a time until a replay meets the oracle's
+task targets (at most `STATIC_VERIFY_ROUNDS` more replays; "static peak provisioning" is a
 fleet that serves the peak, checked, not an estimate that may fall short); `capacity` (SLA
 planner, and any policy that takes it) = the profiled ReplicaCapacity.
 
@@ -84,7 +85,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "hpa-queue": ("hpa", {"metric": "queue_per_replica"}),
     # The MPC planning on the learned coupling models (the shipped models/) instead of the queueing prior.
     "mpc-learned": ("mpc", {"planning_model": "learned"}),
+    # A stack's router alone: the verified static fleet routed with llm-d's scorer weights (3/2/2) or
+    # AIBrix's prefix-cache break-even (2/1/0), against static's least-loaded routing (issue 16).
+    "static-llm-d-routing": ("static", {"routing": {"prefix_weight": 3.0, "queue_weight": 2.0, "kv_weight": 2.0}}),
+    "static-aibrix-routing": ("static", {"routing": {"prefix_weight": 2.0, "queue_weight": 1.0, "kv_weight": 0.0}}),
 }
+# Variants run only when `--policies` names them (not in the default list, nor in `bench all`).
+OPT_IN_VARIANTS = frozenset({"static-llm-d-routing", "static-aibrix-routing"})
 ORACLE = "oracle"
 # The joint oracle: replicas and each multi-pool route group's split (controller/bench/oracle_joint.py);
 # listed by default where a route group has two or more first-hop pools.
@@ -170,7 +177,7 @@ def default_policies(scenario: Scenario) -> list[str]:
     out: list[str] = []
     for n in names:
         out.append(n)
-        out.extend(v for v, (base, _) in VARIANTS.items() if base == n)
+        out.extend(v for v, (base, _) in VARIANTS.items() if base == n and v not in OPT_IN_VARIANTS)
     if mpc_available(scenario):
         out.append(MPC)
     out.append(ORACLE)

@@ -70,3 +70,14 @@ def test_stack_serves_the_step_in_closed_loop(scenario, name):
     peaks = {p: v["replicas_peak"] for p, v in s["per_pool"].items()}
     assert sum(peaks.values()) > 2, peaks  # the 25 req/s step needs more than the 1 + 1 it starts with
     assert run.scaling_actions >= 1
+
+
+def test_the_bench_runs_the_stacks_by_default_and_the_router_only_variants_on_request(scenario):
+    from controller.bench.policies import OPT_IN_VARIANTS, default_policies, parse_policies, resolve
+
+    labels = default_policies(scenario)
+    assert {"llm-d-stack", "aibrix-stack", "dynamo-stack"} <= set(labels)
+    assert not OPT_IN_VARIANTS & set(labels)
+    assert parse_policies("static,static-llm-d-routing", scenario) == ["static", "static-llm-d-routing"]
+    base, params = resolve("static-aibrix-routing")
+    assert base == "static" and params["routing"] == {"prefix_weight": 2.0, "queue_weight": 1.0, "kv_weight": 0.0}
