@@ -99,7 +99,7 @@ def optimal_mix(pools: Sequence[tuple[str, float, float, int, int]], rate: float
         head, last = pools[:-1], pools[-1]
         for counts in itertools.product(*(range(p[3], p[4] + 1) for p in head)):
             served = sum(p[2] * n for p, n in zip(head, counts, strict=True))
-            need = max(last[3], ceil_replicas(max(0.0, rate - served) / last[2]) if rate > served else last[3])
+            need = max(last[3], ceil_replicas(max(0.0, rate - served) / last[2]))
             if need > last[4]:
                 continue
             mix = {p[0]: n for p, n in zip(head, counts, strict=True)}

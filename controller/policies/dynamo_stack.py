@@ -63,7 +63,7 @@ DEFAULT_ROUTER_TEMPERATURE = 0.0  # --router-temperature: 0 = always the lowest-
 def kv_capacity_tokens(spec: PoolSpec) -> float:
     """KV-cache tokens one replica of the pool holds (the engine table's figure at 90 % GPU memory)."""
     engine = resolve_engine(Catalogue.builtin(), spec.model, spec.sku, int(spec.gpus_per_replica))
-    return float(engine.physics[-1])
+    return float(engine.physics[-1])  # PhysicsRow ends with the KV capacity in tokens (controller/perf/physics_gen.py)
 
 
 def dynamo_weights(overlap_score_weight: float, mean_prompt_tokens: float | None,

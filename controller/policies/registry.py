@@ -65,13 +65,9 @@ def _lookup(name: str) -> type[Any]:
 
 
 def _check_pool_keys(name: str, param: str, given: Any, fleet: FleetSpec) -> None:
-    if not isinstance(given, Mapping):
-        raise ValueError(f"policy {name}: {param} must be a mapping pool -> value (got {type(given).__name__})")
+    _check_known_pools(name, param, given, fleet)
     pools = [p.name for p in fleet.pools]
-    unknown = sorted(set(map(str, given)) - set(pools))
     missing = [p for p in pools if p not in given]
-    if unknown:
-        raise ValueError(f"policy {name}: {param} names unknown pool(s) {unknown}; fleet pools: {pools}")
     if missing:
         raise ValueError(f"policy {name}: {param} has no entry for pool(s) {missing}; fleet pools: {pools}")
 
