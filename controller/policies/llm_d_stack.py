@@ -37,9 +37,10 @@ Mapping onto the levers the simulator has (and what has no counterpart):
   usd_per_replica_hour); we see pool aggregates, not pods, so every replica of a pool is taken
   to be at the pool's mean KV usage and its waiting requests / ready replica — a pool is
   saturated or not as a whole. The WVA's optional model-based optimizer (its step 2) is not
-  reproduced: saturation-only is its default mode. WVA evaluates once per `interval_s` (60 s,
-  the same minute its metric peaks cover); the HPA/KEDA that applies WVA's desired replicas in
-  a cluster adds nothing here (it follows the recommendation with target 1);
+  reproduced: saturation-only is its default mode. We evaluate once per `interval_s` (60 s: the
+  docs we found give no default reconcile period, so we use the minute its metric peaks cover);
+  the HPA/KEDA that applies WVA's desired replicas in a cluster adds nothing here (it follows the
+  recommendation with target 1);
 - GAIE shedding → the sheddable class's admission (shed fraction 1 while any route group is
   saturated — our admission is per class, GAIE's per InferencePool); priority queueing → a
   router in-flight cap on the saturated group's pools of (running per ready replica + the
