@@ -172,7 +172,7 @@ def add_health_and_reflection(server: grpc.Server, service_name: str) -> health.
     return servicer
 
 
-def bind(server: grpc.Server, listen: str, tls: TlsConfig | None, what: str) -> int:
+def bind(server: grpc.Server | grpc.aio.Server, listen: str, tls: TlsConfig | None, what: str) -> int:
     """Add the listening port (TLS when configured); OSError naming `what` and the address if it cannot."""
     try:
         if tls is not None:
@@ -230,3 +230,154 @@ def make_channel(address: str, tls: ClientTls | None = None) -> grpc.Channel:
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     """The call metadata that carries `token` (none without one): (("authorization", "Bearer <token>"),)."""
     return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+# --------------------------------------------------------------------------- requests that are not messages
+# gRPC answers INTERNAL ("Exception deserializing request!") when a request's bytes do not parse as its message
+# type. That is the caller's mistake, not the server's: `CheckedRequestsInterceptor` (and its asyncio twin) parse
+# with a deserializer that does not raise and answer INVALID_ARGUMENT naming the method, before the servicer runs.
+
+UNDECODABLE_DETAIL_CHARS = 200  # of the parser's own message: enough for the type and the reason, never the bytes
+
+
+class _Undecodable:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(deserialize: Callable[[bytes], object] | None) -> Callable[[bytes], object] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> object:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError, or whatever a deserializer raises on foreign bytes
+            return _Undecodable(str(exc)[:UNDECODABLE_DETAIL_CHARS] or type(exc).__name__)
+
+    return parse
+
+
+def _undecodable_details(method: str, u: _Undecodable) -> str:
+    return f"request: the bytes sent to {method} are not its request message ({u.reason}); nothing was changed"
+
+
+def _rebuild(handler: grpc.RpcMethodHandler, **behaviours) -> grpc.RpcMethodHandler:
+    des, ser = _lenient(handler.request_deserializer), handler.response_serializer
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(behaviours["unary_unary"], des, ser)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(behaviours["unary_stream"], des, ser)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(behaviours["stream_unary"], des, ser)
+    return grpc.stream_stream_rpc_method_handler(behaviours["stream_stream"], des, ser)
+
+
+class CheckedRequestsInterceptor(grpc.ServerInterceptor):
+    """A synchronous server's undecodable requests → INVALID_ARGUMENT (see above)."""
+
+    def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method or "?"
+
+        def check(request, context):
+            if isinstance(request, _Undecodable):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _undecodable_details(method, request))
+            return request
+
+        def checked_iter(it, context):
+            for request in it:
+                yield check(request, context)
+
+        def uu(request, context):
+            return handler.unary_unary(check(request, context), context)
+
+        def us(request, context):
+            yield from handler.unary_stream(check(request, context), context)
+
+        def su(it, context):
+            return handler.stream_unary(checked_iter(it, context), context)
+
+        def ss(it, context):
+            yield from handler.stream_stream(checked_iter(it, context), context)
+
+        return _rebuild(handler, unary_unary=uu, unary_stream=us, stream_unary=su, stream_stream=ss)
+
+
+class AioCheckedRequestsInterceptor(grpc.aio.ServerInterceptor):
+    """An asyncio server's undecodable requests → INVALID_ARGUMENT (see above). Handlers are coroutines or async
+    generators, as the servicers of grpc.aio are."""
+
+    async def intercept_service(self, continuation, handler_call_details: grpc.HandlerCallDetails):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method or "?"
+
+        async def check(request, context):
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _undecodable_details(method, request))
+            return request
+
+        async def checked_iter(it, context):
+            async for request in it:
+                yield await check(request, context)
+
+        async def uu(request, context):
+            return await handler.unary_unary(await check(request, context), context)
+
+        async def us(request, context):
+            gen = handler.unary_stream(await check(request, context), context)
+            try:
+                async for resp in gen:
+                    yield resp
+            finally:
+                await gen.aclose()
+
+        async def su(it, context):
+            return await handler.stream_unary(checked_iter(it, context), context)
+
+        async def ss(it, context):
+            gen = handler.stream_stream(checked_iter(it, context), context)
+            try:
+                async for resp in gen:
+                    yield resp
+            finally:
+                await gen.aclose()  # the servicer's own clean-up runs now, not when the generator is collected
+
+        return _rebuild(handler, unary_unary=uu, unary_stream=us, stream_unary=su, stream_stream=ss)
+
+
+class AioBearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """`BearerTokenInterceptor` for grpc.aio servers (the picker's control port): UNAUTHENTICATED without the token."""
+
+    def __init__(self, token: str, exempt_prefixes: tuple[str, ...] = EXEMPT_METHOD_PREFIXES) -> None:
+        if not token:
+            raise ValueError("AioBearerTokenInterceptor needs a non-empty token")
+        self._token = token
+        self._exempt = exempt_prefixes
+
+    async def intercept_service(self, continuation, handler_call_details: grpc.HandlerCallDetails):
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method or ""
+        if handler is None or method.startswith(self._exempt) or bearer_token_ok(
+                handler_call_details.invocation_metadata, self._token):
+            return handler
+
+        async def deny(request_or_iterator, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "missing or invalid credentials: send metadata 'authorization: Bearer <token>'")
+
+        kwargs = {"request_deserializer": handler.request_deserializer,
+                  "response_serializer": handler.response_serializer}
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(deny, **kwargs)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(deny, **kwargs)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(deny, **kwargs)
+        return grpc.stream_stream_rpc_method_handler(deny, **kwargs)
