@@ -22,6 +22,20 @@ from typing import Any
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.types import PRIORITY_CLASSES
 
+# Lengths a command's strings may have. A pool name is a Kubernetes name (a DNS-1123 subdomain: at most 253
+# characters); an id or issuer ("governor/<hostname>", a decision id) fits in 256. Longer ones are refused, and an
+# error quotes at most SHOW_CHARS of a value, so a rejected megabyte never comes back in the answer.
+MAX_POOL_CHARS = 253
+MAX_ID_CHARS = 256
+SHOW_CHARS = 64
+
+
+def show(value: str) -> str:
+    """`value` quoted for an error message, cut to SHOW_CHARS characters (its length said) when longer."""
+    if len(value) <= SHOW_CHARS:
+        return repr(value)
+    return f"{value[:SHOW_CHARS]!r}… ({len(value)} characters)"
+
 
 class CommandInvalidError(ValueError):
     """A command failed validation; the message names the field, the bad value and the allowed range."""
@@ -43,6 +57,10 @@ def check_meta(msg: Any, applied_generation: int, applied_decision_id: str, now_
     m = msg.meta
     if not m.decision_id:
         raise CommandInvalidError("meta.decision_id: must be non-empty")
+    for fname in ("decision_id", "issuer"):
+        v = getattr(m, fname)
+        if len(v) > MAX_ID_CHARS:
+            raise CommandInvalidError(f"meta.{fname}: {len(v)} characters, at most {MAX_ID_CHARS}")
     if m.generation < 1:
         raise CommandInvalidError(f"meta.generation: {m.generation} must be >= 1")
     if m.generation < applied_generation:
@@ -53,8 +71,8 @@ def check_meta(msg: Any, applied_generation: int, applied_decision_id: str, now_
             return pb.Ack(status=pb.ACK_STATUS_REPLAY, applied_generation=applied_generation,
                           message=f"generation {m.generation} ({m.decision_id}) already applied{replay_note}")
         return pb.Ack(status=pb.ACK_STATUS_STALE_GENERATION, applied_generation=applied_generation,
-                      message=f"generation {m.generation} was already applied as decision {applied_decision_id!r}, "
-                              f"not {m.decision_id!r}")
+                      message=f"generation {m.generation} was already applied as decision {show(applied_decision_id)}, "
+                              f"not {show(m.decision_id)}")
     if not math.isfinite(m.valid_until_unix_s) or m.valid_until_unix_s <= now_unix_s:
         raise CommandInvalidError(f"meta.valid_until_unix_s: {m.valid_until_unix_s!r} must be a Unix time after "
                                   f"now ({now_unix_s:.3f})")
@@ -65,15 +83,22 @@ def each_pool(entries: Iterable[Any], pools: Collection[str], *,
               known_as: str = "pools are") -> Iterator[tuple[str, Any]]:
     """(field path, entry) per pool entry of a command, refusing unknown and repeated pools.
 
-    `known_as` leads the list of known pools in the unknown-pool message.
+    `known_as` leads the list of known pools in the unknown-pool message. More entries than `pools` has is
+    refused at once (each pool appears at most once), before any entry is read.
     """
+    entries = list(entries)
+    if len(entries) > len(pools):
+        raise CommandInvalidError(f"pools: {len(entries)} entries for {len(pools)} pools ({sorted(pools)[:8]}); "
+                                  "each pool appears at most once")
     seen: set[str] = set()
     for i, p in enumerate(entries):
         where = f"pools[{i}]"
+        if len(p.pool) > MAX_POOL_CHARS:
+            raise CommandInvalidError(f"{where}.pool: {len(p.pool)} characters, at most {MAX_POOL_CHARS}")
         if p.pool not in pools:
-            raise CommandInvalidError(f"{where}.pool: unknown pool {p.pool!r}; {known_as} {sorted(pools)}")
+            raise CommandInvalidError(f"{where}.pool: unknown pool {show(p.pool)}; {known_as} {sorted(pools)}")
         if p.pool in seen:
-            raise CommandInvalidError(f"{where}.pool: pool {p.pool!r} appears more than once")
+            raise CommandInvalidError(f"{where}.pool: pool {show(p.pool)} appears more than once")
         seen.add(p.pool)
         yield where, p
 
@@ -94,14 +119,18 @@ def validate_routing(msg: pb.RoutingPolicy, pools: Collection[str], *, known_as:
                 v = getattr(p.weights, fname)
                 if not finite_nonneg(v):
                     raise CommandInvalidError(f"{where}.weights.{fname}: {v!r} must be a finite number >= 0")
+    if len(msg.admission) > len(PRIORITY_CLASSES):
+        raise CommandInvalidError(f"admission: {len(msg.admission)} entries, but there are {len(PRIORITY_CLASSES)} "
+                                  f"classes {list(PRIORITY_CLASSES)}; each appears at most once")
     seen: set[str] = set()
     for j, a in enumerate(msg.admission):
         where = f"admission[{j}]"
         if a.priority_class not in PRIORITY_CLASSES:
-            raise CommandInvalidError(f"{where}.priority_class: unknown class {a.priority_class!r}; "
+            raise CommandInvalidError(f"{where}.priority_class: unknown class {show(a.priority_class)}; "
                                       f"allowed: {list(PRIORITY_CLASSES)}")
         if a.priority_class in seen:
-            raise CommandInvalidError(f"{where}.priority_class: class {a.priority_class!r} appears more than once")
+            raise CommandInvalidError(f"{where}.priority_class: class {show(a.priority_class)} appears more than "
+                                      "once")
         seen.add(a.priority_class)
         if not finite_nonneg(a.rate_limit_rps):
             raise CommandInvalidError(f"{where}.rate_limit_rps: {a.rate_limit_rps!r} must be a finite number >= 0"

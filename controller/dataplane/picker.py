@@ -43,6 +43,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from controller.command_rules import show
 from controller.dataplane.policy import ClassSettings, PoolSettings, Settings
 from controller.types import PRIORITY_CLASSES
 
@@ -208,7 +209,7 @@ class Picker:
         if group is None or group == "":
             return self.default_group
         if group not in self.groups:
-            raise ValueError(f"unknown route group {group!r}; this picker routes {sorted(self.groups)}")
+            raise ValueError(f"unknown route group {show(group)}; this picker routes {sorted(self.groups)}")
         return group
 
     def route(self, cls: str, prompt: str, settings: Settings, now_s: float, group: str | None = None) -> Route:
