@@ -19,6 +19,38 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from controller.dataplane.server import PickerConfig
+    from controller.transport import TlsConfig
+
+TOKEN_ENV = "GOVERNOR_PICKER_TOKEN"
+
+
+def control_auth(args: argparse.Namespace) -> tuple[str | None, TlsConfig | None]:
+    """The control port's token (--control-token-file, else $GOVERNOR_PICKER_TOKEN) and TLS; ValueError naming the
+    flag. The token is never printed."""
+    import os
+    from pathlib import Path
+
+    from controller.transport import TlsConfig
+
+    token = None
+    if args.control_token_file:
+        try:
+            token = Path(args.control_token_file).read_text().strip().splitlines()[0].strip() or None
+        except (OSError, IndexError) as exc:
+            why = getattr(exc, "strerror", None) or "empty"
+            raise ValueError(f"--control-token-file {args.control_token_file!r}: cannot read a token ({why})") from None
+        if token is None:
+            raise ValueError(f"--control-token-file {args.control_token_file!r}: the first line is empty")
+    elif os.environ.get(TOKEN_ENV, "").strip():
+        token = os.environ[TOKEN_ENV].strip()
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key: give both (the control port's certificate and its key)")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        raise ValueError("--tls-client-ca: mTLS needs the picker's own --tls-cert and --tls-key too")
+    tls = None
+    if args.tls_cert is not None:
+        tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca)  # read at start: a missing file stops it
+    return token, tls
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,7 +79,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-inflight-cap", type=int, default=0, help="default per-replica in-flight cap (0 = none)")
     p.add_argument("--default-scorer", default="3,2,2", metavar="PREFIX,QUEUE,KV",
                    help="default scorer weights (affinity, queue, KV usage)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (all three ports)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (all three ports); beyond loopback the "
+                   "control port needs --control-token-file or mTLS")
+    p.add_argument("--control-token-file", default=None, metavar="FILE",
+                   help="RouterControl callers must send 'authorization: Bearer <the file's first line>' (also "
+                        f"${TOKEN_ENV}); --follow sends it to the leader")
+    p.add_argument("--tls-cert", default=None, metavar="FILE", help="serve the control port over TLS: certificate")
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="the certificate's private key")
+    p.add_argument("--tls-client-ca", default=None, metavar="FILE",
+                   help="require client certificates signed by this CA (mTLS); --follow verifies the leader with it "
+                        "and presents --tls-cert")
     p.add_argument("--extproc-port", type=int, default=9002, help="ext_proc gRPC port Envoy connects to (0 = any)")
     p.add_argument("--control-port", type=int, default=9003, help="RouterControl gRPC port Governor calls (0 = any)")
     p.add_argument("--metrics-port", type=int, default=9004, help="Prometheus /metrics port (0 = any)")
@@ -102,13 +143,15 @@ def config_from_args(args: argparse.Namespace) -> PickerConfig:
         raise ValueError(f"--default-inflight-cap {args.default_inflight_cap}: must be >= 0")
     defaults = Settings({p: PoolSettings(weights.get(p, 1.0), args.default_inflight_cap, prefix, queue, kv)
                          for p in endpoints}, {c: ClassSettings() for c in PRIORITY_CLASSES})
+    token, tls = control_auth(args)
     return PickerConfig(groups=groups, endpoints={p: a for p, a in endpoints.items() if a and p not in dns}, dns=dns,
                         discovery_url=args.discovery, follow=args.follow, defaults=defaults,
                         class_header=args.class_header.lower(),
                         group_header=args.group_header.lower(), hold_timeout_s=args.hold_timeout,
                         scrape_interval_s=args.scrape_interval, block_chars=args.block_chars,
                         affinity_blocks=args.affinity_blocks, host=args.host, extproc_port=args.extproc_port,
-                        control_port=args.control_port, metrics_port=args.metrics_port)
+                        control_port=args.control_port, metrics_port=args.metrics_port, control_token=token,
+                        control_tls=tls)
 
 
 def cmd_picker(args: argparse.Namespace) -> int:

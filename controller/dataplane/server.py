@@ -18,12 +18,20 @@ A held request's stream simply waits: Envoy's `message_timeout` must exceed the 
 The request's slot is freed when Envoy closes the stream (the HTTP exchange is over).
 
 Beside it: `governor.v1.RouterControl` (policy.py's semantics) and the gRPC health service on
-a control port (with `--follow HOST:PORT` the picker also copies another picker's policy every
-scrape interval, so several pickers obey the one that Governor commands); Prometheus metrics on
+a control port — beyond loopback only with a bearer token (`control_token`) or mTLS (`control_tls`),
+RouterControl calls without them refused UNAUTHENTICATED, health exempt for probes. (With
+`--follow HOST:PORT` the picker also copies another picker's policy every scrape interval, with
+its own credentials, so several pickers obey the one that Governor commands.) Prometheus metrics on
 an HTTP port; a loop that scrapes each engine's /metrics and refreshes the replica list
 (`--discovery` HTTP SD JSON, or `dns:NAME:PORT` pools: every address a headless Service's name
 resolves to) every `--scrape-interval`. Everything runs on one asyncio loop, so the Picker is
 never touched from two threads (scrapes run in worker threads and hand their results back).
+
+Bad input: a message whose bytes do not parse is answered INVALID_ARGUMENT on either port (gRPC itself
+would say INTERNAL); messages are capped (CONTROL_MAX_MESSAGE_BYTES, EXTPROC_MAX_MESSAGE_BYTES →
+RESOURCE_EXHAUSTED); an ext_proc stream decides once (a repeated headers or body message passes through,
+so no slot is taken twice) and a ProcessingRequest that sets nothing is INVALID_ARGUMENT; a body that is
+not JSON, or nested too deep to parse, has no prompt. tests/reliability/test_fuzz_dataplane.py fuzzes both.
 
 Must not: decide what Governor decides (it only applies RoutingPolicy), or block the loop.
 """
@@ -54,6 +62,15 @@ from controller.dataplane.policy import PolicyStore, PoolSettings, Settings
 from controller.dataplane.scrape import ScrapeError, fetch, parse_engine_metrics, parse_http_sd
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
+from controller.transport import (
+    AioBearerTokenInterceptor,
+    AioCheckedRequestsInterceptor,
+    InsecureListenError,
+    TlsConfig,
+    bearer_metadata,
+    bind,
+    is_loopback_address,
+)
 from controller.types import PRIORITY_CLASSES
 
 log = logging.getLogger(__name__)
@@ -64,6 +81,12 @@ PICK_BUCKETS = (0.000025, 0.00005, 0.000075, 0.0001, 0.0002, 0.0003, 0.0004, 0.0
                 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 REJECT_CODES = {"shed": "429", "rate_limit": "429"}  # the others (queue budget, hold timeout, no endpoint): 503
 HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# A RoutingPolicy costs ~60 bytes a pool and ~30 a class: 1 MiB is ~15,000 pools, far beyond any fleet, and keeps
+# one oversized command from costing the picker's loop more than a millisecond or two to parse.
+CONTROL_MAX_MESSAGE_BYTES = 1 << 20
+# ext_proc carries the buffered request body; gRPC's own default (4 MiB) is kept, explicitly: a prompt of a 128k-token
+# context is ~0.5 MB of text, and only its first --affinity-blocks × --block-chars characters are read.
+EXTPROC_MAX_MESSAGE_BYTES = 4 << 20
 
 
 @dataclass
@@ -85,6 +108,10 @@ class PickerConfig:
     extproc_port: int = 0
     control_port: int = 0
     metrics_port: int = 0
+    # RouterControl's callers (and the leader this one follows) authenticate with this bearer token and/or
+    # mTLS; beyond loopback one of the two is required (anyone who reaches the port could steer the traffic)
+    control_token: str | None = None
+    control_tls: TlsConfig | None = None
 
     def __post_init__(self) -> None:
         pools = [p for ps in self.groups.values() for p in ps]
@@ -100,6 +127,27 @@ class PickerConfig:
         missing = sorted(set(pools) - set(self.defaults.pools))
         if missing:
             raise ValueError(f"defaults: no settings for pools {missing}")
+        listen = _hp(self.host, self.control_port)
+        if not is_loopback_address(listen) and not self.control_token and not (
+                self.control_tls is not None and self.control_tls.mutual):
+            raise InsecureListenError(
+                f"refusing to serve RouterControl on {listen} without authentication: anyone who can reach it "
+                "could change routing and admission. Give --control-token-file, or mTLS (--tls-cert, --tls-key "
+                "and --tls-client-ca), or listen on 127.0.0.1 (--host).")
+
+
+def _follow_channel(cfg: PickerConfig) -> grpc.aio.Channel:
+    """The channel to the leader picker, with this picker's own credentials: the pickers of one fleet share a
+    token, and with TLS the leader is verified with the CA of --tls-client-ca and sees this picker's certificate."""
+    tls = cfg.control_tls
+    if tls is None:
+        return grpc.aio.insecure_channel(cfg.follow)
+    from pathlib import Path
+
+    ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
+    creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=Path(tls.key_file).read_bytes(),
+                                         certificate_chain=Path(tls.cert_file).read_bytes())
+    return grpc.aio.secure_channel(cfg.follow, creds)
 
 
 def _header(headers: ep_pb.HttpHeaders, name: str) -> str | None:
@@ -123,7 +171,7 @@ def prompt_text(body: bytes) -> str:
         return ""
     try:
         req = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON (or not UTF-8), or nested deeper than the parser recurses
         return ""
     if not isinstance(req, dict):
         return ""
@@ -270,10 +318,11 @@ class PickerService:
         if not self.cfg.follow:
             return
         if self._follow_channel is None:
-            self._follow_channel = grpc.aio.insecure_channel(self.cfg.follow)
+            self._follow_channel = _follow_channel(self.cfg)
         stub = pb_grpc.RouterControlStub(self._follow_channel)
         try:
-            msg = await stub.GetRoutingPolicy(pb.GetRoutingPolicyRequest(), timeout=1.0)
+            msg = await stub.GetRoutingPolicy(pb.GetRoutingPolicyRequest(), timeout=1.0,
+                                              metadata=bearer_metadata(self.cfg.control_token) or None)
         except grpc.aio.AioRpcError as exc:
             self.scrape_errors += 1
             log.warning("follow %s: %s", self.cfg.follow, exc.code().name)
@@ -415,26 +464,30 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):
         svc = self.svc
         cfg = svc.cfg
         ep: Endpoint | None = None
+        decided = False  # one decision per stream: a repeated headers or body message passes through
         cls, group = "standard", None
         try:
             async for msg in request_iterator:
                 kind = msg.WhichOneof("request")
                 if kind == "request_headers":
-                    raw_cls = (_header(msg.request_headers, cfg.class_header) or "standard").strip().lower()
-                    cls = raw_cls if raw_cls in PRIORITY_CLASSES else "standard"
-                    group = _header(msg.request_headers, cfg.group_header)
-                    if msg.request_headers.end_of_stream:  # no body (a GET): decide now
-                        ep, resp = await svc.decide(cls, group, "")
-                        if resp.HasField("request_body"):
-                            resp = ep_pb.ProcessingResponse(request_headers=ep_pb.HeadersResponse(
-                                response=resp.request_body.response), dynamic_metadata=resp.dynamic_metadata)
-                        yield resp
-                    else:
+                    if not decided:
+                        raw_cls = (_header(msg.request_headers, cfg.class_header) or "standard").strip().lower()
+                        cls = raw_cls if raw_cls in PRIORITY_CLASSES else "standard"
+                        group = _header(msg.request_headers, cfg.group_header)
+                    if decided or not msg.request_headers.end_of_stream:
                         yield ep_pb.ProcessingResponse(request_headers=ep_pb.HeadersResponse())
+                        continue
+                    decided = True  # no body (a GET): decide now
+                    ep, resp = await svc.decide(cls, group, "")
+                    if resp.HasField("request_body"):
+                        resp = ep_pb.ProcessingResponse(request_headers=ep_pb.HeadersResponse(
+                            response=resp.request_body.response), dynamic_metadata=resp.dynamic_metadata)
+                    yield resp
                 elif kind == "request_body":
-                    if ep is not None or not msg.request_body.end_of_stream:
+                    if decided or not msg.request_body.end_of_stream:
                         yield ep_pb.ProcessingResponse(request_body=ep_pb.BodyResponse())
                         continue
+                    decided = True
                     ep, resp = await svc.decide(cls, group, prompt_text(msg.request_body.body))
                     yield resp
                 elif kind == "response_headers":
@@ -445,6 +498,10 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):
                     yield ep_pb.ProcessingResponse(request_trailers=ep_pb.TrailersResponse())
                 elif kind == "response_trailers":
                     yield ep_pb.ProcessingResponse(response_trailers=ep_pb.TrailersResponse())
+                else:  # Envoy always sets one; answering nothing would leave the caller waiting
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        "request: a ProcessingRequest must set one of request_headers, request_body, "
+                                        "request_trailers, response_headers, response_body, response_trailers")
         finally:
             if ep is not None:
                 svc.release(ep)
@@ -500,15 +557,21 @@ async def start_picker(cfg: PickerConfig) -> RunningPicker:
     from prometheus_client import start_http_server
 
     svc = PickerService(cfg)
-    options = [("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 100_000)]
-    extproc = grpc.aio.server(options=options)
+    options = [("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 100_000),
+               ("grpc.max_receive_message_length", EXTPROC_MAX_MESSAGE_BYTES)]
+    extproc = grpc.aio.server(options=options, interceptors=[AioCheckedRequestsInterceptor()])
     ep_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(svc), extproc)
     port = extproc.add_insecure_port(_hp(cfg.host, cfg.extproc_port))
-    control = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    interceptors: list[grpc.aio.ServerInterceptor] = [AioCheckedRequestsInterceptor()]
+    if cfg.control_token:
+        interceptors.insert(0, AioBearerTokenInterceptor(cfg.control_token))  # outermost: refused before parsed
+    control = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+                                       ("grpc.max_receive_message_length", CONTROL_MAX_MESSAGE_BYTES)],
+                              interceptors=interceptors)
     pb_grpc.add_RouterControlServicer_to_server(RouterControlServicer(svc), control)
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, control)
-    cport = control.add_insecure_port(_hp(cfg.host, cfg.control_port))
+    cport = bind(control, _hp(cfg.host, cfg.control_port), cfg.control_tls, "RouterControl")
     if port == 0 or cport == 0:
         raise OSError(f"cannot listen for gRPC on {cfg.host}")
     server, _thread = start_http_server(cfg.metrics_port, addr=cfg.host, registry=svc.registry)

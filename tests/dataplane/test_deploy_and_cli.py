@@ -80,6 +80,11 @@ def test_the_kubernetes_example_is_consistent_with_the_picker_and_envoy():
     cfg = config_from_args(build_parser().parse_args(container["args"]))
     assert cfg.dns == {"chat-h100": ("vllm-chat-h100-pods.inference.svc.cluster.local", 8000),
                        "chat-a100": ("vllm-chat-a100-pods.inference.svc.cluster.local", 8000)}
+    # beyond loopback, RouterControl is served with mTLS from the mounted Secret (the picker refuses it otherwise)
+    assert cfg.host == "0.0.0.0" and cfg.control_tls is not None and cfg.control_tls.mutual
+    mount = container["volumeMounts"][0]["mountPath"]
+    assert all(str(f).startswith(mount + "/") for f in (cfg.control_tls.cert_file, cfg.control_tls.key_file,
+                                                        cfg.control_tls.client_ca_file))
     svc_ports = {p["name"]: p["port"] for p in docs[("Service", "governor-picker")]["spec"]["ports"]}
     assert svc_ports == {"extproc": cfg.extproc_port, "control": cfg.control_port, "metrics": cfg.metrics_port}
     pool = docs[("InferencePool", "chat")]["spec"]
