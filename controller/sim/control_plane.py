@@ -3,7 +3,9 @@
 `ControlPlane` holds the command semantics of protos/governor/v1/control.proto
 (generations, replays, all-or-nothing validation, deadlines that fall back to the
 scenario's defaults); the servicers adapt it to gRPC and `serve_control` starts the
-two services (plus the standard health service) on loopback ports.
+two services (plus the standard health service) on loopback ports. Bytes that are not
+the request message are answered INVALID_ARGUMENT, messages over MAX_MESSAGE_BYTES
+RESOURCE_EXHAUSTED (tests/reliability/test_fuzz_dataplane.py).
 
 Must not: read the wall clock except through its `Clock`, model the fleet (it only
 calls the Fleet's control methods), or touch the fleet outside `lock`.
@@ -34,9 +36,12 @@ from controller.sim.scenario import (
     PoolSpecModel,
     Scenario,
 )
+from controller.transport import CheckedRequestsInterceptor
 from controller.types import PRIORITY_CLASSES
 
 log = logging.getLogger(__name__)
+# A command is ~60 bytes a pool: 1 MiB is ~15,000 pools, far beyond a scenario, and bounds what one call costs.
+MAX_MESSAGE_BYTES = 1 << 20
 _Step = tuple[Callable[[], None], Callable[[], None]]  # (apply, undo) of one part of a command
 
 
@@ -370,7 +375,9 @@ class GrpcEndpoint:
     """One gRPC server on host:free port with one control service and the gRPC health service."""
 
     def __init__(self, host: str, service_name: str, add: Callable[[grpc.Server], None]) -> None:
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim-grpc"))
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim-grpc"),
+                                  interceptors=[CheckedRequestsInterceptor()],
+                                  options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
         add(self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
