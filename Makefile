@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench models protos check-protos clean dashboards perf-tables demo-trace
+.PHONY: run test lint bench loadtest models protos check-protos clean dashboards perf-tables demo-trace
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -51,6 +51,10 @@ test: lint
 
 bench: $(STAMP)
 	$(VENV)/bin/governor bench all
+
+# The API under load while the daemon ticks, the picker beside it (docs/RELIABILITY.md, "Load"); one JSON object.
+loadtest: $(STAMP)
+	$(VENV)/bin/governor bench api-load --json
 
 models: $(STAMP)
 	$(VENV)/bin/governor fit --defaults

@@ -143,6 +143,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="bound on the whole run")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.dataplane:cmd_bench_dataplane"))
+    b = bsub.add_parser("api-load", help="the PolicyService under load while the daemon ticks, the picker beside "
+                        "it: latency per RPC, errors, tick overruns (make loadtest)")
+    b.add_argument("--duration", type=float, default=60.0, metavar="SECONDS", help="load window (default 60)")
+    b.add_argument("--rps", type=float, default=1000.0, help="status/list calls per second (default 1000)")
+    b.add_argument("--write-rps", type=float, default=50.0,
+                   help="override changes per second, set then clear (default 50)")
+    b.add_argument("--picker-rate", type=float, default=500.0,
+                   help="requests per second through Envoy and the picker meanwhile (default 500, the dataplane "
+                        "bench's rate; 0 = no picker)")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
+    b.set_defaults(func=_handler("controller.bench.api_load:cmd_bench_api_load"))
     b = bsub.add_parser("policies", help="replay a scenario once per policy and compare")
     b.add_argument("--scenario", required=True, help="scenario YAML file (see scenarios/)")
     b.add_argument("--policies", default=None,

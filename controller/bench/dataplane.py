@@ -142,34 +142,71 @@ def histogram_quantile(q: float, before: list[tuple[float, float]], after: list[
     return prev_le
 
 
-def run_bench(*, rate: float, requests: int, weights: tuple[float, float], timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    with ExitStack() as stack:
+class DataplaneRig:
+    """The bench's data plane on loopback: the simulated replicas, the picker and Envoy, each its own process,
+    with a RouterControl command setting the pools' traffic `weights` (affinity off). A context manager;
+    `governor bench api-load` runs one beside a loaded daemon."""
+
+    def __init__(self, weights: tuple[float, float], valid_for_s: float) -> None:
+        self.weights = weights
+        self.valid_for_s = valid_for_s
+        self._stack = ExitStack()
+
+    def __enter__(self) -> DataplaneRig:
+        stack = self._stack.__enter__()
+        try:
+            self._start(stack)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.__exit__(*exc)
+
+    def _start(self, stack: ExitStack) -> None:
         sim = GovernorChild(["sim", str(SCENARIO), "--step-wall", "0.005"])
         stack.callback(sim.stop)
-        replicas = sim.info["replicas"]
-        pools: dict[str, list[dict]] = {}
-        for r in replicas:
-            pools.setdefault(r["pool"], []).append(r)
-        names = sorted(pools)
-        picker = GovernorChild(["picker", *[a for p in names for a in ("--pool", p + "=" + ",".join(
-            r["address"] for r in pools[p]))], "--extproc-port", "0", "--control-port", "0", "--metrics-port", "0",
-                         "--scrape-interval", "0.5"])
+        self.replicas: list[dict] = sim.info["replicas"]
+        self.pools: dict[str, list[dict]] = {}
+        for r in self.replicas:
+            self.pools.setdefault(r["pool"], []).append(r)
+        self.names = names = sorted(self.pools)
+        self.picker = picker = GovernorChild(["picker", *[a for p in names for a in ("--pool", p + "=" + ",".join(
+            r["address"] for r in self.pools[p]))], "--extproc-port", "0", "--control-port", "0", "--metrics-port",
+            "0", "--scrape-interval", "0.5"])
         stack.callback(picker.stop)
         host, port = picker.info["extproc"].rsplit(":", 1)
         envoy = EnvoyProcess(picker_address=host, picker_port=int(port))
         envoy.start()
         stack.callback(envoy.stop)
-        share = dict(zip(names, (w / sum(weights) for w in weights), strict=True))
+        eh, ep = envoy.url.removeprefix("http://").rsplit(":", 1)
+        self.envoy = (eh, int(ep))
+        self.share = dict(zip(names, (w / sum(self.weights) for w in self.weights), strict=True))
         with grpc.insecure_channel(picker.info["router_control"]) as ch:
             msg = pb.RoutingPolicy(meta=pb.CommandMeta(decision_id="bench-1", generation=1,
-                                                       valid_until_unix_s=time.time() + timeout_s + 60,
+                                                       valid_until_unix_s=time.time() + self.valid_for_s + 60,
                                                        issuer="governor bench dataplane"))
             for p in names:
-                msg.pools.add(pool=p, traffic_weight=share[p], weights=pb.ScorerWeights(prefix=0, queue=2, kv_usage=2))
+                msg.pools.add(pool=p, traffic_weight=self.share[p],
+                              weights=pb.ScorerWeights(prefix=0, queue=2, kv_usage=2))
             ack = pb_grpc.RouterControlStub(ch).ApplyRoutingPolicy(msg, timeout=5)
             if ack.status != pb.ACK_STATUS_APPLIED:
                 raise RuntimeError(f"the picker refused the policy: {ack.message}")
+
+    def pick_buckets(self) -> list[tuple[float, float]]:
+        """The picker's pick-latency histogram now (cumulative buckets)."""
+        return _buckets(_scrape(self.picker.info["metrics"]), "governor_picker_pick_latency_seconds")
+
+    def served(self) -> dict[str, float]:
+        """Requests each replica has completed so far (`vllm:request_success_total`), by replica id."""
+        return {r["id"]: _metric_sum(_scrape(r["metrics"]), "vllm:request_success_total") for r in self.replicas}
+
+
+def run_bench(*, rate: float, requests: int, weights: tuple[float, float], timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    with DataplaneRig(weights, timeout_s) as rig:
+        pools, names, share = rig.pools, rig.names, rig.share
         # direct: the same weighted spread, chosen by the client (a 10-slot cycle per pool share)
         slots = []
         for p in names:
@@ -184,15 +221,14 @@ def run_bench(*, rate: float, requests: int, weights: tuple[float, float], timeo
         left = deadline - time.monotonic()
         asyncio.run(_open_loop(targets, min(200, requests), rate, 10))  # warm-up: connections, caches
         direct = asyncio.run(_open_loop(targets, requests, rate, max(1.0, left / 4)))
-        eh, ep = envoy.url.removeprefix("http://").rsplit(":", 1)
-        asyncio.run(_open_loop([(eh, int(ep))], min(200, requests), rate, 10))
-        pick_before = _buckets(_scrape(picker.info["metrics"]), "governor_picker_pick_latency_seconds")
-        before_rep = {r["id"]: _metric_sum(_scrape(r["metrics"]), "vllm:request_success_total") for r in replicas}
+        asyncio.run(_open_loop([rig.envoy], min(200, requests), rate, 10))
+        pick_before = rig.pick_buckets()
+        before_rep = rig.served()
         left = deadline - time.monotonic()
-        via = asyncio.run(_open_loop([(eh, int(ep))], requests, rate, max(1.0, left / 2)))
+        via = asyncio.run(_open_loop([rig.envoy], requests, rate, max(1.0, left / 2)))
         time.sleep(0.1)  # the replicas count a request when its last token is out; the client saw it already
-        after_rep = {r["id"]: _metric_sum(_scrape(r["metrics"]), "vllm:request_success_total") for r in replicas}
-        pick_after = _buckets(_scrape(picker.info["metrics"]), "governor_picker_pick_latency_seconds")
+        after_rep = rig.served()
+        pick_after = rig.pick_buckets()
     served = {p: sum(after_rep[r["id"]] - before_rep[r["id"]] for r in pools[p]) for p in names}
     total = sum(served.values())
     observed = {p: (served[p] / total if total else 0.0) for p in names}
