@@ -17,7 +17,8 @@ Properties, per generated request:
 - after all of it the servers still answer their health checks.
 
 Seeded (derandomize=True, no example database): the default run tries a few hundred cases per RPC in a few
-seconds; GOVERNOR_FUZZ_FULL=1 runs FULL_CASES (10,000) per RPC.
+seconds; `GOVERNOR_FUZZ_FULL=1 pytest --timeout 0 tests/reliability/test_fuzz_dataplane.py` runs FULL_CASES
+(10,000) per RPC (minutes; pytest-timeout's 300 s per test would cut it). Figures: docs/RELIABILITY.md.
 """
 
 from __future__ import annotations
