@@ -307,6 +307,8 @@ class GuardSettings(_Strict):
     max_step_down: int = Field(default=1, ge=1, le=4096)  # replicas removed per pool per tick, at most
     scale_down_stabilization_s: float = Field(default=300.0, ge=0, le=86400)
     budget_usd_per_hour: float | None = Field(default=None, gt=0)  # None: no budget cap
+    min_confidence: float = Field(default=0.0, ge=0, le=1)  # below this model confidence: no scale-down (0 = off)
+    max_concurrent_drains: int | None = Field(default=None, ge=1, le=4096)  # per pool; None: unlimited
 
 
 # --------------------------------------------------------------------------- operations: HA, OpenTelemetry

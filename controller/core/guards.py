@@ -2,7 +2,8 @@
 
 Order of application, each adjustment recorded as a Reason with a `guard_` code:
 
-1. telemetry freeze: when every series is stale the last safe decision is held;
+1. telemetry freeze: when every series is stale the last safe decision is held (the
+   operator's overrides, pool bounds and step limits still apply to it);
 2. missing data: a pool whose signals are missing or partial is never scaled down;
 3. operator overrides: freeze (hold the pool), pin, min, max, forced admission;
 4. the pool's min/max replicas;
@@ -119,27 +120,48 @@ def apply_guards(
     config: GuardConfig,
     state: GuardState,
     confidence: float | None = None,
+    current_admission: Mapping[str, ClassAdmission] | None = None,
 ) -> GuardResult:
+    """The guarded decision. `current_admission` is the admission in force (held while frozen; None: the
+    proposal's)."""
     adjustments: list[Reason] = []
     current = current or {}
     active = _active(overrides, now_s)
     unsure = (confidence is not None and config.min_confidence > 0 and confidence < config.min_confidence
               and bool(current))
 
-    # 1. everything stale: hold the last safe decision as a whole.
-    if observation.all_stale and current:
-        adjustments.append(Reason("guard_telemetry_frozen",
-                                  "all telemetry is stale or missing: holding the last safe decision"))
-        return GuardResult(dict(current), dict(admission), tuple(adjustments), True, state)
-
-    out: dict[str, PoolDecision] = {}
-    proposals = dict(state.proposals)
-
     def adjust(pool: str, n: int, new_n: int, code: str, msg: str, **data: Any) -> int:
         """Pool's replicas n → new_n, with a reason when that changes them."""
         if new_n != n:
             adjustments.append(Reason(code, msg, pool=pool, data={"from": n, "to": new_n, **data}))
         return new_n
+
+    # 1. everything stale: hold the last safe decision as a whole (replicas, levers and admission in
+    # force), but the operator's overrides still apply: an operator reaching for pin, floor, ceiling,
+    # freeze or forced admission is most likely to do so exactly when telemetry is down.
+    if observation.all_stale and current:
+        adjustments.append(Reason("guard_telemetry_frozen",
+                                  "all telemetry is stale or missing: holding the last safe decision"))
+        held = dict(current)
+        for spec in fleet.pools:
+            base = current.get(spec.name)
+            if base is None:
+                continue
+            pool_ovr = [o for o in active if o.pool == spec.name]
+            freeze = next((o for o in pool_ovr if o.kind == "freeze"), None)
+            if freeze is not None:
+                adjustments.append(Reason("guard_override_freeze",
+                                          f"frozen by {freeze.author}: {freeze.reason or 'no reason given'}",
+                                          pool=spec.name, data={"override_id": freeze.override_id}))
+                continue
+            n = _override_replicas(spec.name, base.replicas, pool_ovr, adjust)
+            n = _bounded(spec, base.replicas, n, config, adjust)
+            held[spec.name] = replace(base, replicas=n)
+        in_force = dict(current_admission) if current_admission is not None else dict(admission)
+        return GuardResult(held, _forced_admission(in_force, active, adjustments), tuple(adjustments), True, state)
+
+    out: dict[str, PoolDecision] = {}
+    proposals = dict(state.proposals)
 
     for spec in fleet.pools:
         name = spec.name
@@ -189,35 +211,11 @@ def apply_guards(
             proposals[name] = tuple(p for p in proposals.get(name, ())
                                     if now_s - p[0] < config.scale_down_stabilization_s)
             continue
-        for o in pool_ovr:
-            v = int(round(o.value))
-            if o.kind == "pin_replicas":
-                n = adjust(name, n, v, "guard_override_pin", f"pinned to {v} by {o.author}",
-                           override_id=o.override_id)
-            elif o.kind == "min_replicas" and n < v:
-                n = adjust(name, n, v, "guard_override_min", f"floor {v} set by {o.author}",
-                           override_id=o.override_id)
-            elif o.kind == "max_replicas" and n > v:
-                n = adjust(name, n, v, "guard_override_max", f"ceiling {v} set by {o.author}",
-                           override_id=o.override_id)
+        n = _override_replicas(name, n, pool_ovr, adjust)
         pinned = any(o.kind == "pin_replicas" for o in pool_ovr)
 
-        # 4. pool bounds (a pin may not leave them either).
-        if n < spec.min_replicas:
-            n = adjust(name, n, spec.min_replicas, "guard_min_replicas",
-                       f"raised to the pool minimum {spec.min_replicas}")
-        if n > spec.max_replicas:
-            n = adjust(name, n, spec.max_replicas, "guard_max_replicas",
-                       f"capped at the pool maximum {spec.max_replicas}")
-
-        # 5. step limits (pins are operator intent and still step gradually).
-        if cur_n is not None:
-            if config.max_step_up is not None and n > cur_n + config.max_step_up:
-                n = adjust(name, n, cur_n + config.max_step_up, "guard_max_step_up",
-                           f"at most +{config.max_step_up} per tick")
-            if config.max_step_down is not None and n < cur_n - config.max_step_down:
-                n = adjust(name, n, cur_n - config.max_step_down, "guard_max_step_down",
-                           f"at most -{config.max_step_down} per tick")
+        # 4. pool bounds (a pin may not leave them either); 5. step limits (pins still step gradually).
+        n = _bounded(spec, cur_n, n, config, adjust)
 
         # 6. scale-down stabilisation over the policy's proposals (not over pins).
         window = config.scale_down_stabilization_s
@@ -253,8 +251,48 @@ def apply_guards(
                 if total <= config.budget_usd_per_hour + 1e-9:
                     break
 
-    # forced admission levels.
-    adm = dict(admission)
+    return GuardResult(out, _forced_admission(dict(admission), active, adjustments), tuple(adjustments), False,
+                       GuardState(proposals))
+
+
+def _override_replicas(name: str, n: int, pool_ovr: Sequence[Override], adjust) -> int:
+    """Step 3 without freeze: the pool's pin, floor and ceiling overrides applied to `n`."""
+    for o in pool_ovr:
+        v = int(round(o.value))
+        if o.kind == "pin_replicas":
+            n = adjust(name, n, v, "guard_override_pin", f"pinned to {v} by {o.author}",
+                       override_id=o.override_id)
+        elif o.kind == "min_replicas" and n < v:
+            n = adjust(name, n, v, "guard_override_min", f"floor {v} set by {o.author}",
+                       override_id=o.override_id)
+        elif o.kind == "max_replicas" and n > v:
+            n = adjust(name, n, v, "guard_override_max", f"ceiling {v} set by {o.author}",
+                       override_id=o.override_id)
+    return n
+
+
+def _bounded(spec: PoolSpec, cur_n: int | None, n: int, config: GuardConfig, adjust) -> int:
+    """Steps 4 and 5: the pool's min/max replicas, then the per-tick step limits from `cur_n`."""
+    name = spec.name
+    if n < spec.min_replicas:
+        n = adjust(name, n, spec.min_replicas, "guard_min_replicas",
+                   f"raised to the pool minimum {spec.min_replicas}")
+    if n > spec.max_replicas:
+        n = adjust(name, n, spec.max_replicas, "guard_max_replicas",
+                   f"capped at the pool maximum {spec.max_replicas}")
+    if cur_n is not None:
+        if config.max_step_up is not None and n > cur_n + config.max_step_up:
+            n = adjust(name, n, cur_n + config.max_step_up, "guard_max_step_up",
+                       f"at most +{config.max_step_up} per tick")
+        if config.max_step_down is not None and n < cur_n - config.max_step_down:
+            n = adjust(name, n, cur_n - config.max_step_down, "guard_max_step_down",
+                       f"at most -{config.max_step_down} per tick")
+    return n
+
+
+def _forced_admission(adm: dict[str, ClassAdmission], active: Sequence[Override],
+                      adjustments: list[Reason]) -> dict[str, ClassAdmission]:
+    """The operator's forced admission levels over `adm`, each with a reason."""
     for o in active:
         if o.kind == "admission" and o.priority_class:
             prev = adm.get(o.priority_class, ClassAdmission())
@@ -262,7 +300,7 @@ def apply_guards(
             adjustments.append(Reason("guard_override_admission",
                                       f"{o.priority_class} shed fraction forced to {o.value:g} by {o.author}",
                                       data={"override_id": o.override_id, "class": o.priority_class}))
-    return GuardResult(out, adm, tuple(adjustments), False, GuardState(proposals))
+    return adm
 
 
 def override_bounds(spec: PoolSpec, overrides: Sequence[Override], now_s: float) -> tuple[int, int, bool]:

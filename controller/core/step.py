@@ -230,7 +230,7 @@ class Controller:
             now_s=now_s, fleet=fleet, proposal=proposal, admission=admission,
             current=current.pools if current else None, observation=obs,
             overrides=active, config=self.guards, state=state.guard_state,
-            confidence=_confidence(out),
+            confidence=_confidence(out), current_admission=current.admission if current else None,
         )
         adjustments = guarded.adjustments if guarded.frozen else held + guarded.adjustments
         decision = Decision(

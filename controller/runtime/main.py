@@ -104,7 +104,8 @@ def build_controller(settings: Settings, learning: Learning | None = None) -> Co
         fleet, build_policy(settings.policy, fleet, params),
         guards=GuardConfig(max_step_up=g.max_step_up, max_step_down=g.max_step_down,
                            scale_down_stabilization_s=g.scale_down_stabilization_s,
-                           budget_usd_per_hour=g.budget_usd_per_hour),
+                           budget_usd_per_hour=g.budget_usd_per_hour, min_confidence=g.min_confidence,
+                           max_concurrent_drains=g.max_concurrent_drains),
         decision_validity_s=settings.actuators.decision_validity_s, seed=settings.seed,
         tick_s=settings.tick_interval_s)
 

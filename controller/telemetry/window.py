@@ -25,9 +25,14 @@ Cost: per target, each scrape's samples are keyed once per label set (memoised)
 and appended to per-series histories, so a tick costs O(series) and a rate
 O(points in the window), with the same floats as recomputing from all snapshots.
 
-Missing, NaN and stale data are Readings, never exceptions. A pool whose engine
-targets all failed keeps its last computed view, aged: OK while younger than
-`stale_after_s`, STALE after (like Prometheus' lookback, then staleness). A pool
+Missing, NaN and stale data are Readings, never exceptions. A reading's freshness
+comes from when it was read: a pool whose engine targets all failed this update
+(refused, timed out, hung) keeps its last computed view for diagnosis, but every
+reading of it is STALE at once, with its age (`now_s` minus when it was read).
+A held view is never OK: a fleet that stopped answering must not look live
+(issue 21: a frozen fleet was recorded as healthy telemetry for 30 s). The same
+holds for a DCGM exporter and the router. `stale_after_s` is kept for the
+callers' interface; with Prometheus (prometheus.py) it bounds sample ages. A pool
 with no engine target at all (scaled to zero) has 0 ready, 0 running, 0 waiting.
 Series names follow docs/TELEMETRY.md: current vLLM names first, renamed ones as
 fallbacks, then SGLang; the router's request metrics are split by `priority`.
@@ -362,15 +367,15 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if den != 0 else math.nan
 
 
-def _aged(r: Reading, age_s: float, stale_after_s: float) -> Reading:
-    """A held reading `age_s` later: still OK while young enough, STALE after."""
+def _aged(r: Reading, age_s: float) -> Reading:
+    """A held reading `age_s` after it was read: not read this update, so STALE (never OK), with its age."""
     if r.status in (SignalStatus.OK, SignalStatus.STALE):
-        return Reading.of(r.value, age_s, stale_after_s)
+        return Reading(r.value, SignalStatus.STALE, age_s)
     return Reading(r.value, r.status, age_s)
 
 
-def _age_all(obj, age_s: float, stale_after_s: float):
-    changes = {name: _aged(getattr(obj, name), age_s, stale_after_s)
+def _age_all(obj, age_s: float):
+    changes = {name: _aged(getattr(obj, name), age_s)
                for name in obj.__dataclass_fields__ if isinstance(getattr(obj, name), Reading)}
     return replace(obj, **changes)
 
@@ -483,7 +488,7 @@ class FamiliesWindow:
         if view is None:
             return PoolObservation(pool=pool)
         at_s, obs = view
-        return _age_all(obs, now_s - at_s, self.stale_after_s)
+        return _age_all(obs, now_s - at_s)
 
     def _engine_view(self, now_s: float, pool: str, histories: list[_TargetHistory], listed: int,
                      blind: bool) -> PoolObservation:
@@ -530,8 +535,7 @@ class FamiliesWindow:
             held = self._gpu_views.get(pool)
             if held is None:
                 return MISSING, MISSING
-            return (_aged(held[1], now_s - held[0], self.stale_after_s),
-                    _aged(held[2], now_s - held[0], self.stale_after_s))
+            return _aged(held[1], now_s - held[0]), _aged(held[2], now_s - held[0])
         reading = _r(_gpu_busy_frac(results))
         mem = _r(_fb_used_frac(results))
         self._gpu_views[pool] = (now_s, reading, mem)
@@ -545,7 +549,7 @@ class FamiliesWindow:
             if self._class_view is None:
                 return {c: ClassObservation(priority_class=c) for c in self.classes}
             at_s, last = self._class_view
-            return {c: _age_all(o, now_s - at_s, self.stale_after_s) for c, o in last.items()}
+            return {c: _age_all(o, now_s - at_s) for c, o in last.items()}
         t = _Totals()
         for h in routers:
             t.add(h)
