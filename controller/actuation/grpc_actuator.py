@@ -1,10 +1,15 @@
 """Sends decisions to the fleet over gRPC: RoutingPolicy to RouterControl, ScalingPlan to AutoscalerControl.
 
 Each decision becomes at most two commands, each carrying CommandMeta (decision id,
-generation, validity deadline, issuer). A call has a deadline; UNAVAILABLE and
+generation, validity deadline, issuer), sent to the router and the autoscaler side by
+side (a hung router does not delay the scaling plan). A call has a deadline; UNAVAILABLE and
 DEADLINE_EXCEEDED are retried a bounded number of times with exponential backoff
 (waits go through the injected Clock, so a virtual clock never really sleeps);
 an ack (APPLIED, REPLAY, STALE_GENERATION, INVALID) is final and never retried.
+`apply(decision, deadline_s=...)` bounds the whole send by the tick's actuation deadline
+(the daemon's, controller/tick_budget.py): no attempt starts or waits past it, and an
+attempt's timeout is cut to what is left. A re-send is the same generation and decision id,
+so a target that applied an attempt whose answer was lost replays it: no duplicate effect.
 Every `apply` returns exactly one ActuationOutcome and never raises for
 transport problems.
 
@@ -123,8 +128,36 @@ def fleet_state_view(msg: control_pb2.FleetState) -> FleetStateView:
 # --------------------------------------------------------------------------- the actuator
 
 
+class _Send:
+    """One target's command within one apply: its request, attempts so far and final result."""
+
+    def __init__(self, target: str, method, build: Callable) -> None:
+        self.target = target
+        self.method = method
+        self.build = build
+        self.request = None
+        self.attempts = 0
+        self.last_code = ""
+        self.last_error = ""
+        self.result: TargetResult | None = None
+
+    def check_deadlines(self, clock: Clock, decision: Decision, deadline_s: float | None) -> None:
+        """Finish with FAILED when the decision's validity or the tick's actuation deadline has passed."""
+        last = f"; last error {self.last_code}: {self.last_error}" if self.last_code else ""
+        if clock.now_s() >= decision.valid_until_s:
+            self.result = TargetResult(self.target, FAILED, self.attempts, code=self.last_code or "DEADLINE_PASSED",
+                                       detail=f"validity deadline {decision.valid_until_s:.3f} passed before "
+                                              f"delivery{last}")
+        elif deadline_s is not None and deadline_s - clock.monotonic_s() <= 0:
+            self.result = TargetResult(self.target, FAILED, self.attempts, code=self.last_code or "TICK_DEADLINE",
+                                       detail=f"the tick's actuation deadline passed after {self.attempts} "
+                                              f"attempt(s){last}")
+
+
 class GrpcActuator:
     """Actuator over gRPC to a router adapter and an autoscaler adapter (either may be absent: None)."""
+
+    takes_deadline = True  # apply() accepts deadline_s (the daemon passes the tick's actuation deadline)
 
     def __init__(self, router_address: str | None, autoscaler_address: str | None, *, clock: Clock,
                  call_timeout_s: float = 2.0, retries: int = 3, backoff_s: float = 0.2,
@@ -164,19 +197,20 @@ class GrpcActuator:
     def issuer(self) -> str:
         return self._issuer
 
-    def apply(self, decision: Decision) -> ActuationOutcome:
+    def apply(self, decision: Decision, *, deadline_s: float | None = None) -> ActuationOutcome:
+        """Send both commands side by side; `deadline_s` (on the clock's monotonic scale) bounds them."""
         started_s = self._clock.monotonic_s()
-        results: list[TargetResult] = []
+        sends = []
         if self._router is not None:
-            results.append(self._send(ROUTER, self._router.ApplyRoutingPolicy,
-                                      lambda: routing_policy_for(decision, self._issuer), decision))
-        else:
-            results.append(TargetResult(ROUTER, SKIPPED, detail="no router address configured"))
+            sends.append(_Send(ROUTER, self._router.ApplyRoutingPolicy,
+                               lambda: routing_policy_for(decision, self._issuer)))
         if self._autoscaler is not None:
-            results.append(self._send(AUTOSCALER, self._autoscaler.ApplyScalingPlan,
-                                      lambda: scaling_plan_for(decision, self._issuer), decision))
-        else:
-            results.append(TargetResult(AUTOSCALER, SKIPPED, detail="no autoscaler address configured"))
+            sends.append(_Send(AUTOSCALER, self._autoscaler.ApplyScalingPlan,
+                               lambda: scaling_plan_for(decision, self._issuer)))
+        self._send_all(sends, decision, deadline_s)
+        done = {x.target: x.result for x in sends}
+        results = [done.get(ROUTER) or TargetResult(ROUTER, SKIPPED, detail="no router address configured"),
+                   done.get(AUTOSCALER) or TargetResult(AUTOSCALER, SKIPPED, detail="no autoscaler address configured")]
         self._remember(results)
         status = combine_status([r.status for r in results])
         detail = "; ".join(f"{r.target}: {r.status}" + (f" ({r.detail})" if r.detail else "") for r in results)
@@ -186,35 +220,63 @@ class GrpcActuator:
             targets={r.target: r for r in results},
         )
 
-    def _send(self, target: str, method: Callable, build: Callable, decision: Decision) -> TargetResult:
-        try:
-            request = build()
-        except (ValueError, TypeError) as exc:  # e.g. a replica count outside int32
-            return TargetResult(target, INVALID, 0, detail=f"cannot encode the command: {exc}")
-        attempts = 0
-        last_code = ""
-        last_error = ""
-        while True:
-            if self._clock.now_s() >= decision.valid_until_s:
-                why = f"validity deadline {decision.valid_until_s:.3f} passed before delivery"
-                if last_code:
-                    why += f"; last error {last_code}: {last_error}"
-                return TargetResult(target, FAILED, attempts, detail=why, code=last_code or "DEADLINE_PASSED")
-            attempts += 1
+    def _send_all(self, sends: list[_Send], decision: Decision, deadline_s: float | None) -> None:
+        """Rounds of attempts: every unfinished target's call goes out at once (gRPC futures), the round
+        waits for them all, then one backoff wait before the next round. One thread does the waiting, so
+        the time spent is the slowest target's, never the sum, and a virtual clock stays deterministic."""
+        for x in sends:
             try:
-                ack = method(request, timeout=self._call_timeout_s, metadata=self._metadata)
-            except grpc.RpcError as exc:
-                code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
-                last_code = code.name
-                last_error = (exc.details() if callable(getattr(exc, "details", None)) else str(exc)) or ""
-                if code in RETRYABLE_CODES and attempts <= self._retries:
-                    self._clock.sleep(self._backoff_s * 2 ** (attempts - 1))
+                x.request = x.build()
+            except (ValueError, TypeError) as exc:  # e.g. a replica count outside int32
+                x.result = TargetResult(x.target, INVALID, 0, detail=f"cannot encode the command: {exc}")
+        while True:
+            pending = [x for x in sends if x.result is None]
+            for x in pending:
+                x.check_deadlines(self._clock, decision, deadline_s)
+            pending = [x for x in pending if x.result is None]
+            if not pending:
+                return
+            calls = []
+            for x in pending:
+                timeout_s = self._call_timeout_s
+                if deadline_s is not None:
+                    timeout_s = min(timeout_s, deadline_s - self._clock.monotonic_s())
+                x.attempts += 1
+                try:
+                    calls.append((x, x.method.future(x.request, timeout=timeout_s, metadata=self._metadata)))
+                except ValueError as exc:  # the channel was closed under us (shutdown)
+                    x.result = TargetResult(x.target, FAILED, x.attempts, code="CLOSED",
+                                            detail=f"actuator closed: {exc}")
+            waits = []
+            for x, call in calls:
+                try:
+                    ack = call.result()  # bounded by the call's own timeout
+                except grpc.RpcError as exc:
+                    code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
+                    x.last_code = code.name
+                    x.last_error = (exc.details() if callable(getattr(exc, "details", None)) else str(exc)) or ""
+                    if code in RETRYABLE_CODES and x.attempts <= self._retries:
+                        waits.append(self._backoff_s * 2 ** (x.attempts - 1))
+                        continue
+                    x.result = TargetResult(x.target, FAILED, x.attempts, code=x.last_code,
+                                            detail=f"{x.last_code} after {x.attempts} attempt(s): {x.last_error}")
                     continue
-                return TargetResult(target, FAILED, attempts, code=last_code,
-                                    detail=f"{last_code} after {attempts} attempt(s): {last_error}")
-            except ValueError as exc:  # the channel was closed under us (shutdown)
-                return TargetResult(target, FAILED, attempts, code="CLOSED", detail=f"actuator closed: {exc}")
-            return self._from_ack(target, ack, attempts, retried=bool(last_code))
+                except ValueError as exc:  # closed under us
+                    x.result = TargetResult(x.target, FAILED, x.attempts, code="CLOSED",
+                                            detail=f"actuator closed: {exc}")
+                    continue
+                x.result = self._from_ack(x.target, ack, x.attempts, retried=bool(x.last_code))
+            if not waits:
+                continue
+            wait_s = max(waits)
+            if deadline_s is not None and self._clock.monotonic_s() + wait_s >= deadline_s:
+                for x in sends:
+                    if x.result is None:
+                        x.result = TargetResult(x.target, FAILED, x.attempts, code=x.last_code,
+                                                detail=f"{x.last_code} after {x.attempts} attempt(s), no time left "
+                                                       f"in the tick for another: {x.last_error}")
+                return
+            self._clock.sleep(wait_s)
 
     @staticmethod
     def _from_ack(target: str, ack: control_pb2.Ack, attempts: int, *, retried: bool) -> TargetResult:
@@ -279,3 +341,4 @@ class GrpcActuator:
         for ch in self._channels.values():
             ch.close()
         self._channels.clear()
+

@@ -31,7 +31,7 @@ running streams before a replica goes); guardrails only decide how many.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -255,7 +255,7 @@ def apply_guards(
                        GuardState(proposals))
 
 
-def _override_replicas(name: str, n: int, pool_ovr: Sequence[Override], adjust) -> int:
+def _override_replicas(name: str, n: int, pool_ovr: Sequence[Override], adjust: Callable[..., int]) -> int:
     """Step 3 without freeze: the pool's pin, floor and ceiling overrides applied to `n`."""
     for o in pool_ovr:
         v = int(round(o.value))
@@ -271,7 +271,7 @@ def _override_replicas(name: str, n: int, pool_ovr: Sequence[Override], adjust) 
     return n
 
 
-def _bounded(spec: PoolSpec, cur_n: int | None, n: int, config: GuardConfig, adjust) -> int:
+def _bounded(spec: PoolSpec, cur_n: int | None, n: int, config: GuardConfig, adjust: Callable[..., int]) -> int:
     """Steps 4 and 5: the pool's min/max replicas, then the per-tick step limits from `cur_n`."""
     name = spec.name
     if n < spec.min_replicas:

@@ -87,6 +87,10 @@ class DaemonMetrics:
         self.class_slo_violation = Gauge("governor_class_slo_violation", "1 when the class's observed p95 TTFT or "
                                          "TPOT exceeds its SLO this tick, 0 when within; absent when unobserved",
                                          ["priority"], registry=r)
+        self.config_reloads = Counter("governor_config_reloads", "Config reloads (SIGHUP), by result (ok, failed); "
+                                      "a failed reload keeps the running config", ["result"], registry=r)
+        self.store_errors = Counter("governor_state_store_errors", "State-store writes that failed (disk full, "
+                                    "read-only), by what was being written", ["write"], registry=r)
         self._server: WSGIServer | None = None
 
     def set_mode(self, mode: Mode) -> None:

@@ -10,21 +10,37 @@ shard still reads, decides and learns every tick, but records its decisions as s
 refuses write RPCs, takes the leader's published mode and serves KEDA the leader's
 published targets. The leader numbers its decisions from the term's generation floor,
 which fences a deposed leader's late commands at the actuators.
+
+Faults (docs/RELIABILITY.md): the telemetry read and the autoscaler's fleet-state call run side
+by side, each bounded by its own timeout; actuation gets what is left of `PLAN_SHARE` of the
+tick as its deadline (controller/tick_budget.py). A state-store write that fails (disk full,
+read-only) is reported in status and `governor_state_store_errors`; when the generation cannot
+be persisted the decision is not sent (a restart could otherwise reuse it). A config reload's
+result is kept for status and `governor_config_reloads`. `GOVERNOR_FAULT_KILL_AT=PHASE[:TICK]`
+(read, step, persist, actuate, record, learn) SIGKILLs the process at that point of a tick, for
+the crash tests (tests/reliability/test_faults_controller.py); unset in production.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import sqlite3
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from controller.actuation.outcome import FAILED, ActuationOutcome
 from controller.api.server import ComponentStatus, PoolStatusView, StatusView
+from controller.api.store import StoreError
 from controller.clock import Clock
 from controller.core.step import Controller, ControllerState, TickInput, TickResult
 from controller.obs.metrics import DaemonMetrics
 from controller.obs.otel import Phase, TickTelemetry
+from controller.tick_budget import PLAN_SHARE
 from controller.types import FleetObservation, Mode, PoolPhases
 
 
@@ -51,6 +67,21 @@ class TickReport:
     observation: FleetObservation
     outcome: Any  # ActuationOutcome, or None when paused
     durations_ms: dict[str, float]
+
+
+KILL_PHASES = ("read", "step", "persist", "actuate", "record", "learn")
+_STORE_ERRORS = (sqlite3.Error, OSError, StoreError)
+
+
+def _kill_point() -> tuple[str, int] | None:
+    """(phase, tick) of GOVERNOR_FAULT_KILL_AT=PHASE[:TICK] (tick 1-based, default 1), or None."""
+    spec = os.environ.get("GOVERNOR_FAULT_KILL_AT", "")
+    if not spec:
+        return None
+    phase, _, tick = spec.partition(":")
+    if phase not in KILL_PHASES or (tick and not tick.isdigit()):
+        raise ValueError(f"GOVERNOR_FAULT_KILL_AT={spec!r}: expected one of {list(KILL_PHASES)}, optionally :TICK")
+    return phase, int(tick or 1)
 
 
 class Daemon:
@@ -80,7 +111,34 @@ class Daemon:
         self.last_tick_s: float = 0.0
         self.applied_replicas: dict[str, int] = {}  # last replica targets sent in active mode (served to KEDA)
         self.after_tick: list[Callable[[], None]] = []
+        self.store_problem = ""  # the last state-store write that failed ("" while writes succeed)
+        self.reload_result: tuple[bool, str, float] | None = None  # (ok, detail, at_s) of the last SIGHUP reload
+        self._ticks = 0
+        self._kill_at = _kill_point()
+        self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-state")  # beside the read
         metrics.set_mode(self.mode)
+
+    def _phase(self, name: str) -> None:
+        """A fault-injection point: SIGKILL here when GOVERNOR_FAULT_KILL_AT names this phase and tick."""
+        if self._kill_at is not None and self._kill_at == (name, self._ticks):
+            self.log.warning(f"fault injection: SIGKILL at phase {name} of tick {self._ticks}",
+                             extra={"event": "fault_kill", "phase": name})
+            for h in logging.getLogger().handlers + self.log.handlers:
+                h.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _store_write(self, what: str, write: Callable[[], object]) -> bool:
+        """Run one state-store write; on failure report it (status, metric, log) and return False."""
+        try:
+            write()
+        except _STORE_ERRORS as exc:
+            self.store_problem = f"{what}: {exc}"
+            self.metrics.store_errors.labels(what).inc()
+            self.log.error(f"state store: cannot write the {what}: {exc}", extra={"event": "store_error"})
+            return False
+        if self.store_problem.startswith(f"{what}:"):
+            self.store_problem = ""
+        return True
 
     # ------------------------------------------------------------------ tick
 
@@ -90,15 +148,28 @@ class Daemon:
         state = self.actuator.fleet_state() if self.actuator is not None else None
         return state.pools if state else None
 
+    def _read(self, now_s: float):
+        """The telemetry and the autoscaler's fleet state, side by side (each bounded by its own timeout)."""
+        pending = self._side.submit(self._fleet_state) if self.actuator is not None else None
+        raw = self.source.read(now_s)
+        fleet_state = None
+        if pending is not None:
+            try:
+                fleet_state = pending.result()
+            except Exception as exc:  # noqa: BLE001 - an actuator that cannot say is "unknown", never a crash
+                self.log.warning(f"fleet state unavailable: {exc}", extra={"event": "fleet_state"})
+        return raw, fleet_state
+
     def tick(self) -> TickReport:
         with self._lock:
             clock = self.clock
+            self._ticks += 1
             t0 = clock.monotonic_s()
             now_s = clock.now_s()
-            raw = self.source.read(now_s)
-            fleet_state = self._fleet_state()
+            raw, fleet_state = self._read(now_s)
+            self._phase("read")
             t1 = clock.monotonic_s()
-            self.store.expire_overrides(now_s)
+            self._store_write("override expiry", lambda: self.store.expire_overrides(now_s))
             overrides = self.store.active_overrides(now_s)
             in_force = self.state.current
             leading = self.leadership is None or self.leadership.leading()
@@ -112,23 +183,31 @@ class Daemon:
                 self.state, TickInput(now_s=now_s, observation=raw, fleet_state=fleet_state, mode=self.mode,
                                       overrides=overrides, profile=self.profile))
             obs = result.estimate.observation  # the telemetry with the autoscaler's replica phases
+            self._phase("step")
             t2 = clock.monotonic_s()
             outcome = None
             d = result.decision
             if d is not None:
-                # persisted before sending: a restart never goes backwards
-                self.store.advance_generation_to(d.generation)
+                # persisted before sending: a restart never goes backwards (nor reuses a generation)
+                persisted = self._store_write("generation", lambda: self.store.advance_generation_to(d.generation))
+                self._phase("persist")
                 # Checked again right before sending: the step may have taken a while.
                 leading = leading and (self.leadership is None or self.leadership.leading())
-                if self.mode is Mode.ACTIVE and self.actuator is not None and leading:
-                    outcome = self.actuator.apply(d)
-                if self.mode is Mode.ACTIVE and leading:
+                if not persisted and self.mode is Mode.ACTIVE and self.actuator is not None and leading:
+                    outcome = ActuationOutcome(d.decision_id, d.generation, FAILED,
+                                               detail=f"not sent: the state store cannot persist generation "
+                                                      f"{d.generation} ({self.store_problem})")
+                elif self.mode is Mode.ACTIVE and self.actuator is not None and leading:
+                    outcome = self._apply(d, t0)
+                if self.mode is Mode.ACTIVE and leading and persisted:
                     self.applied_replicas = {p: pd.replicas for p, pd in d.pools.items()}
                 if outcome is None:
                     outcome = self.shadow.apply(d)
+                self._phase("actuate")
             t3 = clock.monotonic_s()
             if self.learning is not None:
                 self.learning.on_tick(now_s, obs, in_force)
+            self._phase("learn")
             t4 = clock.monotonic_s()
             durations = {"read_ms": (t1 - t0) * 1e3, "step_ms": (t2 - t1) * 1e3, "actuate_ms": (t3 - t2) * 1e3,
                          "learn_ms": (t4 - t3) * 1e3}
@@ -139,7 +218,8 @@ class Daemon:
             if self.leadership is not None:
                 record["leader"] = leading
             if d is not None:
-                self.store.record_decision(record)
+                self._store_write("decision record", lambda: self.store.record_decision(record))
+                self._phase("record")
             self._report_metrics(result, obs, outcome, durations)
             self._log_tick(result, outcome, durations)
             if self.otel is not None:
@@ -152,6 +232,13 @@ class Daemon:
         if self.on_tick is not None:
             self.on_tick(report)
         return report
+
+    def _apply(self, d, t0: float):
+        """Send a decision within what is left of the tick's budget (an actuator that takes a deadline
+        stops retrying at it; controller/actuation/grpc_actuator.py)."""
+        if getattr(self.actuator, "takes_deadline", False):
+            return self.actuator.apply(d, deadline_s=t0 + PLAN_SHARE * self.controller.tick_s)
+        return self.actuator.apply(d)
 
     def _follow_leader_mode(self, now_s: float) -> None:
         """A follower takes the mode the leader publishes, so a takeover keeps the mode operators set."""
@@ -186,14 +273,30 @@ class Daemon:
                         out[name] = int(p.replicas_ready.value + p.replicas_starting.or_default(0.0))
             return out
 
-    def reload(self, controller: Controller) -> None:
+    def reload(self, controller: Controller, physics: Mapping[str, Any] | None = None) -> None:
         """Swap in a controller built from a reloaded config; the controller state carries over
-        (generation, decision in force); the policy's own state restarts if the policy changed."""
+        (generation, decision in force); the policy's own state restarts if the policy changed. When the
+        pools changed, the telemetry source reads the new list and learning (given each pool's `physics`)
+        scores and refits with it from the next tick."""
         with self._lock:
             same_policy = controller.policy.name == self.controller.policy.name
+            before = [p.name for p in self.controller.fleet.pools]
             self.controller = controller
             if not same_policy:
                 self.state = replace(self.state, policy_state=controller.policy.initial_state())
+            after = [p.name for p in controller.fleet.pools]
+            if after != before:
+                set_pools = getattr(self.source, "set_pools", None)
+                if callable(set_pools):
+                    set_pools(after)
+                if self.learning is not None and physics is not None:
+                    self.learning.set_physics(physics)
+            self.note_reload(True, f"pools {after}", self.clock.now_s())
+
+    def note_reload(self, ok: bool, detail: str, at_s: float) -> None:
+        """Keep a reload's result for `governor status` and governor_config_reloads."""
+        self.reload_result = (ok, detail, at_s)
+        self.metrics.config_reloads.labels("ok" if ok else "failed").inc()
 
     def _report_metrics(self, result: TickResult, obs: FleetObservation, outcome, durations: dict[str, float]) -> None:
         m = self.metrics
@@ -328,8 +431,19 @@ class Daemon:
         if self.actuator is not None:
             ok, detail = self.actuator.health()
             components.append(ComponentStatus("actuator:grpc", ok, detail, self.last_tick_s if ok else 0.0))
+        components.append(ComponentStatus("state:store", not self.store_problem,
+                                          self.store_problem or "writes succeed", 0.0 if self.store_problem
+                                          else self.last_tick_s))
         decision = rep.result.decision if rep else None
         details: list[tuple[str, str]] = []
+        if rep is not None:
+            stale = sorted(p for p, st in rep.result.telemetry.items() if st != "ok")
+            details.append(("telemetry.frozen", str(rep.result.frozen).lower()))
+            if stale:
+                details.append(("telemetry.not_ok", ", ".join(f"{p}={rep.result.telemetry[p]}" for p in stale)))
+        if self.reload_result is not None:
+            ok, what, _at = self.reload_result
+            details.append(("config.reload", ("ok: " if ok else "failed, running config kept: ") + what))
         if self.leadership is not None:
             holder, _ = self.leadership.leader()
             details.append(("leader.lease", self.leadership.lease_name))

@@ -82,6 +82,17 @@ class Learning:
         self.log.info(f"learned models loaded: {sources}", extra={"event": "models", "sources": sources})
         return with_physics(loaded["coupling"][0], physics), forecaster, source  # type: ignore[arg-type]
 
+    def set_physics(self, physics: Mapping[str, PoolPhysics]) -> None:
+        """The configured pools changed (a config reload): the tracker scores, the refit job trains and the
+        models in the slot plan with these pools' physics from the next tick on (without this they kept the
+        start-up pool list). Each holder takes a new dict: a reader mid-tick sees the old or the new, whole."""
+        self.physics = dict(physics)
+        self.tracker.physics_by_pool = dict(physics)
+        self.job.physics_by_pool = dict(physics)
+        models = self.slot.get()
+        self.slot.swap(coupling=with_physics(models.coupling, list(physics.values())), source=models.source)
+        self.log.info(f"learning follows the reloaded pools: {sorted(physics)}", extra={"event": "models"})
+
     def start(self) -> None:
         self.job.start()
 

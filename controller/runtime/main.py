@@ -22,7 +22,7 @@ from controller.actuation.shadow import ShadowActuator
 from controller.api.server import PolicyServer
 from controller.api.store import StateStore
 from controller.clock import Clock, WallClock
-from controller.config import ConfigError, Settings, load_settings
+from controller.config import ConfigError, Settings
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller
 from controller.learning.physics import physics_for_pool_spec
@@ -108,6 +108,21 @@ def build_controller(settings: Settings, learning: Learning | None = None) -> Co
                            max_concurrent_drains=g.max_concurrent_drains),
         decision_validity_s=settings.actuators.decision_validity_s, seed=settings.seed,
         tick_s=settings.tick_interval_s)
+
+
+def reload_settings(path: str, policy: str | None) -> Settings:
+    """A reloaded config, checked as `governor run` checks it at start-up (preflight: fields, engines,
+    policy_params, the tick budget); --policy still wins over the file."""
+    return shard_settings(_with_policy(preflight(path), policy))
+
+
+def reloaded_parts(settings: Settings, learning: Learning | None) -> tuple[dict, Controller]:
+    """(each pool's physics, the controller) of a reloaded config: built before anything is swapped, so a
+    config that fails here changes nothing."""
+    engines = settings.engines()
+    fleet = settings.fleet_spec()
+    physics = {p.name: physics_for_pool_spec(p, engines[p.name]) for p in fleet.pools}
+    return physics, build_controller(settings, learning)
 
 
 def shard_settings(settings: Settings) -> Settings:
@@ -227,12 +242,16 @@ def demo_settings(scenario, listening: dict[str, Any], state_dir: str) -> Settin
               "max_num_batched_tokens": p.max_num_batched_tokens} for p in spec.pools]
     return Settings(
         mode="active", policy="slo-feedback", tick_interval_s=3.0, state_dir=state_dir,
-        telemetry={"source": "scrape", "scrape": {"discovery_url": listening["discovery"], "timeout_s": 1.0},
+        # Timeouts sized to the 3 s tick (controller/tick_budget.py): a 1.5 s read round (0.5 s × 2 + 0.5 s)
+        # plus 1.1 s of actuation (2 attempts of 0.5 s and a 0.1 s backoff) fit 90 % of it on loopback.
+        telemetry={"source": "scrape", "scrape": {"discovery_url": listening["discovery"], "timeout_s": 0.5},
                    "window_s": 20.0, "stale_after_s": 20.0},
         pools=pools,
         slo={c: {"ttft_s": s.ttft_s, "tpot_s": s.tpot_s} for c, s in spec.slos.items()},
-        actuators={"router": {"address": listening["router_control"], "retries": 1},
-                   "autoscaler": {"address": listening["autoscaler_control"], "retries": 1},
+        actuators={"router": {"address": listening["router_control"], "retries": 1, "timeout_s": 0.5,
+                              "backoff_s": 0.1},
+                   "autoscaler": {"address": listening["autoscaler_control"], "retries": 1, "timeout_s": 0.5,
+                                  "backoff_s": 0.1},
                    "decision_validity_s": 30.0,
                    "keda": {"enabled": True, "listen": f"127.0.0.1:{_free_port()}"}},
         api={"listen": f"127.0.0.1:{_free_port()}"},
@@ -381,8 +400,13 @@ def cmd_run(args) -> int:
             if not args.config:
                 logger.info("SIGHUP ignored: no config file to reload", extra={"event": "reload"})
                 return
-            new = shard_settings(_with_policy(load_settings(args.config), policy))  # --policy wins over the file
-            services.daemon.reload(build_controller(new, services.daemon.learning))
+            try:
+                new = reload_settings(args.config, policy)
+                physics, controller = reloaded_parts(new, services.daemon.learning)
+            except (ConfigError, ValueError, OSError) as exc:  # rejected whole: the running config stays
+                services.daemon.note_reload(False, " ".join(str(exc).split())[:500], clock.now_s())
+                raise
+            services.daemon.reload(controller, physics)
             logger.info("config reloaded", extra={"event": "reload", "summary": new.summary()})
 
         if view is not None:

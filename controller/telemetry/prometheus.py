@@ -313,6 +313,10 @@ class PrometheusSource:
         h = self._health
         return h.ok, h.message
 
+    def set_pools(self, pools: Sequence[str]) -> None:
+        """The configured pools changed (a config reload): the next read reports these pools."""
+        self.pools = tuple(pools)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()

@@ -12,7 +12,9 @@ Prometheus HTTP service-discovery URL (a JSON list of
 serves): the `pool` label names the pool and `kind` says what the target is
 (vllm, sglang, dcgm or router; default vllm). If discovery fails, the last list
 that worked is kept and the failure is reported; before any list worked, every
-reading is MISSING (an empty list would look like a fleet scaled to zero).
+reading is MISSING (an empty list would look like a fleet scaled to zero). One
+deadline, `2 × timeout_s + 0.5 s` (controller/tick_budget.py), covers the whole
+read, discovery included: a hung discovery endpoint gets `timeout_s` of it.
 
 This is an edge: it never raises for fleet trouble, and it does not interpret
 metrics itself (that is `window.py`).
@@ -23,10 +25,11 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,6 +37,7 @@ from prometheus_client.samples import Sample
 
 from controller.telemetry.source import TARGET_KINDS, ScrapeTarget, describe_error
 from controller.telemetry.window import FamiliesWindow, TargetSamples, read_sample_names
+from controller.tick_budget import scrape_round_s
 from controller.types import FleetObservation, PoolObservation
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a vLLM /metrics page is ~100 KB; refuse anything absurd
@@ -275,8 +279,12 @@ class ScrapeSource:
         self.discovery_url = discovery_url
         self.timeout_s = float(timeout_s)
         # urllib's timeout bounds each socket operation (connect, each read), not the whole
-        # request; a target that trickles bytes is cut off when the round ends.
-        self.round_timeout_s = 2.0 * self.timeout_s + 0.5
+        # request; a target that trickles bytes is cut off when the round ends. The round covers the
+        # discovery fetch too (controller/tick_budget.py): a hung discovery endpoint costs at most
+        # timeout_s of it, and the targets get what is left.
+        self.round_timeout_s = scrape_round_s(self.timeout_s)
+        self._discovery_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scrape-sd")
+        self._discovery_pending: Future[str] | None = None  # a discovery fetch still running from an earlier read
         self.window = FamiliesWindow(self.pools, window_s, stale_after_s, source_name=self.name)
         # Fetching and parsing hold the GIL most of the time: more threads than ~4 only add contention.
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix="scrape")
@@ -294,8 +302,17 @@ class ScrapeSource:
     def _discover(self) -> tuple[list[ScrapeTarget] | None, str | None]:
         if not self.discovery_url:
             return [], None
+        pending = self._discovery_pending
+        if pending is None or pending.done():
+            pending = self._discovery_pending = self._discovery_pool.submit(fetch_text, self.discovery_url,
+                                                                            self.timeout_s)
+        wait([pending], timeout=self.timeout_s)
+        if not pending.done():  # hung or trickling: keep the last list, try again next read
+            return self._discovered, (f"discovery {self.discovery_url}: no answer within {self.timeout_s:g} s "
+                                      "(the last list is kept)")
+        self._discovery_pending = None
         try:
-            found = parse_discovery(fetch_text(self.discovery_url, self.timeout_s))
+            found = parse_discovery(pending.result())
         except Exception as exc:  # noqa: BLE001 - any failure keeps the last good list
             return self._discovered, f"discovery {self.discovery_url}: {describe_error(exc)}"
         self._discovered = found
@@ -310,7 +327,7 @@ class ScrapeSource:
 
     # ------------------------------------------------------------------ read
 
-    def _scrape_all(self, targets: Sequence[ScrapeTarget],
+    def _scrape_all(self, targets: Sequence[ScrapeTarget], budget_s: float | None = None,
                     ) -> list[tuple[ScrapeTarget, TargetSamples | BaseException]]:
         fams = self._families
         futures = {t.url: self._pool.submit(_scrape, t.url, self.timeout_s, None if fams is None else fams[t.kind],
@@ -318,13 +335,14 @@ class ScrapeSource:
                    for t in targets}
         for url in [u for u in self._label_cache if u not in futures]:  # targets gone: forget their labels
             del self._label_cache[url]
-        wait(futures.values(), timeout=self.round_timeout_s)
+        budget = self.round_timeout_s if budget_s is None else max(0.0, budget_s)
+        wait(futures.values(), timeout=budget)
         out: list[tuple[ScrapeTarget, TargetSamples | BaseException]] = []
         for t in targets:
             f = futures[t.url]
             if not f.done():
                 f.cancel()
-                out.append((t, TimeoutError(f"no answer within {self.round_timeout_s:g} s")))
+                out.append((t, TimeoutError(f"no answer within the read deadline ({budget:g} s)")))
                 continue
             exc = f.exception()
             if exc is not None:
@@ -337,6 +355,7 @@ class ScrapeSource:
 
     def read(self, now_s: float) -> FleetObservation:
         with self._lock:
+            started = time.monotonic()  # the read's own deadline is wall time: it bounds real I/O
             discovered, discovery_error = self._discover()
             if self.discovery_url and discovered is None and not self.static_targets:
                 # Discovery never worked: we do not know the fleet, which is not the same as an empty fleet.
@@ -345,7 +364,7 @@ class ScrapeSource:
                 self._health = _Health(False, obs.errors[0])
                 return obs
             targets = self.targets()
-            scraped = self._scrape_all(targets)
+            scraped = self._scrape_all(targets, self.round_timeout_s - (time.monotonic() - started))
             obs = self.window.update(now_s, scraped)
             if discovery_error:
                 obs = FleetObservation(at_s=obs.at_s, pools=obs.pools, classes=obs.classes, source=obs.source,
@@ -362,8 +381,15 @@ class ScrapeSource:
         h = self._health
         return h.ok, h.message
 
+    def set_pools(self, pools: Sequence[str]) -> None:
+        """The configured pools changed (a config reload): targets of a new pool count from the next read."""
+        with self._lock:
+            self.pools = tuple(pools)
+            self.window.pools = self.pools
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._discovery_pool.shutdown(wait=False, cancel_futures=True)
 
 
 __all__ = ["ScrapeError", "ScrapeSource", "family_names", "fetch_text", "filter_exposition", "parse_discovery",

@@ -9,7 +9,7 @@ types only; it must not do I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -31,6 +31,10 @@ class TelemetrySource(Protocol):
 
     def health(self) -> tuple[bool, str]:
         """(healthy, one-line description) as of the last read; does no I/O."""
+        ...
+
+    def set_pools(self, pools: Sequence[str]) -> None:
+        """The configured pools changed (a config reload): report these from the next read on."""
         ...
 
 

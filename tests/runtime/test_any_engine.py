@@ -49,12 +49,12 @@ def _config(tmp: Path, info: dict, model: str = "qwen-2.5-7b") -> Path:
     path = tmp / "governor.yaml"
     path.write_text(f"""\
 mode: active
-tick_interval_s: 1
+tick_interval_s: 15
 state_dir: {tmp / 'state'}
 telemetry:
   source: scrape
   scrape: {{discovery_url: "{info['discovery']}"}}
-  window_s: 10
+  window_s: 30
   stale_after_s: 30
 pools:
   - {{name: qwen-l40s, model: {model}, sku: l40s, usd_per_gpu_hour: 1.86, min_replicas: 1, max_replicas: 4}}
