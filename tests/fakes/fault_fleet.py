@@ -74,7 +74,7 @@ class FaultFleet:
         fleet = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 fleet.hits += 1
                 parts = self.path.strip("/").split("/")
                 key = "sd" if parts == ["sd"] else (parts[1] if len(parts) == 3 and parts[0] == "m" else "")
