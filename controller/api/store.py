@@ -255,7 +255,8 @@ class StateStore:
             try:
                 yield self._conn
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:  # SQLite has already rolled back on SQLITE_FULL and a few others:
+                    self._conn.execute("ROLLBACK")  # a second ROLLBACK would hide the real error
                 raise
             self._conn.execute("COMMIT")
 

@@ -207,11 +207,13 @@ class FaultFleet:
 
 def fault_settings(fleet: FaultFleet, state_dir, *, tick_s: float = 15.0, scrape_timeout_s: float = 0.2,
                    guards: Mapping | None = None, policy: str = "slo-feedback", policy_params: Mapping | None = None,
+                   pools_only: tuple[str, ...] | None = None, act: tuple[float, int, float] = (0.5, 1, 0.1),
                    **over) -> Settings:
-    """A config for a daemon on `fleet`: direct scrape via its discovery, gRPC control, no stabilisation
+    """A config for a daemon on `fleet`: direct scrape via its discovery, gRPC control (`act`: timeout, retries,
+    backoff of both targets), no stabilisation
     (so a scale-down the data asks for happens at once: what stops one under a fault is the guard)."""
     pools = [{"name": n, "model": "llama-3-8b", "sku": "h100", "usd_per_gpu_hour": 2.0, "min_replicas": 1,
-              "max_replicas": 12} for n in fleet.pools]
+              "max_replicas": 12} for n in fleet.pools if pools_only is None or n in pools_only]
     return Settings(**{
         "mode": "active", "policy": policy, "tick_interval_s": tick_s, "state_dir": str(state_dir),
         "policy_params": dict(policy_params if policy_params is not None else
@@ -220,10 +222,10 @@ def fault_settings(fleet: FaultFleet, state_dir, *, tick_s: float = 15.0, scrape
                                                      "timeout_s": scrape_timeout_s},
                       "window_s": 4 * tick_s, "stale_after_s": 2 * tick_s},
         "pools": pools,
-        "actuators": {"router": {"address": fleet.control.address, "timeout_s": 0.5, "retries": 1,
-                                 "backoff_s": 0.1},
-                      "autoscaler": {"address": fleet.control.address, "timeout_s": 0.5, "retries": 1,
-                                     "backoff_s": 0.1},
+        "actuators": {"router": {"address": fleet.control.address, "timeout_s": act[0], "retries": act[1],
+                                 "backoff_s": act[2]},
+                      "autoscaler": {"address": fleet.control.address, "timeout_s": act[0], "retries": act[1],
+                                     "backoff_s": act[2]},
                       "decision_validity_s": 4 * tick_s},
         "api": {"listen": "127.0.0.1:0"}, "metrics": {"listen": None}, "log": {"format": "text"},
         "guards": dict(guards if guards is not None else {"max_step_up": 4, "max_step_down": 2,
