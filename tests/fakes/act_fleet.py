@@ -97,6 +97,7 @@ class FakeAutoscaler(control_pb2_grpc.AutoscalerControlServicer):
     def __init__(self, pools: set[str] | None = None) -> None:
         self.gate = _Gate(pools)
         self.plan = control_pb2.ScalingPlan()
+        self.draining: dict[str, int] = {}  # replicas GetFleetState reports draining, per pool (set by tests)
 
     @property
     def calls(self) -> list[control_pb2.ScalingPlan]:
@@ -116,7 +117,8 @@ class FakeAutoscaler(control_pb2_grpc.AutoscalerControlServicer):
     def GetFleetState(self, request, context):  # noqa: N802 - gRPC method name
         with self.gate.lock:
             pools = [control_pb2.PoolState(pool=p.pool, target_replicas=p.replicas, ready=p.replicas,
-                                           standby=p.warm_standby, max_num_seqs=p.max_num_seqs)
+                                           standby=p.warm_standby, max_num_seqs=p.max_num_seqs,
+                                           draining=self.draining.get(p.pool, 0))
                      for p in self.plan.pools]
             return control_pb2.FleetState(applied_generation=self.gate.applied_generation,
                                           applied_decision_id=self.gate.applied_decision_id, pools=pools)
