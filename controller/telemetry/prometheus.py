@@ -191,6 +191,10 @@ class PrometheusSource:
         self._rules_selector = rules.selector(list(self.records)) if self.records else ""
         self._windowed = {r for r in self.records if r.rsplit(":", 1)[1].startswith(("rate", "histogram_quantile"))}
         self.clock = clock or WallClock()
+        # The read's budget bounds real I/O, so it runs on real monotonic time even when the daemon's clock is
+        # virtual (a replay or a test): a virtual clock would never spend it and a hung Prometheus would cost
+        # the timeout once per query instead of once per read.
+        self._io_clock = WallClock()
         self.client = client or PrometheusConnect(
             url=self.url, timeout=self.timeout_s, session=session, auth=auth,
             retry=Retry(total=0, connect=0, read=0, status=0, redirect=0, raise_on_status=False),
@@ -219,10 +223,10 @@ class PrometheusSource:
         """Run `queries` (a few at a time) until `deadline`; fill `results`/`errors`; (answered, transport error)."""
         answered = 0
         transport_error: str | None = None
-        budget = max(0.001, deadline - self.clock.monotonic_s())
+        budget = max(0.001, deadline - self._io_clock.monotonic_s())
         pending = {name: self._pool.submit(self._query, text, budget) for name, text in queries.items()}
         for name, fut in pending.items():
-            remaining = deadline - self.clock.monotonic_s()
+            remaining = deadline - self._io_clock.monotonic_s()
             try:
                 results[name] = fut.result(timeout=max(0.0, remaining))
                 answered += 1
@@ -265,7 +269,7 @@ class PrometheusSource:
         """Run every query (a few at a time: Prometheus evaluates them in parallel) within the budget."""
         results: dict[str, object] = {}
         errors: list[str] = []
-        deadline = self.clock.monotonic_s() + self.timeout_s
+        deadline = self._io_clock.monotonic_s() + self.timeout_s
         fell_back = False
         if self.recording_rules:
             answered, total, transport_error, fell_back = self._read_recorded(deadline, results, errors)

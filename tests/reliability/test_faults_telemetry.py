@@ -164,3 +164,90 @@ def test_operator_overrides_apply_while_telemetry_is_frozen(tmp_path):
             assert rep.result.decision.pools["b"].replicas == held["b"] + 1
             assert "guard_override_freeze" in {a.code for a in rep.result.guard_adjustments}
             assert g.daemon.mode is Mode.ACTIVE
+
+
+# --------------------------------------------------------------------------- through the Prometheus HTTP API
+
+class _PromFault:
+    """A loopback stand-in for a broken Prometheus: "error" answers every query 503 with Prometheus' error
+    JSON, "bad" answers 422 (a query Prometheus rejects), "hang" holds each request until released; "down"
+    is a port nobody listens on. (A healthy Prometheus is tests/fixtures/prometheus.py's real binary.)"""
+
+    def __init__(self, mode: str) -> None:
+        import json as _json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.release = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                if mode == "hang":
+                    owner.release.wait(20)
+                    return
+                code = 503 if mode == "error" else 422
+                body = _json.dumps({"status": "error", "errorType": "unavailable" if code == 503 else "execution",
+                                    "error": "injected"}).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, fmt: str, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("mode", ["down", "error", "bad", "hang"])
+def test_prometheus_down_failing_or_hung_freezes_within_its_timeout(tmp_path, mode):
+    """The daemon reads through the Prometheus API; Prometheus is down, answers errors, or hangs past the
+    tick: every reading MISSING, the controller frozen from its second tick on (nothing to hold before),
+    never a scale-down, the read cut at telemetry.prometheus.timeout_s, and the error in status and metrics."""
+    import socket
+
+    prom = None
+    if mode == "down":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{s.getsockname()[1]}"  # closed when the block ends: refused
+    else:
+        prom = _PromFault(mode)
+        url = prom.url
+    timeout_s = 1.0
+    try:
+        with FaultFleet(POOLS, seed=1) as fleet:
+            telemetry = {"source": "prometheus", "prometheus": {"url": url, "timeout_s": timeout_s},
+                         "window_s": 4 * TICK_S, "stale_after_s": 2 * TICK_S}
+            with Governed(fleet, tmp_path / "state", tick_s=TICK_S, telemetry=telemetry) as g:
+                reps = []
+                for _ in range(3):
+                    t0 = time.monotonic()
+                    reps.append(g.tick())
+                    assert time.monotonic() - t0 < timeout_s + 1.0  # the read's budget, plus the plan and send
+                first = {p: pd.replicas for p, pd in reps[0].result.decision.pools.items()}
+                for rep in reps:
+                    assert set(rep.result.telemetry.values()) == {"missing"}
+                    assert rep.observation.errors
+                    assert {p: pd.replicas for p, pd in rep.result.decision.pools.items()} == first
+                assert all(rep.result.frozen for rep in reps[1:])
+                status = g.daemon.status()
+                comp = next(c for c in status.components if c.name == "telemetry:prometheus")
+                assert not comp.healthy and comp.detail
+                assert status.telemetry_frozen and g.metric("governor_telemetry_frozen") == 1.0
+                assert (g.metric("governor_telemetry_errors_total") or 0.0) >= 3
+    finally:
+        if prom is not None:
+            prom.close()
