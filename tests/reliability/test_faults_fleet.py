@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -52,7 +53,7 @@ def _arrivals(seed: int, surge: bool) -> list[float]:
     return out
 
 
-CASES = {
+CASES: dict[str, dict[str, Any]] = {
     "crash-at-peak": dict(surge=True, faults=[{"kind": "crash", "pool": "a", "at_s": PEAK_S + 60, "count": 2}]),
     "pool-lost": dict(surge=False, faults=[{"kind": "preempt", "pool": "b", "at_s": PEAK_S, "count": 2}]),
     "surge-5x": dict(surge=True, faults=[]),
@@ -109,9 +110,8 @@ def test_no_fleet_fault_makes_governor_act_unsafely(case):
                 if status != "ok" and p in prev.pools:
                     checked_not_ok += 1
                     assert d.pools[p].replicas >= prev.pools[p].replicas, (case, t, p, status)
-        for send, msg in ((plane.apply_scaling, scaling_plan_for(d, "governor")),
-                          (plane.apply_routing, routing_policy_for(d, "governor"))):
-            ack = send(msg)
+        for ack in (plane.apply_scaling(scaling_plan_for(d, "governor")),
+                    plane.apply_routing(routing_policy_for(d, "governor"))):
             assert ack.status == pb.ACK_STATUS_APPLIED, (case, t, ack.message)
             acks.append(d.generation)
         prev = d
@@ -122,6 +122,7 @@ def test_no_fleet_fault_makes_governor_act_unsafely(case):
     assert all(inflight == 0 and not busy for _, inflight, busy in drained), (case, drained)
     assert acks == sorted(acks)
     # a late copy of an older decision (a deposed controller, a delayed packet) is refused and changes nothing
+    assert prev is not None
     before = {n: s.target_replicas for n, s in fleet.pool_states().items()}
     stale = replace(prev, generation=prev.generation - 1, decision_id="d-old",
                     pools={p: replace(pd, replicas=pd.replicas + 3) for p, pd in prev.pools.items()})

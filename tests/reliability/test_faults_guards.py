@@ -50,10 +50,11 @@ def test_max_concurrent_drains_waits_for_the_drains_in_progress(tmp_path, draini
     removes 2, 1 or none."""
     with FaultFleet({"a": (8, 4.0)}, seed=1) as fleet:
         fleet.advance(3.0)
-        with _governed(fleet, tmp_path, {**GUARDS, "max_concurrent_drains": 2}, ScriptedPolicy({"a": 8})) as g:
+        policy = ScriptedPolicy({"a": 8})
+        with _governed(fleet, tmp_path, {**GUARDS, "max_concurrent_drains": 2}, policy) as g:
             g.tick()
             g.tick()  # in force: 8 (and the telemetry has its rates)
-            g.daemon.controller.policy.replicas = {"a": 4}
+            policy.replicas = {"a": 4}
             fleet.control.autoscaler.draining = {"a": draining}
             rep = g.tick()
             assert rep.observation.pools["a"].replicas_draining.value == draining
