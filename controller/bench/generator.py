@@ -177,13 +177,15 @@ def shipped_fleets(folder: Path | None = None) -> list[FleetSource]:
     """The distinct pool definitions of the shipped scenarios, one FleetSource each, by file name.
 
     Two scenarios are the same fleet when their pools agree on everything but the replica counts
-    (a -crash or -surge variant of a base scenario)."""
+    (a -crash or -surge variant of a base scenario). Heterogeneous fleets are left out (`_heterogeneous`)."""
     folder = folder or SCENARIOS_DIR
     out: list[FleetSource] = []
     seen: set[str] = set()
     files = sorted(folder.glob("*.yaml"), key=lambda p: (p.stem.count("-crash") + p.stem.count("-surge"), p.stem))
     for path in files:
         sc = load_scenario(path)
+        if _heterogeneous(sc):
+            continue
         key = repr([p.model_dump(exclude={"replicas", "min_replicas", "max_replicas"}) for p in sc.pools])
         if key in seen:
             continue
@@ -195,6 +197,16 @@ def shipped_fleets(folder: Path | None = None) -> list[FleetSource]:
     if not out:
         raise GeneratorError(f"no shipped scenarios in {folder}")
     return sorted(out, key=lambda f: f.name)
+
+
+def _heterogeneous(sc: Scenario) -> bool:
+    """A fleet the cases cannot stand for: cases send one tenant's single-class-mix traffic split over
+    mixed pools by equal weights (the issue-15 fleets), so tier rules, prefill/decode roles, unequal
+    traffic weights, tenants, agentic tasks and shifting length mixes (the issue-16 scenarios,
+    benchmarked on their own files) are left out."""
+    weights = {p.traffic_weight for p in sc.pools}
+    return (any(p.eligible or p.role != "mixed" for p in sc.pools) or len(weights) > 1 or bool(sc.tenants)
+            or sc.tasks.kind == "agentic" or sc.trace.mix_shift is not None)
 
 
 @lru_cache(maxsize=8)
