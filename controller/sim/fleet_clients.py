@@ -145,7 +145,10 @@ class ClientsMixin(FleetBase):
         for name in wl.tenant_names:
             t = scenario.tenants[name]
             queue = tuple(t.over_quota.get(c, "shed") == "queue" for c in PRIORITY_CLASSES)
-            self.router.tenants.append(TenantQuotaState(t.quota_rps, t.quota_burst_s, queue, tuple(self._slo_ttft)))
+            # a queued request waits at most its class's TTFT SLO (later, it has missed it) and never
+            # past the client's timeout (the client would have given up)
+            max_wait = tuple(min(slo, self._timeout_s) for slo in self._slo_ttft)
+            self.router.tenants.append(TenantQuotaState(t.quota_rps, t.quota_burst_s, queue, max_wait))
 
     def _new_req(self, i: int) -> Req:
         prompt = self._prompt[i]

@@ -256,7 +256,8 @@ class TenantSpec(_Strict):
     tokens (at least one), checked after the class admission (controller/sim/router.py). A request over quota is,
     per class, `shed` (429 at once; the client may retry) or `queue`d: it takes the next token ahead
     of time and is sent on when that token is due, unless that is later than its class's TTFT SLO (a
-    request delayed that long has missed its SLO before it starts), then it is shed."""
+    request delayed that long has missed its SLO before it starts) or the client's timeout, then it is
+    shed."""
 
     share: float = Field(gt=0, le=1)  # fraction of the trace's requests from this tenant
     classes: dict[str, float] | None = None  # class mix of its tasks; None: the scenario's class shares
