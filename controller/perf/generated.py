@@ -11,6 +11,8 @@ one file it is given, and only when asked to.
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -42,10 +44,31 @@ def write(path: Path, text: str) -> int:
     return 0
 
 
+# Fitted figures differ in their last digits from one CPU to another (numpy's SIMD paths and the BLAS
+# sum in different orders): --check accepts numbers equal to this relative tolerance, far below any
+# figure's own precision (the tables print 16-17 significant digits).
+REL_TOL = 1e-9
+_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+
+
+def same_up_to_rounding(a: str, b: str, rel: float = REL_TOL) -> bool:
+    """True when `a` and `b` are the same text but for numbers equal within `rel` (relative).
+    Example: "x = 0.010107362960377599," and "x = 0.010107362960377592," → True; "x = 0.0101" and
+    "x = 0.0102" → False; "x = 1" and "y = 1" → False."""
+    if a == b:
+        return True
+    na, nb = _NUMBER.findall(a), _NUMBER.findall(b)
+    if len(na) != len(nb) or _NUMBER.sub("#", a) != _NUMBER.sub("#", b):
+        return False
+    return all(x == y or math.isclose(float(x), float(y), rel_tol=rel, abs_tol=0.0)
+               for x, y in zip(na, nb, strict=True))
+
+
 def check(path: Path, expected: str, module: str, details: Sequence[str] = ()) -> int:
     """The exit code of `--check`: 1, with `details` (one line each) on stderr, when `path` is missing,
-    does not hold `expected` or there is any detail; else 0."""
-    if details or not path.exists() or path.read_text() != expected:
+    does not hold `expected` (up to rounding in the last digits, `same_up_to_rounding`) or there is any
+    detail; else 0."""
+    if details or not path.exists() or not same_up_to_rounding(path.read_text(), expected):
         print(f"{path} is stale: run `python -m {module} --write`", file=sys.stderr)
         for d in details:
             print(f"  {d}", file=sys.stderr)

@@ -66,3 +66,16 @@ def test_the_packaged_grid_times_steps_as_the_profiles_do(monkeypatch):
             errs.append(abs(packaged.step_time_s(chunk, work, seqs, seqs * 1500) / want - 1))
     assert np.median(errs) < 0.02 and max(errs) < 0.06, (np.median(errs), max(errs))
     assert packaged.kv_capacity_blocks(0.9, 16) == profiled.kv_capacity_blocks(0.9, 16)
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ("x = 0.010107362960377599,", "x = 0.010107362960377592,", True),  # the last digits of a fit on another CPU
+    ("x = (1.0, 2.5e-05)", "x = (1.0, 2.5000000000001e-05)", True),
+    ("x = 0.0101", "x = 0.0102", False),  # a real change of a figure
+    ("x = 1", "y = 1", False),  # the text around the numbers must be the same
+    ("x = (1, 2)", "x = (1, 2, 3)", False),
+])
+def test_check_accepts_rounding_in_the_last_digits_only(a, b, same) -> None:
+    from controller.perf.generated import same_up_to_rounding
+
+    assert same_up_to_rounding(a, b) is same
