@@ -4,8 +4,11 @@ Requests are validated in full before anything changes; an invalid one gets
 INVALID_ARGUMENT naming the field (e.g. "override.ttl_s: must be > 0 ...") and
 leaves the store untouched. Overrides, mode changes and the audit trail live in
 the StateStore; the daemon is reached only through the DaemonHandle protocol
-(the runtime implements it). Authenticated by bearer token and/or mTLS (auth.py);
-gRPC health and reflection are on and exempt from auth.
+(the runtime implements it). Authenticated by named bearer tokens and/or mTLS
+(transport.Authenticator): SetOverride, DeleteOverride and SetMode need the write
+role, and the authenticated identity goes into the audit trail beside the declared
+author. gRPC health and reflection are on and exempt from auth. Requests are
+bounded (api/limits.py): size, string lengths, control characters, active overrides.
 
 This module must not decide anything about the fleet: it records operator intent
 and tells the daemon that something changed.
@@ -26,10 +29,21 @@ import grpc
 from grpc_health.v1 import health
 
 from controller import __version__
+from controller.api.limits import MAX_AUDIT_LIMIT, MAX_AUTHOR, MAX_NAME, MAX_REASON, MAX_REQUEST_BYTES, text_problem
 from controller.api.store import DecisionRow, InvalidRequestError, StateStore
 from controller.clock import Clock
 from controller.gen.governor.v1 import policy_pb2, policy_pb2_grpc
-from controller.transport import BearerTokenInterceptor, TlsConfig, add_health_and_reflection, bind, check_listen_safe
+from controller.transport import (
+    Authenticator,
+    AuthInterceptor,
+    TlsConfig,
+    TokenEntry,
+    add_health_and_reflection,
+    bind,
+    check_listen_safe,
+    current_caller,
+    server_options,
+)
 from controller.types import Mode, Override
 
 log = logging.getLogger(__name__)
@@ -39,6 +53,8 @@ SERVICE_NAME = policy_pb2.DESCRIPTOR.services_by_name["PolicyService"].full_name
 DEFAULT_DECISIONS_LIMIT = 20
 DEFAULT_AUDIT_LIMIT = 50
 MAX_LIST_LIMIT = 1000
+WRITE_METHODS = frozenset({"SetOverride", "DeleteOverride", "SetMode"})
+MAX_ERROR_CHARS = 1000  # an error message is a sentence: never the size of what it complains about
 
 MODE_TO_PROTO: Mapping[str, policy_pb2.Mode] = {
     Mode.ACTIVE.value: policy_pb2.MODE_ACTIVE,
@@ -270,7 +286,15 @@ def render_explanation(record: Mapping[str, Any]) -> str:
 
 
 def _invalid(context: grpc.ServicerContext, field_name: str, message: str) -> NoReturn:
-    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field_name}: {message}")
+    text = f"{field_name}: {message}"
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                  text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "...")
+
+
+def _check_text(context: grpc.ServicerContext, field_name: str, value: str, max_len: int) -> None:
+    problem = text_problem(value, max_len)
+    if problem is not None:
+        _invalid(context, field_name, problem)
 
 
 def _require_leader(handle: DaemonHandle, context: grpc.ServicerContext) -> None:
@@ -279,11 +303,11 @@ def _require_leader(handle: DaemonHandle, context: grpc.ServicerContext) -> None
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
 
 
-def _limit(context: grpc.ServicerContext, value: int, default: int) -> int:
+def _limit(context: grpc.ServicerContext, value: int, default: int, most: int = MAX_LIST_LIMIT) -> int:
     if value == 0:
         return default
-    if not 1 <= value <= MAX_LIST_LIMIT:
-        _invalid(context, "limit", f"must be in 1..{MAX_LIST_LIMIT} (0 = default {default}) (got {value})")
+    if not 1 <= value <= most:
+        _invalid(context, "limit", f"must be in 1..{most} (0 = default {default}) (got {value})")
     return value
 
 
@@ -300,6 +324,7 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
     def ListDecisions(self, request: policy_pb2.ListDecisionsRequest,  # noqa: N802 - gRPC method name
                       context: grpc.ServicerContext) -> policy_pb2.ListDecisionsResponse:
         limit = _limit(context, request.limit, DEFAULT_DECISIONS_LIMIT)
+        _check_text(context, "pool", request.pool, MAX_NAME)
         if not math.isfinite(request.since_unix_s) or request.since_unix_s < 0:
             _invalid(context, "since_unix_s", f"must be >= 0 (0 = no lower bound) (got {request.since_unix_s})")
         rows = self._store.list_decisions(limit=limit, since_s=request.since_unix_s, pool=request.pool)
@@ -309,6 +334,7 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
                         context: grpc.ServicerContext) -> policy_pb2.Explanation:
         if not request.decision_id:
             _invalid(context, "decision_id", "is required")
+        _check_text(context, "decision_id", request.decision_id, MAX_NAME)
         record = self._store.get_decision(request.decision_id)
         row = self._store.get_decision_row(request.decision_id)
         if record is None or row is None:
@@ -332,7 +358,8 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
         try:
             stored = self._store.add_override(kind, ttl_s=o.ttl_s, author=o.author, now_s=now_s, value=o.value,
                                               pool=o.pool, priority_class=o.priority_class, text=o.text,
-                                              reason=o.reason, known_pools=set(self._handle.pool_names()))
+                                              reason=o.reason, known_pools=set(self._handle.pool_names()),
+                                              caller=current_caller().identity)
         except InvalidRequestError as exc:
             _invalid(context, f"override.{exc.field}", exc.reason)
         self._notify_overrides()
@@ -356,9 +383,15 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
         _require_leader(self._handle, context)
         if not request.id:
             _invalid(context, "id", "is required")
+        _check_text(context, "id", request.id, MAX_NAME)
+        _check_text(context, "author", request.author, MAX_AUTHOR)
         if not request.author.strip():
             _invalid(context, "author", "is required: who deletes this override")
-        deleted = self._store.delete_override(request.id, author=request.author, now_s=self._clock.now_s())
+        try:
+            deleted = self._store.delete_override(request.id, author=request.author, now_s=self._clock.now_s(),
+                                                  caller=current_caller().identity)
+        except InvalidRequestError as exc:
+            _invalid(context, exc.field, exc.reason)
         if deleted:
             self._notify_overrides()
         return policy_pb2.DeleteOverrideResponse(deleted=deleted)
@@ -369,6 +402,9 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
         mode = PROTO_TO_MODE.get(request.mode)
         if mode is None:
             _invalid(context, "mode", f"must be MODE_ACTIVE, MODE_SHADOW or MODE_PAUSED (got {request.mode})")
+        # bounded and clean before the daemon or the audit trail sees them
+        _check_text(context, "author", request.author, MAX_AUTHOR)
+        _check_text(context, "reason", request.reason, MAX_REASON)
         if not request.author.strip():
             _invalid(context, "author", "is required: who changes the mode")
         previous = self._handle.status().mode
@@ -376,26 +412,34 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
             self._handle.set_mode(mode, request.author, request.reason)
         except ValueError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"mode: the daemon refused {mode.value}: {exc}")
-        self._store.set_mode(mode, author=request.author.strip(), reason=request.reason, now_s=self._clock.now_s())
+        self._store.set_mode(mode, author=request.author.strip(), reason=request.reason, now_s=self._clock.now_s(),
+                             caller=current_caller().identity)
         prev = previous.value if isinstance(previous, Mode) else str(previous)
         return policy_pb2.SetModeResponse(previous=MODE_TO_PROTO.get(prev, policy_pb2.MODE_UNSPECIFIED),
                                           mode=MODE_TO_PROTO[mode.value])
 
     def ListAudit(self, request: policy_pb2.ListAuditRequest,  # noqa: N802 - gRPC method name
                   context: grpc.ServicerContext) -> policy_pb2.ListAuditResponse:
-        limit = _limit(context, request.limit, DEFAULT_AUDIT_LIMIT)
+        limit = _limit(context, request.limit, DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT)
         return policy_pb2.ListAuditResponse(entries=[
-            policy_pb2.AuditEntry(at_unix_s=e.at_s, author=e.author, action=e.action, detail=e.detail)
+            policy_pb2.AuditEntry(at_unix_s=e.at_s, author=e.author, action=e.action, detail=e.detail,
+                                  caller=e.caller)
             for e in self._store.list_audit(limit)
         ])
 
 
 class PolicyServer:
     """The PolicyService gRPC server. Construction checks the listen address (InsecureListenError for a
-    non-loopback address with neither a token nor mTLS); `start()` binds and returns the port."""
+    non-loopback address with neither a token nor mTLS); `start()` binds and returns the port.
+
+    `token` is the single legacy token (name "api-token", write role); `tokens` the named ones of
+    api.tokens_file. With mTLS, a certificate whose CN or SAN is in `cert_roles` gets that role, any other
+    verified one `cert_role`."""
 
     def __init__(self, handle: DaemonHandle, store: StateStore, listen: str, *, token: str | None,
-                 tls: TlsConfig | None = None, clock: Clock, max_workers: int = 8) -> None:
+                 tls: TlsConfig | None = None, clock: Clock, max_workers: int = 8,
+                 tokens: tuple[TokenEntry, ...] = (), cert_roles: Mapping[str, str] | None = None,
+                 cert_role: str = "write") -> None:
         self.handle = handle
         self.store = store
         self.listen = listen
@@ -403,7 +447,10 @@ class PolicyServer:
         self.tls = tls
         self.clock = clock
         self.max_workers = max_workers
-        check_listen_safe(listen, self.token, tls)
+        entries = ((TokenEntry("api-token", self.token, "write"),) if self.token else ()) + tuple(tokens)
+        self.authenticator = Authenticator(entries, mtls=tls is not None and tls.mutual, cert_roles=cert_roles,
+                                           cert_role=cert_role)
+        check_listen_safe(listen, self.token or ("tokens" if tokens else None), tls)
         self._server: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
         self.port: int | None = None
@@ -411,9 +458,9 @@ class PolicyServer:
     def start(self) -> int:
         if self._server is not None:
             raise RuntimeError("PolicyServer already started")
-        interceptors: list[grpc.ServerInterceptor] = [BearerTokenInterceptor(self.token)] if self.token else []
+        interceptors: list[grpc.ServerInterceptor] = [AuthInterceptor(self.authenticator, WRITE_METHODS)]
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="policy-api"),
-                             interceptors=interceptors)
+                             interceptors=interceptors, options=server_options(MAX_REQUEST_BYTES))
         policy_pb2_grpc.add_PolicyServiceServicer_to_server(_PolicyService(self.handle, self.store, self.clock), server)
         self._health = add_health_and_reflection(server, SERVICE_NAME)
         port = bind(server, self.listen, self.tls, "PolicyService")

@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import json
 import math
+import os
 import sqlite3
 import threading
 from collections.abc import Collection, Iterator, Mapping
@@ -23,6 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controller.api.limits import (
+    DEFAULT_MAX_OVERRIDES,
+    KEEP_EXPIRED_OVERRIDES,
+    MAX_AUTHOR,
+    MAX_NAME,
+    MAX_REASON,
+    shown,
+    text_problem,
+)
 from controller.core.step import PROFILES
 from controller.types import PRIORITY_CLASSES, Mode, Override
 
@@ -30,7 +40,7 @@ SCHEMA_VERSION = 1
 MAX_TTL_S = 7 * 24 * 3600.0  # an override lives at most a week: operators must renew, not forget
 MAX_REPLICAS_VALUE = 100_000
 MAX_SLO_S = 3600.0
-MAX_TEXT = 1000  # characters in author / reason / text
+MAX_TEXT = MAX_REASON  # characters in reason (author: MAX_AUTHOR, names and text: MAX_NAME; see api/limits.py)
 
 OVERRIDE_KINDS: tuple[str, ...] = (
     "pin_replicas", "min_replicas", "max_replicas", "freeze", "admission", "slo_ttft", "slo_tpot", "profile",
@@ -51,7 +61,7 @@ CREATE TABLE IF NOT EXISTS overrides (
 CREATE INDEX IF NOT EXISTS overrides_expires ON overrides (expires_s);
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at_s REAL NOT NULL, author TEXT NOT NULL,
-    action TEXT NOT NULL, detail TEXT NOT NULL
+    action TEXT NOT NULL, detail TEXT NOT NULL, caller TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS decisions (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, decision_id TEXT NOT NULL UNIQUE, generation INTEGER NOT NULL,
@@ -82,6 +92,7 @@ class AuditEntry:
     author: str
     action: str  # e.g. "override.set", "override.delete", "override.expired", "mode.set", "profile.set"
     detail: str
+    caller: str = ""  # the authenticated identity ("token:<name>", "cert:<CN>"); "" = unauthenticated/loopback
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +115,22 @@ def _finite(value: Any, field: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise InvalidRequestError(field, f"must be a number (got {value!r})") from None
+        raise InvalidRequestError(field, f"must be a number (got {shown(value)})") from None
     if not math.isfinite(v):
-        raise InvalidRequestError(field, f"must be finite (got {value!r})")
+        raise InvalidRequestError(field, f"must be finite (got {shown(value)})")
     return v
+
+
+def check_text(field: str, value: str, max_len: int, *, required: str | None = None) -> None:
+    """InvalidRequestError naming `field` when `value` is too long, holds a control character (api/limits.py)
+    or, with `required` (what it is for), is blank."""
+    if not isinstance(value, str):
+        raise InvalidRequestError(field, f"must be a string (got {type(value).__name__})")
+    problem = text_problem(value, max_len)
+    if problem is not None:
+        raise InvalidRequestError(field, problem)
+    if required is not None and not value.strip():
+        raise InvalidRequestError(field, f"is required: {required}")
 
 
 def validate_override(kind: str, *, ttl_s: float, author: str, value: float = 0.0, pool: str = "",
@@ -121,15 +144,15 @@ def validate_override(kind: str, *, ttl_s: float, author: str, value: float = 0.
     PROFILES.
     """
     if kind not in OVERRIDE_KINDS:
-        raise InvalidRequestError("kind", f"must be one of {', '.join(OVERRIDE_KINDS)} (got {kind!r})")
+        raise InvalidRequestError("kind", f"must be one of {', '.join(OVERRIDE_KINDS)} (got {shown(kind)})")
+    # Lengths and characters first: nothing below may echo an unbounded or terminal-driving value.
+    check_text("author", author, MAX_AUTHOR, required="who sets this override")
+    check_text("reason", reason, MAX_REASON)
+    for name, s in (("pool", pool), ("priority_class", priority_class), ("text", text)):
+        check_text(name, s, MAX_NAME)
     ttl = _finite(ttl_s, "ttl_s")
     if not 0 < ttl <= MAX_TTL_S:
-        raise InvalidRequestError("ttl_s", f"must be > 0 and <= {MAX_TTL_S:.0f} (7 days) (got {ttl_s!r})")
-    if not author or not author.strip():
-        raise InvalidRequestError("author", "is required: who sets this override")
-    for name, s in (("author", author), ("reason", reason), ("text", text)):
-        if len(s) > MAX_TEXT:
-            raise InvalidRequestError(name, f"is too long ({len(s)} characters, at most {MAX_TEXT})")
+        raise InvalidRequestError("ttl_s", f"must be > 0 and <= {MAX_TTL_S:.0f} (7 days) (got {shown(ttl_s)})")
     v = _finite(value, "value")
 
     if kind in POOL_KINDS:
@@ -137,31 +160,32 @@ def validate_override(kind: str, *, ttl_s: float, author: str, value: float = 0.
             raise InvalidRequestError("pool", f"is required for a {kind} override")
         if known_pools is not None and pool not in known_pools:
             known = ", ".join(sorted(known_pools)) or "none"
-            raise InvalidRequestError("pool", f"unknown pool {pool!r} (known: {known})")
+            raise InvalidRequestError("pool", f"unknown pool {shown(pool)} (known: {shown(known, 400)[1:-1]})")
     elif pool:
-        raise InvalidRequestError("pool", f"is not used by a {kind} override (got {pool!r}); leave it empty")
+        raise InvalidRequestError("pool", f"is not used by a {kind} override (got {shown(pool)}); leave it empty")
 
     if kind in CLASS_KINDS:
         if priority_class not in PRIORITY_CLASSES:
             raise InvalidRequestError("priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)} for a {kind} "
-                                                        f"override (got {priority_class!r})")
+                                                        f"override (got {shown(priority_class)})")
     elif priority_class:
         raise InvalidRequestError("priority_class",
-                                  f"is not used by a {kind} override (got {priority_class!r}); leave it empty")
+                                  f"is not used by a {kind} override (got {shown(priority_class)}); leave it empty")
 
     if kind in REPLICA_KINDS:
         if v < 0 or v != int(v) or v > MAX_REPLICAS_VALUE:
             raise InvalidRequestError("value",
-                                      f"replicas must be a whole number in 0..{MAX_REPLICAS_VALUE} (got {value!r})")
+                                      f"replicas must be a whole number in 0..{MAX_REPLICAS_VALUE} "
+                                      f"(got {shown(value)})")
     elif kind == "admission":
         if not 0.0 <= v <= 1.0:
-            raise InvalidRequestError("value", f"shed fraction must be in 0..1 (got {value!r})")
+            raise InvalidRequestError("value", f"shed fraction must be in 0..1 (got {shown(value)})")
     elif kind in ("slo_ttft", "slo_tpot"):
         if not 0.0 < v <= MAX_SLO_S:
-            raise InvalidRequestError("value", f"SLO seconds must be > 0 and <= {MAX_SLO_S:.0f} (got {value!r})")
+            raise InvalidRequestError("value", f"SLO seconds must be > 0 and <= {MAX_SLO_S:.0f} (got {shown(value)})")
     elif kind == "profile":  # noqa: SIM102 - one branch per kind, each with its own check
         if text not in PROFILES:
-            raise InvalidRequestError("text", f"profile must be one of {', '.join(PROFILES)} (got {text!r})")
+            raise InvalidRequestError("text", f"profile must be one of {', '.join(PROFILES)} (got {shown(text)})")
 
 
 def describe_override(o: Override) -> str:
@@ -211,22 +235,37 @@ def _pool_names(pools: Any) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- the store
 
 
+def _private_file(path: Path) -> None:
+    """Create `path`'s directory (0700) and the file itself (0600) if missing; make an existing file 0600.
+    SQLite gives the -wal and -shm files the database file's permissions."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+
+
 class StateStore:
     def __init__(self, path: str | Path, *, max_decisions: int = 10_000, max_audit: int = 100_000,
-                 keep_expired_s: float = MAX_TTL_S) -> None:
+                 keep_expired_s: float = MAX_TTL_S, max_overrides: int = DEFAULT_MAX_OVERRIDES) -> None:
         """Open (or create) the state file. `max_decisions` / `max_audit` bound the tables (oldest dropped);
-        expired overrides are kept `keep_expired_s` after expiry for `override list --all`, then purged."""
-        if max_decisions < 1 or max_audit < 1 or keep_expired_s < 0:
-            raise ValueError(f"max_decisions and max_audit must be >= 1, keep_expired_s >= 0 "
-                             f"(got {max_decisions}, {max_audit}, {keep_expired_s})")
+        expired overrides are kept `keep_expired_s` after expiry for `override list --all` (at most
+        KEEP_EXPIRED_OVERRIDES of them), then purged; at most `max_overrides` are active at once.
+
+        The file and its WAL are private to the daemon's user (0600, directory 0700 when created here):
+        the audit trail names operators and the overrides steer the fleet."""
+        if max_decisions < 1 or max_audit < 1 or keep_expired_s < 0 or max_overrides < 1:
+            raise ValueError(f"max_decisions, max_audit and max_overrides must be >= 1, keep_expired_s >= 0 "
+                             f"(got {max_decisions}, {max_audit}, {max_overrides}, {keep_expired_s})")
         self.path = str(path)
         self.max_decisions = max_decisions
         self.max_audit = max_audit
         self.keep_expired_s = keep_expired_s
+        self.max_overrides = max_overrides
         self._lock = threading.RLock()
         try:
             if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                _private_file(Path(self.path))
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
@@ -242,8 +281,11 @@ class StateStore:
                 elif int(row[0]) > SCHEMA_VERSION:
                     raise StoreError(f"state store {self.path}: schema version {row[0]} is newer than this "
                                      f"Governor understands ({SCHEMA_VERSION})")
-        except sqlite3.Error as exc:
-            raise StoreError(f"state store {self.path}: {exc}") from exc
+                columns = {r[1] for r in c.execute("PRAGMA table_info(audit)")}
+                if "caller" not in columns:  # a file written before callers were recorded
+                    c.execute("ALTER TABLE audit ADD COLUMN caller TEXT NOT NULL DEFAULT ''")
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: a schema_version that is not a number
+            raise StoreError(f"{self.path} is not a valid state database ({exc})") from exc
 
     # ---- plumbing
 
@@ -274,9 +316,10 @@ class StateStore:
         c.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                   (key, value))
 
-    def _audit(self, c: sqlite3.Connection, at_s: float, author: str, action: str, detail: str) -> None:
-        c.execute("INSERT INTO audit (at_s, author, action, detail) VALUES (?, ?, ?, ?)",
-                  (at_s, author, action, detail))
+    def _audit(self, c: sqlite3.Connection, at_s: float, author: str, action: str, detail: str,
+               caller: str = "") -> None:
+        c.execute("INSERT INTO audit (at_s, author, action, detail, caller) VALUES (?, ?, ?, ?, ?)",
+                  (at_s, author, action, detail, caller))
         c.execute("DELETE FROM audit WHERE seq <= (SELECT seq FROM audit ORDER BY seq DESC LIMIT 1 OFFSET ?)",
                   (self.max_audit,))
 
@@ -318,18 +361,20 @@ class StateStore:
         with self._lock:
             return self._get_meta(self._conn, "mode")
 
-    def set_mode(self, mode: str | Mode, *, author: str, now_s: float, reason: str = "") -> str | None:
-        """Persist the mode (audited). Returns the previous persisted mode (None if never set)."""
+    def set_mode(self, mode: str | Mode, *, author: str, now_s: float, reason: str = "",
+                 caller: str = "") -> str | None:
+        """Persist the mode (audited; `caller` is the authenticated identity). Returns the previous persisted
+        mode (None if never set)."""
         mode = mode.value if isinstance(mode, Mode) else str(mode)
         if mode not in {m.value for m in Mode}:
-            raise InvalidRequestError("mode", f"must be one of {', '.join(m.value for m in Mode)} (got {mode!r})")
-        if not author:
-            raise InvalidRequestError("author", "is required")
+            raise InvalidRequestError("mode", f"must be one of {', '.join(m.value for m in Mode)} (got {shown(mode)})")
+        check_text("author", author, MAX_AUTHOR, required="who changes the mode")
+        check_text("reason", reason, MAX_REASON)
         with self._tx() as c:
             previous = self._get_meta(c, "mode")
             self._set_meta(c, "mode", mode)
             self._audit(c, now_s, author, "mode.set",
-                        f"{previous or 'unset'} → {mode}" + (f": {reason}" if reason else ""))
+                        f"{previous or 'unset'} → {mode}" + (f": {reason}" if reason else ""), caller)
             return previous
 
     def get_profile(self) -> str | None:
@@ -353,13 +398,21 @@ class StateStore:
 
     def add_override(self, kind: str, *, ttl_s: float, author: str, now_s: float, value: float = 0.0,
                      pool: str = "", priority_class: str = "", text: str = "", reason: str = "",
-                     known_pools: Collection[str] | None = None) -> Override:
-        """Validate (see validate_override), store and audit one override; active from now_s for ttl_s."""
+                     known_pools: Collection[str] | None = None, caller: str = "") -> Override:
+        """Validate (see validate_override), store and audit one override; active from now_s for ttl_s.
+        Refused (field "override") when max_overrides are already active. `caller`: the authenticated
+        identity, recorded in the audit entry next to the declared author."""
         validate_override(kind, ttl_s=ttl_s, author=author, value=value, pool=pool, priority_class=priority_class,
                           text=text, reason=reason, known_pools=known_pools)
+        check_text("caller", caller, 2 * MAX_AUTHOR)
         if kind in ("freeze", "profile"):
             value = 0.0
         with self._tx() as c:
+            active = c.execute("SELECT COUNT(*) FROM overrides WHERE ? < expires_s", (now_s,)).fetchone()[0]
+            if active >= self.max_overrides:
+                raise InvalidRequestError("override", f"{active} overrides are already active (at most "
+                                          f"{self.max_overrides}, api.max_overrides): delete some or let them "
+                                          "expire first")
             seq = int(self._get_meta(c, "override_seq") or 0) + 1
             self._set_meta(c, "override_seq", str(seq))
             o = Override(override_id=f"ov-{seq:06d}", kind=kind, value=float(value), pool=pool,
@@ -369,7 +422,7 @@ class StateStore:
                       "expires_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                       (o.override_id, o.kind, o.pool, o.priority_class, o.value, o.text, o.author, o.reason,
                        o.created_s, o.expires_s))
-            self._audit(c, now_s, o.author, "override.set", describe_override(o))
+            self._audit(c, now_s, o.author, "override.set", describe_override(o), caller)
         return o
 
     @staticmethod
@@ -397,19 +450,19 @@ class StateStore:
     def active_overrides(self, now_s: float) -> tuple[Override, ...]:
         return tuple(self.list_overrides(now_s))
 
-    def delete_override(self, override_id: str, *, author: str, now_s: float, reason: str = "") -> bool:
+    def delete_override(self, override_id: str, *, author: str, now_s: float, reason: str = "",
+                        caller: str = "") -> bool:
         """Remove an override (audited). False when there is no such id."""
-        if not override_id:
-            raise InvalidRequestError("id", "is required")
-        if not author or not author.strip():
-            raise InvalidRequestError("author", "is required: who deletes this override")
+        check_text("id", override_id, MAX_NAME, required="which override to delete")
+        check_text("author", author, MAX_AUTHOR, required="who deletes this override")
+        check_text("reason", reason, MAX_REASON)
         with self._tx() as c:
             row = c.execute(f"SELECT {self._OVERRIDE_COLS} FROM overrides WHERE id=?", (override_id,)).fetchone()
             if row is None:
                 return False
             c.execute("DELETE FROM overrides WHERE id=?", (override_id,))
             self._audit(c, now_s, author.strip(), "override.delete",
-                        describe_override(self._override(row)) + (f" (deleted: {reason})" if reason else ""))
+                        describe_override(self._override(row)) + (f" (deleted: {reason})" if reason else ""), caller)
             return True
 
     def expire_overrides(self, now_s: float) -> list[Override]:
@@ -423,18 +476,22 @@ class StateStore:
                 self._audit(c, o.expires_s, SYSTEM_AUTHOR, "override.expired", describe_override(o))
             c.execute("UPDATE overrides SET expiry_logged = 1 WHERE expires_s <= ?", (now_s,))
             c.execute("DELETE FROM overrides WHERE expires_s <= ?", (now_s - self.keep_expired_s,))
+            # and at most KEEP_EXPIRED_OVERRIDES expired ones, newest kept: `override list --all` stays bounded
+            c.execute("DELETE FROM overrides WHERE expires_s <= ? AND id NOT IN (SELECT id FROM overrides WHERE "
+                      "expires_s <= ? ORDER BY expires_s DESC, id DESC LIMIT ?)",
+                      (now_s, now_s, KEEP_EXPIRED_OVERRIDES))
         return expired
 
     # ---- audit
 
-    def add_audit(self, author: str, action: str, detail: str, *, now_s: float) -> None:
+    def add_audit(self, author: str, action: str, detail: str, *, now_s: float, caller: str = "") -> None:
         """An audit entry for a mutation made elsewhere (e.g. the runtime switching mode on a signal)."""
         with self._tx() as c:
-            self._audit(c, now_s, author, action, detail)
+            self._audit(c, now_s, author, action, detail, caller)
 
     def list_audit(self, limit: int = 100) -> list[AuditEntry]:
         """Newest first."""
-        rows = self._read("SELECT seq, at_s, author, action, detail FROM audit ORDER BY seq DESC LIMIT ?",
+        rows = self._read("SELECT seq, at_s, author, action, detail, caller FROM audit ORDER BY seq DESC LIMIT ?",
                           (int(limit),))
         return [AuditEntry(*r) for r in rows]
 

@@ -235,16 +235,18 @@ class SetModeResponse(_message.Message):
     def __init__(self, previous: _Optional[_Union[Mode, str]] = ..., mode: _Optional[_Union[Mode, str]] = ...) -> None: ...
 
 class AuditEntry(_message.Message):
-    __slots__ = ("at_unix_s", "author", "action", "detail")
+    __slots__ = ("at_unix_s", "author", "action", "detail", "caller")
     AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     AUTHOR_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
     at_unix_s: float
     author: str
     action: str
     detail: str
-    def __init__(self, at_unix_s: _Optional[float] = ..., author: _Optional[str] = ..., action: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    caller: str
+    def __init__(self, at_unix_s: _Optional[float] = ..., author: _Optional[str] = ..., action: _Optional[str] = ..., detail: _Optional[str] = ..., caller: _Optional[str] = ...) -> None: ...
 
 class ListAuditRequest(_message.Message):
     __slots__ = ("limit",)
