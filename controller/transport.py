@@ -3,8 +3,12 @@
 Servers (the PolicyService in `api/`, the KEDA external scaler in `actuation/`):
 - `TlsConfig` builds server credentials; with `client_ca_file` set, clients must present a certificate
   signed by that CA (mTLS).
-- `BearerTokenInterceptor` requires `authorization: Bearer <token>` metadata on every call except gRPC
-  health and reflection, and answers UNAUTHENTICATED otherwise (constant-time compare).
+- `Authenticator` says who a caller is: a named bearer token (`authorization: Bearer <token>`, compared in
+  constant time; `load_tokens_file` reads the name → token → role table) or the subject of a verified
+  mTLS client certificate (CN, else the first SAN). Each has a role: `read` or `write`.
+- `AuthInterceptor` applies it to every call except gRPC health and reflection: no or a wrong credential
+  is UNAUTHENTICATED, a read-only caller calling a write method is PERMISSION_DENIED, and the servicer
+  reads the authenticated `Caller` with `current_caller()` (for the audit trail).
 - `check_listen_safe` refuses a non-loopback listen address unless the callers are authenticated.
 - `add_health_and_reflection` and `bind` give every server the standard health and reflection services
   and the same error on a bad address.
@@ -19,13 +23,16 @@ Governor logic and must not log or echo tokens.
 
 from __future__ import annotations
 
+import contextvars
 import hmac
 import ipaddress
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
+import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -97,16 +104,149 @@ def is_loopback_address(listen: str) -> bool:
         return False  # a host name (or "" / "*" = every interface): reachable from elsewhere
 
 
-def check_listen_safe(listen: str, token: str | None, tls: TlsConfig | None) -> None:
+def check_listen_safe(listen: str, token: str | None, tls: TlsConfig | None, *, what: str = "the API",
+                      how: str = "an API token (api.token, api.tokens_file / $GOVERNOR_API_TOKEN)") -> None:
     """Raise InsecureListenError for a non-loopback address without a token (or mTLS, which authenticates too)."""
     if is_loopback_address(listen):
         return
     if token or (tls is not None and tls.mutual):
         return
     raise InsecureListenError(
-        f"refusing to listen on {listen!r} without authentication: anyone who can reach it could change the "
-        "fleet. Set an API token (api.token / $GOVERNOR_API_TOKEN), configure mTLS, or listen on 127.0.0.1."
+        f"refusing to listen on {listen!r} for {what} without authentication: anyone who can reach it could "
+        f"read or change the fleet. Set {how}, configure mTLS (tls.client_ca), or listen on 127.0.0.1."
     )
+
+
+# --------------------------------------------------------------------------- callers, tokens and roles
+
+ROLES: tuple[str, ...] = ("read", "write")
+MAX_TOKENS_FILE_BYTES = 1 << 20  # a table of tokens is a few KB; anything near 1 MiB is not one
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEntry:
+    """One bearer token: who holds it (`name`, recorded in the audit trail) and what it may do."""
+
+    name: str
+    token: str = field(repr=False)  # never in a repr, a log line or an error message
+    role: str = "write"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """An authenticated caller: `identity` is "token:<name>", "cert:<CN or SAN>" or "anonymous" (a loopback
+    server without auth); `role` is "read" or "write"."""
+
+    identity: str
+    role: str
+
+    @property
+    def may_write(self) -> bool:
+        return self.role == "write"
+
+
+ANONYMOUS = Caller("anonymous", "write")
+_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("governor_caller", default=ANONYMOUS)
+
+
+def current_caller() -> Caller:
+    """The caller of the RPC this thread is serving (set by AuthInterceptor; ANONYMOUS without one)."""
+    return _CALLER.get()
+
+
+def load_tokens_file(path: str, what: str = "api.tokens_file") -> list[TokenEntry]:
+    """Read a tokens file: YAML `tokens: [{name, token, role}]` (role read or write, default write).
+    ValueError names the file and the entry that is wrong, never a token."""
+    try:
+        p = Path(path)
+        if p.stat().st_size > MAX_TOKENS_FILE_BYTES:
+            raise ValueError(f"{what}: {path!r} is larger than {MAX_TOKENS_FILE_BYTES} bytes; not a tokens file")
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ValueError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what}: {path!r} is not valid YAML ({type(exc).__name__})") from None
+    entries = data.get("tokens") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{what}: {path!r} must be a mapping with a non-empty list `tokens:` of "
+                         "{name, token, role} entries")
+    out: list[TokenEntry] = []
+    for i, e in enumerate(entries):
+        where = f"{what}: {path}: tokens[{i}]"
+        if not isinstance(e, dict) or set(e) - {"name", "token", "role"}:
+            raise ValueError(f"{where}: must be a mapping with keys name, token and role")
+        name, token, role = e.get("name"), e.get("token"), e.get("role", "write")
+        if not isinstance(name, str) or not name.strip() or len(name) > 128 or not name.isprintable():
+            raise ValueError(f"{where}.name: a printable name of 1..128 characters is required")
+        if not isinstance(token, str) or len(token.strip()) < 16 or not token.isprintable():
+            raise ValueError(f"{where}.token: a printable token of at least 16 characters is required "
+                             "(e.g. `openssl rand -hex 32`)")
+        if role not in ROLES:
+            raise ValueError(f"{where}.role: must be read or write")
+        if any(x.name == name for x in out):
+            raise ValueError(f"{where}.name: {name!r} is named twice")
+        if any(hmac.compare_digest(x.token.encode(), token.strip().encode()) for x in out):
+            raise ValueError(f"{where}.token: the same token is given to two names")
+        out.append(TokenEntry(name.strip(), token.strip(), role))
+    return out
+
+
+class Authenticator:
+    """Who is calling: a bearer token from `tokens`, else (with `mtls`) the verified client certificate, else
+    nobody. `cert_roles` maps a certificate subject (CN or a SAN) to its role; others get `cert_role`.
+    With neither tokens nor mTLS every caller is ANONYMOUS (only allowed on loopback: check_listen_safe)."""
+
+    def __init__(self, tokens: Sequence[TokenEntry] = (), *, mtls: bool = False,
+                 cert_roles: Mapping[str, str] | None = None, cert_role: str = "write") -> None:
+        for role in (cert_role, *(cert_roles or {}).values()):
+            if role not in ROLES:
+                raise ValueError(f"role must be read or write (got {role!r})")
+        self._tokens = tuple(tokens)
+        self._mtls = mtls
+        self._cert_roles = dict(cert_roles or {})
+        self._cert_role = cert_role
+
+    @property
+    def required(self) -> bool:
+        return bool(self._tokens) or self._mtls
+
+    def caller(self, metadata, auth_context: Mapping[str, Any] | None) -> Caller | None:
+        """The authenticated caller, or None (refuse). A token that is sent but wrong is refused even when a
+        certificate would do: the caller meant that token."""
+        if not self.required:
+            return ANONYMOUS
+        presented = _bearer_tokens(metadata)
+        if presented:
+            for given in presented:
+                match = None
+                for entry in self._tokens:  # every entry compared: no early exit that would leak timing
+                    if hmac.compare_digest(given.encode(), entry.token.encode()) and match is None:
+                        match = entry
+                if match is not None:
+                    return Caller(f"token:{match.name}", match.role)
+            return None
+        if self._mtls and auth_context:
+            names = [v.decode("utf-8", "replace") for key in ("x509_common_name", "x509_subject_alternative_name")
+                     for v in auth_context.get(key, ())]
+            if names:
+                role = next((self._cert_roles[n] for n in names if n in self._cert_roles), self._cert_role)
+                return Caller(f"cert:{names[0]}", role)
+        return None
+
+
+def _bearer_tokens(metadata) -> list[str]:
+    out = []
+    for key, value in metadata or ():
+        if key.lower() != "authorization":
+            continue
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        scheme, _, given = value.partition(" ")
+        if scheme.lower() == "bearer":
+            out.append(given.strip())
+        else:
+            out.append("")  # an authorization header we cannot use still counts as a (wrong) credential
+    return out
 
 
 def bearer_token_ok(metadata, token: str) -> bool:
@@ -125,38 +265,64 @@ def bearer_token_ok(metadata, token: str) -> bool:
     return ok
 
 
-class BearerTokenInterceptor(grpc.ServerInterceptor):
-    def __init__(self, token: str, exempt_prefixes: tuple[str, ...] = EXEMPT_METHOD_PREFIXES) -> None:
-        if not token:
-            raise ValueError("BearerTokenInterceptor needs a non-empty token")
-        self._token = token
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Authenticate every call (but health and reflection) with `authenticator`; `write_methods` (bare method
+    names, e.g. "SetMode") need the write role. The behaviour runs with current_caller() set."""
+
+    def __init__(self, authenticator: Authenticator, write_methods: Collection[str] = (),
+                 exempt_prefixes: tuple[str, ...] = EXEMPT_METHOD_PREFIXES) -> None:
+        self._auth = authenticator
+        self._write = frozenset(write_methods)
         self._exempt = exempt_prefixes
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
         method = handler_call_details.method or ""
-        if method.startswith(self._exempt) or bearer_token_ok(handler_call_details.invocation_metadata, self._token):
-            return continuation(handler_call_details)
         handler = continuation(handler_call_details)
-        if handler is None:
-            return None  # unknown method: let gRPC answer UNIMPLEMENTED
-        return _denying_handler(handler)
+        if handler is None or method.startswith(self._exempt):
+            return handler  # unknown method: gRPC answers UNIMPLEMENTED
+        return _guarded(handler, self._auth, method.rpartition("/")[2] in self._write)
 
 
-def _deny(request_or_iterator, context: grpc.ServicerContext):
-    context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                  "missing or invalid credentials: send metadata 'authorization: Bearer <token>'")
+def _admit(auth: Authenticator, context: grpc.ServicerContext, write: bool) -> Caller:
+    caller = auth.caller(context.invocation_metadata(), context.auth_context())
+    if caller is None:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid credentials: send metadata "
+                      "'authorization: Bearer <token>' (or a client certificate the server trusts)")
+    if write and not caller.may_write:
+        context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                      f"{caller.identity} has the read role; this call changes the fleet and needs the write role")
+    return caller
 
 
-def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` that rejects the call."""
+def _guarded(handler: grpc.RpcMethodHandler, auth: Authenticator, write: bool) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that authenticates first."""
     kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(_deny, **kwargs)
+        inner = handler.unary_unary
+
+        def unary(request, context):
+            token = _CALLER.set(_admit(auth, context, write))
+            try:
+                return inner(request, context)
+            finally:
+                _CALLER.reset(token)
+
+        return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(_deny, **kwargs)
+        inner_stream = handler.unary_stream
+
+        def stream(request, context):
+            _admit(auth, context, write)
+            yield from inner_stream(request, context)
+
+        return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
+
+    def refuse(request_or_iterator, context):  # no streaming-request RPC is served; refuse rather than guess
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "streaming requests are not served")
+
     if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(_deny, **kwargs)
-    return grpc.stream_stream_rpc_method_handler(_deny, **kwargs)
+        return grpc.stream_unary_rpc_method_handler(refuse, **kwargs)
+    return grpc.stream_stream_rpc_method_handler(refuse, **kwargs)
 
 
 # --------------------------------------------------------------------------- servers
@@ -170,6 +336,12 @@ def add_health_and_reflection(server: grpc.Server, service_name: str) -> health.
         servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     return servicer
+
+
+def server_options(max_receive_bytes: int) -> list[tuple[str, int]]:
+    """gRPC server options: requests above `max_receive_bytes` are refused by gRPC (RESOURCE_EXHAUSTED) before
+    any handler sees them."""
+    return [("grpc.max_receive_message_length", int(max_receive_bytes))]
 
 
 def bind(server: grpc.Server | grpc.aio.Server, listen: str, tls: TlsConfig | None, what: str) -> int:

@@ -14,6 +14,13 @@ as `scalerAddress` and the pool in its metadata (`pool: <name>`). KEDA then read
 
 The targets come from a callable the runtime supplies (the last decision's replicas).
 This module must not compute targets itself.
+
+Security: TLS with `tls` (transport.TlsConfig); callers are authenticated by mTLS (KEDA's
+TriggerAuthentication `caCert`/`tlsClientCert`/`tlsClientKey`) and/or bearer tokens (transport.
+Authenticator), UNAUTHENTICATED otherwise. A non-loopback listen address without either is refused
+(InsecureListenError): the replica targets tell anyone who asks the shape of the fleet, and a spoofed
+scaler address is how KEDA would be fed someone else's numbers. Requests are capped at
+MAX_REQUEST_BYTES and a bad pool name is quoted back at most MAX_ECHO characters.
 """
 
 from __future__ import annotations
@@ -26,11 +33,31 @@ import grpc
 from grpc_health.v1 import health
 
 from controller.gen.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
-from controller.transport import TlsConfig, add_health_and_reflection, bind
+from controller.transport import (
+    Authenticator,
+    AuthInterceptor,
+    TlsConfig,
+    add_health_and_reflection,
+    bind,
+    check_listen_safe,
+    server_options,
+)
 
 POOL_KEY = "pool"
 # "externalscaler.ExternalScaler"
 SERVICE_NAME = externalscaler_pb2.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
+
+
+# Largest request: a ScaledObjectRef's name, namespace and trigger metadata (a few short strings); 64 KiB is
+# generous for that and far below gRPC's 4 MiB default.
+MAX_REQUEST_BYTES = 64 * 1024
+MAX_ECHO = 64  # characters of a bad value quoted back
+MAX_POOL = 253  # a pool name is a DNS-style name (the config allows 63)
+
+
+def _shown(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= MAX_ECHO else text[: MAX_ECHO - 3] + "..."
 
 
 def metric_name(pool: str, prefix: str = "governor-replicas-") -> str:
@@ -48,7 +75,11 @@ class _Scaler(externalscaler_pb2_grpc.ExternalScalerServicer):
         if not pool:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"scalerMetadata.{POOL_KEY} is required: set `{POOL_KEY}: <pool name>` in the ScaledObject "
-                          f"trigger metadata (ScaledObject {ref.namespace}/{ref.name})")
+                          f"trigger metadata (ScaledObject {_shown(ref.namespace)}/{_shown(ref.name)})")
+        if len(pool) > MAX_POOL or not pool.isprintable():
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"scalerMetadata.{POOL_KEY}: {_shown(pool)} is not a pool name (printable, at most "
+                          f"{MAX_POOL} characters)")
         return pool
 
     def _desired(self, pool: str, context: grpc.ServicerContext) -> int:
@@ -58,7 +89,7 @@ class _Scaler(externalscaler_pb2_grpc.ExternalScalerServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, f"replica targets are not available: {exc}")
         if pool not in targets:
             known = ", ".join(sorted(targets)) or "none yet"
-            context.abort(grpc.StatusCode.NOT_FOUND, f"pool {pool!r} is not governed here (known pools: {known})")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"pool {_shown(pool)} is not governed here (known pools: {known})")
         return max(0, int(targets[pool]))
 
     # ---- RPCs
@@ -108,11 +139,17 @@ class KedaScalerServer:
     """
 
     def __init__(self, targets: Callable[[], Mapping[str, int]], listen: str, *, tls: TlsConfig | None = None,
+                 authenticator: Authenticator | None = None,
                  metric_prefix: str = "governor-replicas-", stream_poll_s: float = 1.0,
                  stream_max_s: float = 3600.0, max_streams: int = 16) -> None:
+        """`authenticator` None: mTLS callers only when `tls` names a client CA, else nobody is checked
+        (loopback only). InsecureListenError for a non-loopback `listen` without authentication."""
         if stream_poll_s <= 0 or stream_max_s <= 0 or max_streams < 1:
             raise ValueError(f"stream_poll_s and stream_max_s must be > 0 and max_streams >= 1 "
                              f"(got {stream_poll_s}, {stream_max_s}, {max_streams})")
+        self.authenticator = authenticator or Authenticator(mtls=tls is not None and tls.mutual)
+        check_listen_safe(listen, "token" if self.authenticator.required else None, tls, what="the KEDA scaler",
+                          how="actuators.keda.token_file")
         self.targets = targets
         self.listen = listen
         self.max_streams = max_streams
@@ -171,7 +208,9 @@ class KedaScalerServer:
     def start(self) -> int:
         if self._server is not None:
             raise RuntimeError("KedaScalerServer already started")
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_streams + 4, thread_name_prefix="keda"))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_streams + 4, thread_name_prefix="keda"),
+                             interceptors=[AuthInterceptor(self.authenticator)],
+                             options=server_options(MAX_REQUEST_BYTES))
         externalscaler_pb2_grpc.add_ExternalScalerServicer_to_server(_Scaler(self), server)
         self._health = add_health_and_reflection(server, SERVICE_NAME)
         port = bind(server, self.listen, self._tls, "KEDA scaler")
