@@ -39,6 +39,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from controller.config_catalogue import CatalogueSettings, catalogue_problems, pool_engines
+from controller.config_checks import auth_problems, check_size, type_problems
 from controller.config_prometheus import HttpUrlStr, PrometheusSettings
 from controller.perf.engines import Engine
 from controller.types import PRIORITY_CLASSES, FleetSpec, Mode, PoolSpec, SloSpec
@@ -175,9 +176,22 @@ class ActuatorSettings(_Strict):
     tls: ClientTlsSettings = ClientTlsSettings()
 
 
+class ServerTlsSettings(_Strict):
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None  # set → clients must present a certificate signed by it (mTLS)
+
+
+class ApiTlsSettings(ServerTlsSettings):
+    client_roles: dict[str, Literal["read", "write"]] = Field(default_factory=dict)  # cert CN/SAN → role
+    default_client_role: Literal["read", "write"] = "write"  # a verified certificate not in client_roles
+
+
 class KedaSettings(_Strict):
     enabled: bool = False
-    listen: HostPort = "127.0.0.1:50052"
+    listen: HostPort = "127.0.0.1:50052"  # beyond loopback: tls.client_ca (KEDA's mTLS) or token_file required
+    tls: ServerTlsSettings = ServerTlsSettings()
+    token_file: str | None = None  # a tokens file (see api.tokens_file) for callers other than KEDA
 
 
 # --------------------------------------------------------------------------- Kubernetes and router adapters
@@ -266,17 +280,13 @@ class ActuatorsSettings(_Strict):
     kubernetes: KubernetesSettings = KubernetesSettings()
 
 
-class ServerTlsSettings(_Strict):
-    cert: str | None = None
-    key: str | None = None
-    client_ca: str | None = None  # set → clients must present a certificate signed by it (mTLS)
-
-
 class ApiSettings(_Strict):
     listen: HostPort = "127.0.0.1:50051"
     token: SecretStr | None = None
     token_file: str | None = None
-    tls: ServerTlsSettings = ServerTlsSettings()
+    tokens_file: str | None = None  # named tokens with roles: tokens: [{name, token, role}] (transport.py)
+    tls: ApiTlsSettings = ApiTlsSettings()
+    max_overrides: int = Field(default=200, ge=1, le=500)  # active at once; why 200: controller/api/limits.py
 
     def resolved_token(self) -> str | None:
         """The bearer token: `token`, or the first line of `token_file` (read now). Raises ConfigError if unreadable."""
@@ -502,7 +512,8 @@ class Settings(BaseSettings):
             p.append((("api", "token_file"), "set token or token_file, not both"))
         if api.token is not None and not api.token.get_secret_value().strip():
             p.append((("api", "token"), "is empty"))
-        if not is_loopback(api.listen) and api.token is None and api.token_file is None:
+        if not is_loopback(api.listen) and api.token is None and api.token_file is None and not api.tokens_file \
+                and api.tls.client_ca is None:
             p.append((("api", "token"), f"required when api.listen ({api.listen}) is not a loopback address: "
                       "set api.token or api.token_file (or listen on 127.0.0.1)"))
         if (api.tls.cert is None) != (api.tls.key is None):
@@ -526,6 +537,7 @@ class Settings(BaseSettings):
             seen.setdefault(addr, where)
 
         p.extend(_adapter_problems(self))
+        p.extend(auth_problems(self))
         p.extend(self.leader_election.problems(names))
 
         budget = self.guards.budget_usd_per_hour
@@ -723,10 +735,21 @@ def parse_settings(text: str, source: str = "<string>") -> Settings:
     dupes = _duplicate_keys(node, source)
     if dupes:
         raise ConfigError(dupes, source)
+    strict = [f"{source}:{_line_of(node, loc) or '?'}: {_path(loc)}: {msg}"
+              for loc, msg in type_problems(data, Settings, node)]
     try:
-        return Settings(**data)
+        settings = Settings(**data)
     except ValidationError as exc:
-        raise ConfigError(_problems(exc, source, node), source) from None
+        rest = [p for p in _problems(exc, source, node) if not _covered(p, strict)]
+        raise ConfigError(strict + rest, source) from None
+    if strict:
+        raise ConfigError(strict, source)
+    return settings
+
+
+def _covered(problem: str, strict: list[str]) -> bool:
+    """A pydantic problem at a location the strict check already reported (e.g. NaN's "should be <= 3600")."""
+    return any(problem.split(" ", 2)[1] == s.split(" ", 2)[1] for s in strict)
 
 
 def load_settings(path: str | Path | None) -> Settings:
@@ -734,10 +757,15 @@ def load_settings(path: str | Path | None) -> Settings:
     if path is None:
         return parse_settings("", "(no config file)")
     path = Path(path)
+    too_big = check_size(path)
+    if too_big:
+        raise ConfigError([too_big], str(path))
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read the config file: {exc.strerror}"], str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not a text file (byte {exc.start} is not UTF-8)"], str(path)) from None
     return parse_settings(text, str(path))
 
 

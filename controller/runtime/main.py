@@ -20,7 +20,7 @@ from typing import Any
 from controller.actuation.keda import KedaScalerServer
 from controller.actuation.shadow import ShadowActuator
 from controller.api.server import PolicyServer
-from controller.api.store import StateStore
+from controller.api.store import StateStore, StoreError
 from controller.clock import Clock, WallClock
 from controller.config import ConfigError, Settings
 from controller.core.guards import GuardConfig
@@ -46,7 +46,7 @@ from controller.runtime.learning import Learning
 from controller.runtime.loop import TickLoop
 from controller.runtime.systemd import SystemdNotifier
 from controller.telemetry import build_source
-from controller.transport import TlsConfig
+from controller.transport import Authenticator, TlsConfig, TokenEntry, load_tokens_file
 from controller.types import Mode
 
 # The demo ships inside the package (scenarios/demo.yaml links to it): `--demo` needs no checkout.
@@ -167,8 +167,8 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
     `lease_store` replaces the Kubernetes Lease API under leader election (tests)."""
     settings = shard_settings(settings)
     state_dir = Path(settings.state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    store = StateStore(state_dir / "governor.db")
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the audit trail and overrides: the daemon's own
+    store = StateStore(state_dir / "governor.db", max_overrides=settings.api.max_overrides)
     closers: list[Any] = [store.close]
     try:
         fleet = settings.fleet_spec()
@@ -197,8 +197,10 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
             closers.append(elector.stop)  # stopped (and the lease released) after the API and KEDA
         api_tls = settings.api.tls
         server_tls = TlsConfig(api_tls.cert, api_tls.key, api_tls.client_ca) if api_tls.cert and api_tls.key else None
+        tokens = tuple(load_tokens_file(settings.api.tokens_file)) if settings.api.tokens_file else ()
         api = PolicyServer(daemon, store, settings.api.listen, token=settings.api.resolved_token(), tls=server_tls,
-                           clock=clock)
+                           clock=clock, tokens=tokens, cert_roles=api_tls.client_roles,
+                           cert_role=api_tls.default_client_role)
         api_port = api.start()
         closers.append(api.stop)
         metrics_url = None
@@ -209,7 +211,7 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
             closers.append(metrics.close)
         keda = keda_port = None
         if acts.keda.enabled:
-            keda = KedaScalerServer(daemon.keda_targets, acts.keda.listen)
+            keda = _keda_server(settings, daemon, logger)
             keda_port = keda.start()
             daemon.after_tick.append(keda.notify)
             closers.append(keda.stop)
@@ -218,6 +220,23 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
             c()
         raise
     return Services(settings, daemon, store, api, api_port, metrics, metrics_url, keda, keda_port, closers)
+
+
+def _keda_server(settings: Settings, daemon: Daemon, logger: logging.Logger) -> KedaScalerServer:
+    k = settings.actuators.keda
+    tls = TlsConfig(k.tls.cert, k.tls.key, k.tls.client_ca) if k.tls.cert and k.tls.key else None
+    tokens: tuple[TokenEntry, ...] = tuple(load_tokens_file(k.token_file, "actuators.keda.token_file")) \
+        if k.token_file else ()
+    auth = Authenticator(tokens, mtls=tls is not None and tls.mutual)
+    if not auth.required:
+        logger.warning(f"KEDA scaler on {k.listen} without authentication: any local process can read the replica "
+                       "targets (set actuators.keda.tls.client_ca for KEDA's mTLS)",
+                       extra={"event": "keda_scaler", "listen": k.listen, "tls": tls is not None, "auth": "none"})
+    else:
+        logger.info(f"KEDA scaler on {k.listen}", extra={"event": "keda_scaler", "listen": k.listen, "tls": tls is not
+                    None, "auth": "+".join(x for x, on in (("mtls", tls is not None and tls.mutual),
+                                                           ("token", bool(tokens))) if on)})
+    return KedaScalerServer(daemon.keda_targets, k.listen, tls=tls, authenticator=auth)
 
 
 # ------------------------------------------------------------------------------------------ demo
@@ -356,7 +375,7 @@ def cmd_run(args) -> int:
 
     try:
         services = build_services(settings, clock=clock, logger=logger, on_tick=on_tick)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, StoreError) as exc:
         if dataplane is not None:
             dataplane.stop()
         if live:
