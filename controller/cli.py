@@ -50,18 +50,24 @@ def _by_flag(flag: str, when_set: str, otherwise: str):
     return run
 
 
-def _api_client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--api", default=None,
+def _api_client_args(p: argparse.ArgumentParser, *, again: bool = False) -> None:
+    """The connection flags of an operator command. `again`: the same flags on a sub-action (`override set
+    ... --api X`), defaulting to SUPPRESS so that a flag given before the action is not reset."""
+    def d(value: object) -> object:
+        return argparse.SUPPRESS if again else value
+
+    p.add_argument("--api", default=d(None),
                    help="PolicyService address host:port (default: from --config, else 127.0.0.1:50051)")
-    p.add_argument("--config", default=None, help="daemon config file, to find the API address and token")
-    p.add_argument("--token", default=None, help="bearer token (default: $GOVERNOR_API_TOKEN or the config's)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.add_argument("--tls-ca", default=None, metavar="FILE",
+    p.add_argument("--config", default=d(None), help="daemon config file, to find the API address and token")
+    p.add_argument("--token", default=d(None), help="bearer token (default: $GOVERNOR_API_TOKEN or the config's)")
+    p.add_argument("--json", action="store_true", default=d(False), help="print JSON instead of text")
+    p.add_argument("--tls-ca", default=d(None), metavar="FILE",
                    help="connect over TLS, verifying the daemon's certificate with this CA bundle "
                    "(TLS is also used, with the system's roots, when the --config file sets api.tls.cert)")
-    p.add_argument("--tls-cert", default=None, metavar="FILE", help="client certificate, when the daemon requires mTLS")
-    p.add_argument("--tls-key", default=None, metavar="FILE", help="client private key (with --tls-cert)")
-    p.add_argument("--tls-server-name", default=None, metavar="NAME",
+    p.add_argument("--tls-cert", default=d(None), metavar="FILE",
+                   help="client certificate, when the daemon requires mTLS")
+    p.add_argument("--tls-key", default=d(None), metavar="FILE", help="client private key (with --tls-cert)")
+    p.add_argument("--tls-server-name", default=d(None), metavar="NAME",
                    help="name to check in the daemon's certificate instead of the address' host")
 
 
@@ -317,13 +323,16 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--ttl", required=True, help="time to live, e.g. 900, 15m, 2h")
     o.add_argument("--author", default=None, help="who sets it (default: $USER)")
     o.add_argument("--reason", default="", help="why, for the audit log (shown by `governor override list`)")
+    _api_client_args(o, again=True)
     o.set_defaults(func=_handler("controller.api.client:cmd_override_set"))
     o = osub.add_parser("list", help="list active overrides")
+    _api_client_args(o, again=True)
     o.add_argument("--all", action="store_true", help="include expired ones")
     o.set_defaults(func=_handler("controller.api.client:cmd_override_list"))
     o = osub.add_parser("delete", help="delete an override by id")
     o.add_argument("override_id", help="an id as `governor override list` shows it")
     o.add_argument("--author", default=None, help="who deletes it (default: $USER)")
+    _api_client_args(o, again=True)
     o.set_defaults(func=_handler("controller.api.client:cmd_override_delete"))
     p = sub.add_parser("mode", help="switch the daemon between active, shadow and paused")
     _api_client_args(p)

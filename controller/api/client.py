@@ -7,7 +7,9 @@ by `api.token_file`). TLS: when any --tls-* flag is given, or the config sets
 system's roots), --tls-cert/--tls-key answer a daemon that requires mTLS. The
 config's `api:` section is read directly with PyYAML so these commands do not
 depend on the daemon's config model. Output is a readable
-table (rich) or JSON with --json. Exit codes: 0 ok, 1 the call failed (cannot
+table (rich) or JSON with --json. Every string the daemon sends back is printed escaped
+(api/limits.printable: ESC, CR, NUL... as \x1b, \r, \x00), so stored text cannot drive the
+terminal; JSON output escapes them by itself. Exit codes: 0 ok, 1 the call failed (cannot
 reach the daemon, refused credentials, rejected request...), 2 bad arguments.
 
 This module must not change anything except through the API.
@@ -33,6 +35,7 @@ from google.protobuf.json_format import MessageToDict
 from rich.console import Console
 from rich.table import Table
 
+from controller.api.limits import printable
 from controller.clock import WallClock
 from controller.gen.governor.v1 import policy_pb2, policy_pb2_grpc
 from controller.transport import ClientTls, bearer_metadata, make_channel
@@ -181,7 +184,7 @@ class _ApiError(Exception):
         self.address = address
         self.used_tls = used_tls
         self.code = exc.code()
-        self.details = exc.details() or ""
+        self.details = printable(exc.details() or "")
         self.had_token = had_token
         super().__init__(self.message())
 
@@ -217,6 +220,11 @@ def _run(args: argparse.Namespace, body: Callable[[Console], int]) -> int:
     except _ApiError as exc:
         print(f"governor: {exc}", file=sys.stderr)
         return 1
+
+
+def _p(text: str) -> str:
+    """A string from the daemon, safe to print (see the module docstring)."""
+    return printable(text)
 
 
 def _print_json(msg: Any) -> None:
@@ -283,9 +291,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             _print_json(st)
             return 0
         now_s = WallClock().now_s()
-        console.print(f"mode: {_mode_name(st.mode)}   profile: {st.profile or '-'}   policy: {st.policy or '-'}   "
-                      f"version: {st.version or '-'}")
-        console.print(f"generation: {st.generation}   last decision: {st.last_decision_id or '-'}   "
+        console.print(f"mode: {_mode_name(st.mode)}   profile: {_p(st.profile) or '-'}   "
+                      f"policy: {_p(st.policy) or '-'}   version: {_p(st.version) or '-'}")
+        console.print(f"generation: {st.generation}   last decision: {_p(st.last_decision_id) or '-'}   "
                       f"last tick: {_when(st.last_tick_unix_s, now_s)}")
         if st.telemetry_frozen:
             console.print("telemetry FROZEN: every signal is stale; the last safe decision is held")
@@ -294,7 +302,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             for col in ("component", "health", "detail", "last ok"):
                 t.add_column(col, overflow="fold")
             for c in st.components:
-                t.add_row(c.name, "ok" if c.healthy else "FAILING", c.detail, _when(c.last_ok_unix_s, now_s))
+                t.add_row(_p(c.name), "ok" if c.healthy else "FAILING", _p(c.detail), _when(c.last_ok_unix_s, now_s))
             console.print(t)
         if st.pools:
             t = Table(title="pools", title_justify="left")
@@ -302,16 +310,16 @@ def cmd_status(args: argparse.Namespace) -> int:
                         "telemetry"):
                 t.add_column(col, overflow="fold")
             for p in st.pools:
-                t.add_row(p.pool, _count(p.replicas_desired), _count(p.replicas_ready), _num(p.ttft_p95_s),
+                t.add_row(_p(p.pool), _count(p.replicas_desired), _count(p.replicas_ready), _num(p.ttft_p95_s),
                           _num(p.slo_ttft_s), f"{p.hit_rate:.0%}" if p.hit_rate else "-",
-                          f"{p.gpu_mem_used_frac:.0%}" if p.gpu_mem_used_frac else "-", p.telemetry or "-")
+                          f"{p.gpu_mem_used_frac:.0%}" if p.gpu_mem_used_frac else "-", _p(p.telemetry) or "-")
             console.print(t)
         if st.details:
             t = Table(title="details", title_justify="left")
             t.add_column("name")
             t.add_column("value", overflow="fold")
             for d in st.details:
-                t.add_row(d.name, d.value)
+                t.add_row(_p(d.name), _p(d.value))
             console.print(t)
         return 0
     return _run(args, body)
@@ -334,7 +342,8 @@ def cmd_decisions(args: argparse.Namespace) -> int:
         for col in ("decision", "gen", "at", "mode", "outcome", "summary"):
             t.add_column(col, overflow="fold")
         for d in resp.decisions:
-            t.add_row(d.decision_id, str(d.generation), _when(d.at_unix_s, now_s), d.mode, d.outcome, d.summary)
+            t.add_row(_p(d.decision_id), str(d.generation), _when(d.at_unix_s, now_s), _p(d.mode), _p(d.outcome),
+                      _p(d.summary))
         console.print(t)
         return 0
     return _run(args, body)
@@ -347,7 +356,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if args.json:
             sys.stdout.write(resp.json + "\n")
             return 0
-        sys.stdout.write(resp.text + "\n")
+        sys.stdout.write(printable(resp.text, keep_newlines=True) + "\n")
         return 0
     return _run(args, body)
 
@@ -378,15 +387,15 @@ def cmd_override_set(args: argparse.Namespace) -> int:
             _print_json(o)
             return 0
         now_s = WallClock().now_s()
-        console.print(f"override {o.id} set: {_describe(o)}, expires {_when(o.expires_unix_s, now_s)}")
+        console.print(f"override {_p(o.id)} set: {_describe(o)}, expires {_when(o.expires_unix_s, now_s)}")
         return 0
     return _run(args, body)
 
 
 def _describe(o: policy_pb2.Override) -> str:
     kind = _kind_name(o.kind)
-    target = o.pool or o.priority_class
-    what = o.text if kind == "profile" else ("" if kind == "freeze" else f"{o.value:g}")
+    target = _p(o.pool or o.priority_class)
+    what = _p(o.text) if kind == "profile" else ("" if kind == "freeze" else f"{o.value:g}")
     return f"{kind}" + (f"({target})" if target else "") + (f" = {what}" if what else "")
 
 
@@ -406,7 +415,7 @@ def cmd_override_list(args: argparse.Namespace) -> int:
             t.add_column(col, overflow="fold")
         for o in resp.overrides:
             expires = _when(o.expires_unix_s, now_s) + (" EXPIRED" if o.expires_unix_s <= now_s else "")
-            t.add_row(o.id, _describe(o), expires, o.author, o.reason)
+            t.add_row(_p(o.id), _describe(o), expires, _p(o.author), _p(o.reason))
         console.print(t)
         return 0
     return _run(args, body)
@@ -420,7 +429,7 @@ def cmd_override_delete(args: argparse.Namespace) -> int:
             _print_json(resp)
             return 0 if resp.deleted else 1
         if resp.deleted:
-            console.print(f"override {args.override_id} deleted")
+            console.print(f"override {_p(args.override_id)} deleted")
             return 0
         print(f"governor: no override {args.override_id!r} (already deleted or expired and purged?)", file=sys.stderr)
         return 1

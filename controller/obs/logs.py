@@ -39,13 +39,22 @@ class TextFormatter(logging.Formatter):
         return f"{stamp} {record.levelname:<7} {record.getMessage()}" + (f" {tail}" if tail else "")
 
 
+# Libraries and modules that log under their own names. Without a handler their records reach Python's
+# last-resort handler and land on stderr as plain text in the middle of the JSON lines; APScheduler (the
+# tick loop) is the one that did. Its INFO lines ("Running job ...") come every tick, so it logs WARNING+.
+ROUTED_LOGGERS: tuple[tuple[str, str | None], ...] = (("controller", None), ("apscheduler", "WARNING"))
+
+
 def setup_logging(level: str = "info", fmt: str = "json", stream=None) -> logging.Logger:
-    """Configure the `governor` logger (not the root logger) and return it."""
+    """Configure the `governor` logger (not the root logger) and return it; ROUTED_LOGGERS write through
+    the same handler and format."""
     logger = logging.getLogger("governor")
-    logger.handlers.clear()
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    logger.addHandler(handler)
-    logger.setLevel(level.upper())
-    logger.propagate = False
+    for name, floor in (("governor", None), *ROUTED_LOGGERS):
+        lg = logging.getLogger(name)
+        lg.handlers.clear()
+        lg.addHandler(handler)
+        lg.setLevel(max(logging.getLevelName(level.upper()), logging.getLevelName(floor)) if floor else level.upper())
+        lg.propagate = False
     return logger
