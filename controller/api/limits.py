@@ -74,6 +74,9 @@ def shown(value: object, limit: int = MAX_ECHO) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_NAMED_ESCAPES = {"\r": "\\r", "\n": "\\n", "\t": "\\t"}
+
+
 def printable(text: str, *, keep_newlines: bool = False) -> str:
     """`text` with every character `bad_character` would refuse written as an escape (\\x1b, \\u202e), so a
     stored string cannot drive the terminal that prints it. `keep_newlines` keeps \\n (multi-line text)."""
@@ -81,6 +84,8 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     for ch in text:
         if keep_newlines and ch == "\n":
             out.append(ch)
+        elif ch in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[ch])
         elif ch in _BIDI or unicodedata.category(ch) in _REFUSED_CATEGORIES:
             code = ord(ch)
             out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")

@@ -361,7 +361,8 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
                                               reason=o.reason, known_pools=set(self._handle.pool_names()),
                                               caller=current_caller().identity)
         except InvalidRequestError as exc:
-            _invalid(context, f"override.{exc.field}", exc.reason)
+            # "override" itself (too many active) or one of its fields
+            _invalid(context, "override" if exc.field == "override" else f"override.{exc.field}", exc.reason)
         self._notify_overrides()
         return override_to_proto(stored)
 
