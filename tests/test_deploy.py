@@ -314,7 +314,8 @@ def test_systemd_analyze_verify(tmp_path):
 K8S_VERSION = "1.37.0"  # the newest schema set kubernetes-validate bundles (offline)
 # Custom resources (and kustomize's file): no schema is bundled for them, so each kind must be one of
 # these, at one of these apiVersions; anything else is a typo or a kind to add here on purpose.
-CRDS = {"ScaledObject": {"keda.sh/v1alpha1"}, "PodMonitor": {"monitoring.coreos.com/v1"},
+CRDS = {"ScaledObject": {"keda.sh/v1alpha1"}, "TriggerAuthentication": {"keda.sh/v1alpha1"},
+        "PodMonitor": {"monitoring.coreos.com/v1"},
         "ServiceMonitor": {"monitoring.coreos.com/v1"}, "PrometheusRule": {"monitoring.coreos.com/v1"},
         "LeaderWorkerSet": {"leaderworkerset.x-k8s.io/v1"},
         "InferencePool": {"inference.networking.k8s.io/v1", "inference.networking.x-k8s.io/v1alpha2"},

@@ -154,7 +154,7 @@ def test_prometheusrule_has_the_same_alert_groups():
 KUSTOMIZE_DIRS = {"base": K8S, "example": ROOT / "deploy" / "kustomize" / "example"}
 # Custom resources: no schema in kubernetes-validate (the operators' CRDs define them); their contents
 # are checked by tests/test_deploy.py (ScaledObjects, PodMonitors) and promtool (the rules).
-CRD_KINDS = {"ScaledObject", "PodMonitor", "PrometheusRule"}
+CRD_KINDS = {"ScaledObject", "TriggerAuthentication", "PodMonitor", "PrometheusRule"}
 
 
 def _kubectl() -> str:
