@@ -69,7 +69,7 @@ def code_of(call, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
 
 
 def override(**kw: Any) -> policy_pb2.SetOverrideRequest:
-    fields = {"kind": policy_pb2.OVERRIDE_KIND_MIN_REPLICAS, "pool": "pool-a", "value": 2.0, "ttl_s": 600.0,
-              "author": "alice", "reason": "test"}
+    fields: dict[str, Any] = {"kind": policy_pb2.OVERRIDE_KIND_MIN_REPLICAS, "pool": "pool-a", "value": 2.0,
+                              "ttl_s": 600.0, "author": "alice", "reason": "test"}
     fields.update(kw)
     return policy_pb2.SetOverrideRequest(override=policy_pb2.Override(**fields))
