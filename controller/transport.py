@@ -211,11 +211,12 @@ class Authenticator:
         return bool(self._tokens) or self._mtls
 
     def caller(self, metadata, auth_context: Mapping[str, Any] | None) -> Caller | None:
-        """The authenticated caller, or None (refuse). A token that is sent but wrong is refused even when a
-        certificate would do: the caller meant that token."""
+        """The authenticated caller, or None (refuse). Where tokens are configured, a token that is sent but
+        wrong is refused even when a certificate would do (the caller meant that token); without tokens
+        configured, a stray authorization header is ignored and the certificate decides."""
         if not self.required:
             return ANONYMOUS
-        presented = _bearer_tokens(metadata)
+        presented = _bearer_tokens(metadata) if self._tokens else []
         if presented:
             for given in presented:
                 match = None

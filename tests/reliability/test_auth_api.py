@@ -107,6 +107,9 @@ def test_mtls_identity_from_the_certificate_goes_into_the_audit_trail(tmp_path, 
             stub.SetOverride(override(author="declared-bob"), timeout=5)
             (entry,) = stub.ListAudit(policy_pb2.ListAuditRequest(), timeout=5).entries
             assert (entry.author, entry.caller) == ("declared-bob", "cert:governor test client")
+            # a stray token (e.g. $GOVERNOR_API_TOKEN) does not hide the certificate where no tokens are configured
+            assert stub.GetStatus(policy_pb2.GetStatusRequest(), metadata=_md("stray-token-dddddddddddd"),
+                                  timeout=5).generation == 7
         # a TLS client without a certificate does not get through the handshake
         with make_channel(f"127.0.0.1:{port}", ClientTls(ca_file=str(pki.ca))) as ch:
             code, _ = code_of(policy_pb2_grpc.PolicyServiceStub(ch).GetStatus, policy_pb2.GetStatusRequest(),
