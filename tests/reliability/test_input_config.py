@@ -130,21 +130,47 @@ def test_a_corrupt_database_is_a_clear_store_error(tmp_path):
         StateStore(db)
 
 
-def test_apscheduler_lines_go_through_the_json_formatter():
+def test_apscheduler_lines_go_through_the_json_formatter(restore_logging):
     stream = io.StringIO()
     setup_logging("info", "json", stream=stream)
-    try:
-        logging.getLogger("apscheduler.scheduler").warning("Run time of job was missed by 0:00:01")
-        logging.getLogger("apscheduler.scheduler").info("Added job")  # under its WARNING floor: dropped
-        logging.getLogger("controller.api.server").error("on_overrides_changed failed")
-        lines = stream.getvalue().splitlines()
-        records = [json.loads(line) for line in lines]  # every line is JSON
-        assert [(r["logger"], r["msg"]) for r in records] == [
-            ("apscheduler.scheduler", "Run time of job was missed by 0:00:01"),
-            ("controller.api.server", "on_overrides_changed failed")]
-    finally:
-        for name in ("governor", "controller", "apscheduler"):
-            lg = logging.getLogger(name)
-            lg.handlers.clear()
-            lg.propagate = True
-            lg.setLevel(logging.NOTSET)
+    logging.getLogger("apscheduler.scheduler").warning("Run time of job was missed by 0:00:01")
+    logging.getLogger("apscheduler.scheduler").info("Added job")  # under its WARNING floor: dropped
+    logging.getLogger("controller.api.server").error("on_overrides_changed failed")
+    lines = stream.getvalue().splitlines()
+    records = [json.loads(line) for line in lines]  # every line is JSON
+    assert [(r["logger"], r["msg"]) for r in records] == [
+        ("apscheduler.scheduler", "Run time of job was missed by 0:00:01"),
+        ("controller.api.server", "on_overrides_changed failed")]
+
+
+@pytest.fixture
+def restore_logging():
+    yield
+    for name in ("governor", "controller", "apscheduler"):  # what setup_logging configured
+        lg = logging.getLogger(name)
+        lg.handlers.clear()
+        lg.propagate = True
+        lg.setLevel(logging.NOTSET)
+
+
+def test_start_up_on_a_corrupt_database_stops_with_cannot_start(tmp_path, capsys, monkeypatch, restore_logging):
+    """`governor run` past preflight (the file turned bad after validation): a clear exit, not a traceback."""
+    from controller.runtime import main as runtime_main
+
+    state = tmp_path / "state"
+    path = tmp_path / "g.yaml"
+    path.write_text(BASE.format(state=state))
+    real_preflight = runtime_main.preflight
+
+    def preflight_then_corrupt(p):
+        settings = real_preflight(p)
+        state.mkdir()
+        (state / "governor.db").write_bytes(b"corrupted after validation" * 64)
+        return settings
+
+    monkeypatch.setattr(runtime_main, "preflight", preflight_then_corrupt)
+    assert main(["run", "--config", str(path), "--once", "--headless"]) == 2
+    err = capsys.readouterr().err
+    assert f"governor: cannot start: {state}/governor.db is not a valid state database (file is not a database)" \
+        in err
+    assert "Traceback" not in err
