@@ -296,8 +296,9 @@ class ApiSettings(_Strict):
             return None
         try:
             text = Path(self.token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError([f"api.token_file: cannot read {self.token_file!r}: {exc.strerror}"]) from None
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+            raise ConfigError([f"api.token_file: cannot read {self.token_file!r}: "
+                               f"{getattr(exc, 'strerror', None) or exc}"]) from None
         if not text:
             raise ConfigError([f"api.token_file: {self.token_file!r} is empty"])
         return text.splitlines()[0].strip()
@@ -735,6 +736,9 @@ def parse_settings(text: str, source: str = "<string>") -> Settings:
     dupes = _duplicate_keys(node, source)
     if dupes:
         raise ConfigError(dupes, source)
+    keys = [f"{source}:1: {k!r}: a key must be a string" for k in data if not isinstance(k, str)]
+    if keys:
+        raise ConfigError(keys, source)
     strict = [f"{source}:{_line_of(node, loc) or '?'}: {_path(loc)}: {msg}"
               for loc, msg in type_problems(data, Settings, node)]
     try:

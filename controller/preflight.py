@@ -54,14 +54,16 @@ def _readable(path: str | None, what: str) -> str | None:
     try:
         with open(path, "rb") as f:
             f.read(1)
-    except OSError as exc:
-        return f"{what}: cannot read {path!r}: {exc.strerror or exc}"
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        return f"{what}: cannot read {path!r}: {getattr(exc, 'strerror', None) or exc}"
     return None
 
 
 def state_problems(state_dir: str) -> list[str]:
     """The state directory must be (or be creatable as) a writable directory, and a state database in it a
     valid one. Read-only: nothing is created."""
+    if "\x00" in state_dir:
+        return [f"state_dir: {state_dir!r} is not a usable path (it holds a NUL character)"]
     d = Path(state_dir)
     if d.exists() and not d.is_dir():
         return [f"state_dir: {state_dir!r} is not a directory"]
@@ -91,7 +93,10 @@ def state_problems(state_dir: str) -> list[str]:
 
 def startup_problems(s: Any) -> list[str]:
     """Every problem `governor run` would meet after the config parses, except binding ports."""
-    out = state_problems(s.state_dir)
+    try:
+        out = state_problems(s.state_dir)
+    except ValueError as exc:  # a NUL in the path
+        out = [f"state_dir: {s.state_dir!r} is not a usable path ({exc})"]
     try:
         s.api.resolved_token()
     except ConfigError as exc:

@@ -72,6 +72,8 @@ def _read(path: str, what: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ValueError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL in the path
+        raise ValueError(f"{what}: cannot read {path!r}: {exc}") from None
 
 
 def _read_optional(path: str | None, what: str) -> bytes | None:
@@ -159,12 +161,19 @@ def load_tokens_file(path: str, what: str = "api.tokens_file") -> list[TokenEntr
     ValueError names the file and the entry that is wrong, never a token."""
     try:
         p = Path(path)
-        if p.stat().st_size > MAX_TOKENS_FILE_BYTES:
-            raise ValueError(f"{what}: {path!r} is larger than {MAX_TOKENS_FILE_BYTES} bytes; not a tokens file")
-        data = yaml.safe_load(p.read_text())
+        size = p.stat().st_size
+        text = p.read_text() if size <= MAX_TOKENS_FILE_BYTES else None
     except OSError as exc:
         raise ValueError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise ValueError(f"{what}: {path!r} is not a text file") from None
+    except ValueError as exc:  # a NUL in the path
+        raise ValueError(f"{what}: cannot read {path!r}: {exc}") from None
+    if text is None:
+        raise ValueError(f"{what}: {path!r} is larger than {MAX_TOKENS_FILE_BYTES} bytes; not a tokens file")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
         raise ValueError(f"{what}: {path!r} is not valid YAML ({type(exc).__name__})") from None
     entries = data.get("tokens") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:

@@ -174,3 +174,17 @@ def test_start_up_on_a_corrupt_database_stops_with_cannot_start(tmp_path, capsys
     assert f"governor: cannot start: {state}/governor.db is not a valid state database (file is not a database)" \
         in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("extra,expected", [
+    ("1: 2\n", "1: a key must be a string"),
+    ('state_dir: "a\\0b"\n', "state_dir: 'a\\x00b' is not a usable path"),
+    ('api: {token_file: "\\0"}\n', "api.token_file: cannot read '\\x00': embedded null byte"),
+    ('api: {tokens_file: "\\0"}\n', "api.tokens_file: cannot read '\\x00': embedded null byte"),
+])
+def test_what_the_config_fuzz_found(tmp_path, capsys, extra, expected):
+    """Two tracebacks the full config fuzz found (a non-string top-level key; a NUL in a path)."""
+    text = BASE.format(state=tmp_path / "state").replace(f"state_dir: {tmp_path / 'state'}\n", "") + extra
+    validate_err, run_err = _both(tmp_path, capsys, text)
+    assert expected in validate_err and expected in run_err
+    assert "Traceback" not in validate_err + run_err
