@@ -5,7 +5,8 @@ an invalid request is INVALID_ARGUMENT whose message starts with the field it na
 rejected request (and every read) leaves the state as it was (overrides, audit trail, mode, generation).
 
 Default run: FUZZ_CASES (seeded, derandomized) per RPC. GOVERNOR_FUZZ_FULL=1: 10,000 per RPC, e.g.
-    GOVERNOR_FUZZ_FULL=1 PYTHONPATH=$PWD .venv/bin/python -m pytest -q tests/reliability/test_fuzz_api.py
+    GOVERNOR_FUZZ_FULL=1 PYTHONPATH=$PWD .venv/bin/python -m pytest -q -p no:timeout tests/reliability/test_fuzz_api.py
+(-p no:timeout: a full run is longer than the suite's 300 s per-test timeout)
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 Configs: the shipped example with one value replaced, one key dropped or one unknown key added, at any
 depth, plus YAML that is not a mapping at all. Traces: the JSONL (generic, Mooncake) and CSV (generic,
 Azure) readers on records with missing, extra, mistyped and out-of-range fields, and on bytes.
-Default run: FUZZ_CASES per test (seeded); GOVERNOR_FUZZ_FULL=1: 10,000.
+Default run: FUZZ_CASES per test (seeded); GOVERNOR_FUZZ_FULL=1: 10,000 (with pytest -p no:timeout: a full run is
+longer than the suite's 300 s per-test timeout).
 """
 
 from __future__ import annotations
