@@ -108,6 +108,7 @@ def test_traffic_weights_split_only_eligible_traffic(tmp_path):
     f = Fleet(sc)
     s = f.run()
     wl = f.workload
+    assert wl.tier_u is not None  # the scenario has a tier rule: every task drew its u
     eligible_small = (wl.priority == SHED) | ((wl.priority == STD) & (wl.tier_u < 0.5))
     shares = expected_pool_shares(sc, wl)
     assert shares["small"][eligible_small] == pytest.approx(0.5)
@@ -303,6 +304,7 @@ def test_agentic_tasks_send_growing_prefixes_of_one_prompt(tmp_path):
         assert np.all(np.diff(p) > 0)
         assert p[-1] == src[t]["prompt_tokens"] and tr.output_tokens[idx[-1]] == src[t]["output_tokens"]
         full = tuple(src[t]["hash_ids"])
+        assert tr.block_hashes is not None  # the Mooncake trace carries its own hash ids
         for i in idx:
             h = tr.block_hashes[i]
             assert h == full[: len(h)] and len(h) == -(-int(tr.prompt_tokens[i]) // 512)
