@@ -263,15 +263,9 @@ def bearer_token_ok(metadata, token: str) -> bool:
     """Constant-time check of `authorization: Bearer <token>` among the call's metadata."""
     expected = token.encode()
     ok = False
-    for key, value in metadata or ():
-        if key.lower() != "authorization":
-            continue
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", "replace")
-        scheme, _, given = value.partition(" ")
-        if scheme.lower() == "bearer":
-            # compare_digest on every candidate: no early exit that would leak timing.
-            ok |= hmac.compare_digest(given.strip().encode(), expected)
+    for given in _bearer_tokens(metadata):
+        # compare_digest on every candidate: no early exit that would leak timing.
+        ok |= hmac.compare_digest(given.encode(), expected)
     return ok
 
 
