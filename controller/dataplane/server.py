@@ -87,6 +87,7 @@ CONTROL_MAX_MESSAGE_BYTES = 1 << 20
 # ext_proc carries the buffered request body; gRPC's own default (4 MiB) is kept, explicitly: a prompt of a 128k-token
 # context is ~0.5 MB of text, and only its first --affinity-blocks × --block-chars characters are read.
 EXTPROC_MAX_MESSAGE_BYTES = 4 << 20
+EXTPROC_MAX_STREAMS = 100_000  # requests in flight through one Envoy; see start_picker for the pending-call limits
 
 
 @dataclass
@@ -557,7 +558,13 @@ async def start_picker(cfg: PickerConfig) -> RunningPicker:
     from prometheus_client import start_http_server
 
     svc = PickerService(cfg)
-    options = [("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 100_000),
+    # gRPC's server core queues the streams this event loop has not yet asked for and, by default, cancels what
+    # overflows ~1,000-3,000 of them: a loop starved of CPU for a moment turned a burst into 500s at Envoy, past the
+    # picker's own admission. The queue may hold every stream the server accepts; a backlog is then latency
+    # (bounded by Envoy's message timeout) and the queue budget and hold timeout stay the only rejections.
+    options = [("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", EXTPROC_MAX_STREAMS),
+               ("grpc.server.max_pending_requests", EXTPROC_MAX_STREAMS),
+               ("grpc.server.max_pending_requests_hard_limit", EXTPROC_MAX_STREAMS),
                ("grpc.max_receive_message_length", EXTPROC_MAX_MESSAGE_BYTES)]
     extproc = grpc.aio.server(options=options, interceptors=[AioCheckedRequestsInterceptor()])
     ep_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(svc), extproc)
