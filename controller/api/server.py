@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Collection, Mapping
+import threading
+from collections.abc import Callable, Collection, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -311,11 +312,41 @@ def _limit(context: grpc.ServicerContext, value: int, default: int, most: int = 
     return value
 
 
+class _ReadCache:
+    """The list answers of the store, kept while the store has not been written (`StateStore.version`) and until
+    the time an answer stops being true (an active override's expiry). Dashboards and scripts poll the same few
+    lists, and building them from SQLite is most of a list call's own work (docs/RELIABILITY.md, "Load").
+    Thread-safe; at most MAX_KEYS answers (keys carry client-chosen limits and times)."""
+
+    MAX_KEYS = 64
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._answers: dict[tuple, tuple[int, float, Any]] = {}
+
+    def get(self, key: tuple, now_s: float, build: Callable[[], tuple[Any, float]]) -> Any:
+        """The cached answer for `key`, or `build()` → (answer, valid until, in clock seconds) stored."""
+        version = self._store.version
+        with self._lock:
+            hit = self._answers.get(key)
+        if hit is not None and hit[0] == version and now_s < hit[1]:
+            return hit[2]
+        answer, valid_until_s = build()
+        with self._lock:
+            if len(self._answers) >= self.MAX_KEYS:
+                self._answers.clear()
+            # a write that landed while building leaves `version` newer than the answer: the next call rebuilds
+            self._answers[key] = (version, valid_until_s, answer)
+        return answer
+
+
 class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
     def __init__(self, handle: DaemonHandle, store: StateStore, clock: Clock) -> None:
         self._handle = handle
         self._store = store
         self._clock = clock
+        self._cache = _ReadCache(store)
 
     def GetStatus(self, request: policy_pb2.GetStatusRequest,  # noqa: N802 - gRPC method name
                   context: grpc.ServicerContext) -> policy_pb2.Status:
@@ -327,8 +358,11 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
         _check_text(context, "pool", request.pool, MAX_NAME)
         if not math.isfinite(request.since_unix_s) or request.since_unix_s < 0:
             _invalid(context, "since_unix_s", f"must be >= 0 (0 = no lower bound) (got {request.since_unix_s})")
-        rows = self._store.list_decisions(limit=limit, since_s=request.since_unix_s, pool=request.pool)
-        return policy_pb2.ListDecisionsResponse(decisions=[decision_summary(r) for r in rows])
+        def build() -> tuple[policy_pb2.ListDecisionsResponse, float]:
+            rows = self._store.list_decisions(limit=limit, since_s=request.since_unix_s, pool=request.pool)
+            return policy_pb2.ListDecisionsResponse(decisions=[decision_summary(r) for r in rows]), math.inf
+
+        return self._cache.get(("decisions", limit, request.since_unix_s, request.pool), self._clock.now_s(), build)
 
     def ExplainDecision(self, request: policy_pb2.ExplainDecisionRequest,  # noqa: N802 - gRPC method name
                         context: grpc.ServicerContext) -> policy_pb2.Explanation:
@@ -375,9 +409,16 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
     def ListOverrides(self, request: policy_pb2.ListOverridesRequest,  # noqa: N802 - gRPC method name
                       context: grpc.ServicerContext) -> policy_pb2.ListOverridesResponse:
         now_s = self._clock.now_s()
-        self._store.expire_overrides(now_s)
-        overrides = self._store.list_overrides(now_s, include_expired=request.include_expired)
-        return policy_pb2.ListOverridesResponse(overrides=[override_to_proto(o) for o in overrides])
+        if self._store.expiry_due(now_s):  # audited when first seen expired, tick or not
+            self._store.expire_overrides(now_s)
+
+        def build() -> tuple[policy_pb2.ListOverridesResponse, float]:
+            overrides = self._store.list_overrides(now_s, include_expired=request.include_expired)
+            # the active list changes when the first of them expires; the full list only by a write
+            until = math.inf if request.include_expired else min((o.expires_s for o in overrides), default=math.inf)
+            return policy_pb2.ListOverridesResponse(overrides=[override_to_proto(o) for o in overrides]), until
+
+        return self._cache.get(("overrides", request.include_expired), now_s, build)
 
     def DeleteOverride(self, request: policy_pb2.DeleteOverrideRequest,  # noqa: N802 - gRPC method name
                        context: grpc.ServicerContext) -> policy_pb2.DeleteOverrideResponse:
@@ -422,11 +463,15 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
     def ListAudit(self, request: policy_pb2.ListAuditRequest,  # noqa: N802 - gRPC method name
                   context: grpc.ServicerContext) -> policy_pb2.ListAuditResponse:
         limit = _limit(context, request.limit, DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT)
-        return policy_pb2.ListAuditResponse(entries=[
-            policy_pb2.AuditEntry(at_unix_s=e.at_s, author=e.author, action=e.action, detail=e.detail,
-                                  caller=e.caller)
-            for e in self._store.list_audit(limit)
-        ])
+
+        def build() -> tuple[policy_pb2.ListAuditResponse, float]:
+            return policy_pb2.ListAuditResponse(entries=[
+                policy_pb2.AuditEntry(at_unix_s=e.at_s, author=e.author, action=e.action, detail=e.detail,
+                                      caller=e.caller)
+                for e in self._store.list_audit(limit)
+            ]), math.inf
+
+        return self._cache.get(("audit", limit), self._clock.now_s(), build)
 
 
 class PolicyServer:

@@ -263,6 +263,11 @@ class StateStore:
         self.keep_expired_s = keep_expired_s
         self.max_overrides = max_overrides
         self._lock = threading.RLock()
+        # Bumped by every committed write of this process: readers (the API's response cache) compare it to know
+        # that nothing they read has changed. Another process writing the same file is not seen; only one daemon
+        # writes a state file (the CLI goes through the API).
+        self.version = 0
+        self._next_expiry_s: float | None = None  # earliest expiry not yet audited; None = read it again
         try:
             if self.path != ":memory:":
                 _private_file(Path(self.path))
@@ -301,6 +306,8 @@ class StateStore:
                     self._conn.execute("ROLLBACK")  # a second ROLLBACK would hide the real error
                 raise
             self._conn.execute("COMMIT")
+            self.version += 1
+            self._next_expiry_s = None
 
     def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:
@@ -464,6 +471,15 @@ class StateStore:
             self._audit(c, now_s, author.strip(), "override.delete",
                         describe_override(self._override(row)) + (f" (deleted: {reason})" if reason else ""), caller)
             return True
+
+    def expiry_due(self, now_s: float) -> bool:
+        """Whether `expire_overrides(now_s)` has an expiry to audit: one read after each write, then none (the
+        API calls it on every ListOverrides; the purge of old expired ones is left to the tick's call)."""
+        with self._lock:
+            if self._next_expiry_s is None:
+                row = self._conn.execute("SELECT MIN(expires_s) FROM overrides WHERE expiry_logged = 0").fetchone()
+                self._next_expiry_s = math.inf if row is None or row[0] is None else float(row[0])
+            return self._next_expiry_s <= now_s
 
     def expire_overrides(self, now_s: float) -> list[Override]:
         """Audit, once, each override whose TTL has run out by now_s, and purge those expired more than

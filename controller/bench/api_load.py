@@ -37,6 +37,7 @@ import asyncio
 import json
 import math
 import multiprocessing as mp
+import os
 import signal
 import sys
 import threading
@@ -169,6 +170,20 @@ class ApiLoad:
             return time.monotonic() - t0
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process `pid` has used, from /proc (None where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (proc(5) fields 14, 15)
+
+
+def _cpu_delta(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else round(after - before, 2)
+
+
 # ----------------------------------------------------------------------------- the picker's side (a child process)
 
 
@@ -184,7 +199,11 @@ def picker_load(conn, rate: float, duration_s: float) -> None:
             if not conn.poll(START_TIMEOUT_S) or conn.recv() != "go":
                 return
             before = rig.pick_buckets()
+            pids = {"picker": rig.picker.proc.pid, "envoy": rig.envoy_pid, "replicas": rig.sim_pid,
+                    "driver": os.getpid()}
+            cpu0 = {k: process_cpu_s(p) for k, p in pids.items()}
             phase = asyncio.run(_open_loop([rig.envoy], max(1, round(rate * duration_s)), rate, 10))
+            cpu1 = {k: process_cpu_s(p) for k, p in pids.items()}
             after = rig.pick_buckets()
             errors = sum(1 for s in phase.statuses if s != 200)
             conn.send({"event": "result", "requests": len(phase.statuses), "errors": errors,
@@ -192,7 +211,8 @@ def picker_load(conn, rate: float, duration_s: float) -> None:
                        "pick_latency_p50_ms": round(histogram_quantile(0.5, before, after) * 1000, 3),
                        "pick_latency_p99_ms": round(histogram_quantile(0.99, before, after) * 1000, 3),
                        "client_p50_ms": phase.pct_ms(50), "client_p99_ms": phase.pct_ms(99),
-                       "rps": round(len(phase.statuses) / phase.wall_s, 1), "target_rps": rate})
+                       "rps": round(len(phase.statuses) / phase.wall_s, 1), "target_rps": rate,
+                       "cpu_s": {k: _cpu_delta(cpu0[k], cpu1[k]) for k in pids}})
     except Exception as exc:  # noqa: BLE001 - whatever failed is reported to the parent, which fails the run
         conn.send({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
 
@@ -288,12 +308,15 @@ def run_api_load(*, duration_s: float, rps: float, write_rps: float, picker_rate
         pools = [p.pool for p in status.pools]
         load = ApiLoad(address, pools, rps=rps, write_rps=write_rps, duration_s=duration_s)
         ticks_before = daemon.ticks_by_result()
+        cpu0 = process_cpu_s(daemon.child.proc.pid), process_cpu_s(os.getpid())
+        load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         since = time.time()
         print(f"api-load: {rps:g} reads/s and {write_rps:g} changes/s for {duration_s:g} s against {address}"
               + (f", the picker at {picker_rate:g} req/s" if picker else ""), file=sys.stderr)
         if picker is not None:
             picker.conn.send("go")
         wall_s = asyncio.run(load.run())
+        cpu1 = process_cpu_s(daemon.child.proc.pid), process_cpu_s(os.getpid())
         ticks_after = daemon.ticks_by_result()
         durations = _tick_durations(address, since)
         picker_result = picker.wait("result", duration_s + START_TIMEOUT_S) if picker is not None else None
@@ -313,6 +336,9 @@ def run_api_load(*, duration_s: float, rps: float, write_rps: float, picker_rate
         "tick_max_ms": round(max(durations), 1) if durations else None,
         "tick_p50_ms": round(float(np.percentile(durations, 50)), 1) if durations else None,
         "skipped_ticks": delta["skipped"], "tick_errors": delta["error"],
+        # CPU seconds over the window: the daemon (ticking + answering) and this client; with /proc only
+        "cpu_s": {"daemon": _cpu_delta(cpu0[0], cpu1[0]), "api_client": _cpu_delta(cpu0[1], cpu1[1])},
+        "load_avg_1m_before": None if load_before is None else round(load_before, 2),
         "picker": None,
     }
     if picker_result is not None:

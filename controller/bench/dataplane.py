@@ -180,6 +180,8 @@ class DataplaneRig:
         envoy = EnvoyProcess(picker_address=host, picker_port=int(port))
         envoy.start()
         stack.callback(envoy.stop)
+        assert envoy.proc is not None
+        self.sim_pid, self.envoy_pid = sim.proc.pid, envoy.proc.pid  # for the benches' CPU accounting
         eh, ep = envoy.url.removeprefix("http://").rsplit(":", 1)
         self.envoy = (eh, int(ep))
         self.share = dict(zip(names, (w / sum(self.weights) for w in self.weights), strict=True))

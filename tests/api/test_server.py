@@ -177,6 +177,33 @@ def test_set_list_expire_and_delete_overrides(api):
     assert "launch" in audit[-1].detail
 
 
+def test_repeated_lists_follow_every_write_and_expiry(api):
+    """The lists are answered from a cache (api/server.py _ReadCache): a write or an expiry shows in the next call."""
+    stub, md = api.stub, api.auth
+
+    def lists():
+        return (stub.ListOverrides(pb.ListOverridesRequest(), metadata=md),
+                stub.ListOverrides(pb.ListOverridesRequest(include_expired=True), metadata=md),
+                stub.ListAudit(pb.ListAuditRequest(limit=5), metadata=md),
+                stub.ListDecisions(pb.ListDecisionsRequest(limit=5), metadata=md))
+
+    first = lists()
+    assert lists() == first and [len(x.overrides) for x in first[:2]] == [0, 0]
+    o = stub.SetOverride(pb.SetOverrideRequest(override=_ov(ttl_s=60)), metadata=md)
+    active, everything, audit, decisions = lists()
+    assert [x.id for x in active.overrides] == [o.id] == [x.id for x in everything.overrides]
+    assert [e.action for e in audit.entries] == ["override.set"] and decisions.decisions == []
+    api.store.record_decision({"decision_id": "d-1", "generation": 1, "at_s": T0, "mode": "active"})
+    assert [d.decision_id for d in lists()[3].decisions] == ["d-1"]
+    api.clock.advance(59.9)
+    assert [x.id for x in lists()[0].overrides] == [o.id]
+    api.clock.advance(0.1)  # its expiry: off the active list, kept in the full one, audited once
+    active, everything, audit, _ = lists()
+    assert active.overrides == [] and [x.id for x in everything.overrides] == [o.id]
+    assert [e.action for e in audit.entries] == ["override.expired", "override.set"]
+    assert [e.action for e in lists()[2].entries] == ["override.expired", "override.set"]
+
+
 def test_set_mode_calls_the_daemon_and_persists(api):
     resp = api.stub.SetMode(pb.SetModeRequest(mode=pb.MODE_SHADOW, author="ana", reason="canary"), metadata=api.auth)
     assert (resp.previous, resp.mode) == (pb.MODE_ACTIVE, pb.MODE_SHADOW)

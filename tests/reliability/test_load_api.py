@@ -41,6 +41,10 @@ def test_api_load_short_run_has_no_errors_and_no_skipped_ticks():
         assert key in picker, key
     assert picker["requests"] == 500 and picker["errors"] == 0
     assert 0 < picker["pick_latency_p50_ms"] <= picker["pick_latency_p99_ms"]
+    # where the CPU went (Linux /proc): every process of the run used some
+    assert res["cpu_s"]["daemon"] > 0 and res["cpu_s"]["api_client"] > 0, res["cpu_s"]
+    assert set(picker["cpu_s"]) == {"picker", "envoy", "replicas", "driver"}
+    assert all(v > 0 for v in picker["cpu_s"].values()), picker["cpu_s"]
 
 
 def test_api_load_refuses_bad_rates_before_starting_anything():
