@@ -30,7 +30,6 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
@@ -53,6 +52,7 @@ from controller.sim.control_plane import ControlPlane, serve_control
 from controller.sim.fleet import Fleet
 from controller.sim.scenario import MAX_NUM_BATCHED_TOKENS_RANGE, MAX_NUM_SEQS_RANGE, load_scenario
 from controller.types import PRIORITY_CLASSES
+from tests.fakes.idle_engines import idle_engines
 
 FULL = os.environ.get("GOVERNOR_FUZZ_FULL") == "1"
 FULL_CASES = 10_000
@@ -200,39 +200,18 @@ def _hypothesis_home(tmp_path_factory):
     set_hypothesis_home_dir(None)
 
 
-class _Metrics(BaseHTTPRequestHandler):
-    """A replica's /metrics as the picker scrapes it: idle, a tenth of its KV cache used."""
-
-    BODY = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n"
-
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(self.BODY)))
-        self.end_headers()
-        self.wfile.write(self.BODY)
-
-    def log_message(self, *args):  # quiet
-        pass
-
-
 @pytest.fixture(scope="module")
 def picker() -> Iterator[PickerThread]:
-    engines = [ThreadingHTTPServer(("127.0.0.1", 0), _Metrics) for _ in range(3)]
-    for e in engines:
-        threading.Thread(target=e.serve_forever, daemon=True).start()
-    addr = [f"127.0.0.1:{e.server_address[1]}" for e in engines]
-    cfg = PickerConfig(groups={"chat": list(PICKER_POOLS)}, endpoints={"a100": addr[:2], "h100": addr[2:]},
-                       defaults=Settings({p: PoolSettings() for p in PICKER_POOLS}), scrape_interval_s=3600.0,
-                       hold_timeout_s=1.0)
-    t = PickerThread(cfg)
-    t.start()
-    try:
-        yield t
-    finally:
-        t.stop()
-        for e in engines:
-            e.shutdown()
-            e.server_close()
+    with idle_engines(3) as addr:
+        cfg = PickerConfig(groups={"chat": list(PICKER_POOLS)}, endpoints={"a100": addr[:2], "h100": addr[2:]},
+                           defaults=Settings({p: PoolSettings() for p in PICKER_POOLS}), scrape_interval_s=3600.0,
+                           hold_timeout_s=1.0)
+        t = PickerThread(cfg)
+        t.start()
+        try:
+            yield t
+        finally:
+            t.stop()
 
 
 class SimRig:

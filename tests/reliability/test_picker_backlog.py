@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
@@ -24,6 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from controller.dataplane.policy import PoolSettings, Settings
 from controller.dataplane.server import PickerConfig, PickerThread
+from tests.fakes.idle_engines import idle_engines
 
 # More streams than gRPC's default hard limit on not-yet-requested calls (3,000): with the defaults the ones past
 # it were cancelled. A few seconds of one core here.
@@ -31,38 +31,17 @@ STREAMS = 3_500
 DEADLINE_S = 60.0  # the whole backlog, once released, on a loaded 2-core machine
 
 
-class _IdleEngine(BaseHTTPRequestHandler):
-    """A replica's /metrics: idle, so every request gets an endpoint."""
-
-    BODY = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n"
-
-    def do_GET(self):  # http.server's method name
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(self.BODY)))
-        self.end_headers()
-        self.wfile.write(self.BODY)
-
-    def log_message(self, *args):  # quiet
-        pass
-
-
 @pytest.fixture()
 def picker() -> Iterator[PickerThread]:
-    engines = [ThreadingHTTPServer(("127.0.0.1", 0), _IdleEngine) for _ in range(2)]
-    for e in engines:
-        threading.Thread(target=e.serve_forever, daemon=True).start()
-    cfg = PickerConfig(groups={"chat": ["a"]},
-                       endpoints={"a": [f"127.0.0.1:{e.server_address[1]}" for e in engines]},
-                       defaults=Settings({"a": PoolSettings()}), scrape_interval_s=3600.0)
-    t = PickerThread(cfg)
-    t.start()
-    try:
-        yield t
-    finally:
-        t.stop()
-        for e in engines:
-            e.shutdown()
-            e.server_close()
+    with idle_engines(2) as addr:
+        cfg = PickerConfig(groups={"chat": ["a"]}, endpoints={"a": addr}, defaults=Settings({"a": PoolSettings()}),
+                           scrape_interval_s=3600.0)
+        t = PickerThread(cfg)
+        t.start()
+        try:
+            yield t
+        finally:
+            t.stop()
 
 
 async def _one(stub: ep_grpc.ExternalProcessorStub, sent: asyncio.Queue) -> tuple[str, str]:
