@@ -559,7 +559,7 @@ async def start_picker(cfg: PickerConfig) -> RunningPicker:
 
     svc = PickerService(cfg)
     # gRPC's server core queues the streams this event loop has not yet asked for and, by default, cancels what
-    # overflows ~1,000-3,000 of them: a loop starved of CPU for a moment turned a burst into 500s at Envoy, past the
+    # overflows a few thousand of them: a loop starved of CPU for a moment turned a burst into 500s at Envoy, past the
     # picker's own admission. The queue may hold every stream the server accepts; a backlog is then latency
     # (bounded by Envoy's message timeout) and the queue budget and hold timeout stay the only rejections.
     options = [("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", EXTPROC_MAX_STREAMS),
@@ -608,6 +608,18 @@ class PickerThread:
         self._thread.start()
         self.running = asyncio.run_coroutine_threadsafe(start_picker(self.cfg), self.loop).result(timeout_s)
         return self.running
+
+    def __enter__(self) -> PickerThread:
+        """Started; stopped on exit (and if starting fails: the loop's thread is not left behind)."""
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def call(self, fn, timeout_s: float = 5.0):
         """Run `fn()` on the picker's loop (the only thread that may touch its state) and return its result."""

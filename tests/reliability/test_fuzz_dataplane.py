@@ -202,16 +202,11 @@ def _hypothesis_home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def picker() -> Iterator[PickerThread]:
-    with idle_engines(3) as addr:
-        cfg = PickerConfig(groups={"chat": list(PICKER_POOLS)}, endpoints={"a100": addr[:2], "h100": addr[2:]},
-                           defaults=Settings({p: PoolSettings() for p in PICKER_POOLS}), scrape_interval_s=3600.0,
-                           hold_timeout_s=1.0)
-        t = PickerThread(cfg)
-        t.start()
-        try:
-            yield t
-        finally:
-            t.stop()
+    with idle_engines(3) as addr, PickerThread(PickerConfig(
+            groups={"chat": list(PICKER_POOLS)}, endpoints={"a100": addr[:2], "h100": addr[2:]},
+            defaults=Settings({p: PoolSettings() for p in PICKER_POOLS}), scrape_interval_s=3600.0,
+            hold_timeout_s=1.0)) as t:
+        yield t
 
 
 class SimRig:
