@@ -15,6 +15,7 @@ from controller.policies import ReplicaCapacity, build_policy
 from controller.policies.mpc import MpcPolicy
 from controller.policies.mpc.estimate import carried
 from controller.policies.mpc.first_step import down_window_s
+from controller.policies.mpc.problem import redundancy_floor, split_floors
 from controller.types import (
     ClassObservation,
     Decision,
@@ -22,6 +23,7 @@ from controller.types import (
     PolicyInput,
     PolicyOutput,
     PoolDecision,
+    PoolObservation,
     Reading,
 )
 from tests.policies.builders import fleet, inp, obs_row, spec
@@ -77,7 +79,9 @@ def test_registry_builds_mpc_and_checks_its_parameters():
         ({"breaker": {"loss_frac": 3}}, "loss_frac"), ({"scale_down_stabilization_s": -1}, "must be"),
         ({"engine_figures": {"p": {"a_s": 0}}}, "missing field"),
         ({"planning_model": "magic"}, "planning_model must be one of prior, learned"),
-        ({"planning_model": "learned"}, "needs the learned coupling models")]
+        ({"planning_model": "learned"}, "needs the learned coupling models"),
+        ({"min_serving_replicas": 0}, "min_serving_replicas must be an integer >= 1"),
+        ({"min_serving_replicas": True}, "min_serving_replicas must be an integer >= 1")]
     for params, msg in cases:
         with pytest.raises(ValueError, match=msg):
             build_policy("mpc", FL, params)
@@ -94,6 +98,64 @@ def test_surplus_scales_down_only_after_stabilisation():
     held = [r.code for o in outs[drop:drop + 8] for r in o.reasons]
     assert "scale_down_stabilised" in held
     assert any(r.code == "mpc_scale_down" for o in outs[drop:] for r in o.reasons)
+
+
+@pytest.mark.parametrize("label,min_serving,final,floor_reason", [
+    ("default: two replicas, one can fail", None, 2, True),
+    ("floor off: the load's one replica", 1, 1, False),
+])
+def test_light_load_keeps_the_redundancy_floor(label, min_serving, final, floor_reason):
+    extra = {} if min_serving is None else {"min_serving_replicas": min_serving}
+    pol = MpcPolicy(scale_down_stabilization_s=60.0, min_history_s=60.0, **FAST, **extra)
+    _, outs, _ = loop(pol, [(1.0, None)] * 40, start=4)  # 1 req/s on a 70B pool: one replica's load
+    assert outs[-1].pools["p"].replicas == final, label
+    codes = {r.code for r in outs[-1].reasons}
+    assert ("redundancy_floor" in codes) == floor_reason, (label, codes)
+
+
+@pytest.mark.parametrize("label,arrivals,max_replicas,expect", [
+    ("traffic: the floor", 3.0, 8, 2),
+    ("no traffic: no floor (scale to zero stays possible)", 0.0, 8, None),
+    ("the pool's maximum wins", 3.0, 1, 1),
+])
+def test_redundancy_floor_rule(label, arrivals, max_replicas, expect):
+    sp = spec("p", max_replicas=max_replicas)
+    po = PoolObservation(pool="p", arrival_rps=Reading(arrivals))
+    assert redundancy_floor(sp, po, 2) == expect, label
+    assert redundancy_floor(sp, po, 1) is None, label  # 1 turns it off
+    assert redundancy_floor(sp, None, 2) is None, label  # no reading: no floor (the feedback and breaker have theirs)
+
+
+def test_redundancy_floor_is_a_plan_bound_only_where_the_hop_has_one_pool():
+    fl = fleet(spec("a100"), spec("h100", sku="h100-80gb"), spec("solo", group="g2"),
+               spec("pre", group="g3", role="prefill"), spec("dec", group="g3", role="decode"))
+    floors = {"a100": 2, "h100": 2, "solo": 2, "pre": 2, "dec": 2}
+    assert split_floors(fl, floors) == ({"solo": 2, "pre": 2, "dec": 2}, {"a100": 2, "h100": 2})
+
+
+def test_pools_sharing_a_hop_never_carry_traffic_on_one_replica():
+    # two pools of one route group: the plan may move the light load to one of them and release the
+    # other, but a pool it still sends traffic to is decided at two replicas at least
+    fl = fleet(spec("a100", min_replicas=0, max_replicas=8, usd_per_replica_hour=4.0),
+               spec("h100", sku="h100-80gb", min_replicas=0, max_replicas=8, usd_per_replica_hour=12.0))
+    pol = MpcPolicy(scale_down_stabilization_s=60.0, min_history_s=60.0, **FAST)
+    state, current = pol.initial_state(), None
+    replicas = {"a100": 3, "h100": 3}
+    weights = {"a100": 1.0, "h100": 1.0}
+    for k in range(40):
+        t = 15.0 * (k + 1)
+        total = sum(weights.values()) or 1.0
+        rows = {n: pool_signals(2.0 * weights[n] / total, replicas[n], tpot=0.012, ttft=0.08) for n in replicas}
+        i = inp(t, rows, fl=fl, current=current if current is not None else dict(replicas))
+        state, out = pol.decide(state, i, np.random.default_rng(k))
+        for n, d in out.pools.items():
+            assert d.traffic_weight <= 0 or d.replicas >= 2, (k, n, d)
+        replicas = {n: d.replicas for n, d in out.pools.items()}
+        weights = {n: d.traffic_weight for n, d in out.pools.items()}
+        current = Decision(decision_id=f"d-{k}", generation=k, at_s=t, valid_until_s=t + 120, pools=dict(out.pools),
+                           admission=dict(out.admission))
+    assert sum(d.traffic_weight for d in out.pools.values()) > 0
+    assert sum(replicas.values()) < 6  # the light load was not held at the start's six replicas
 
 
 def test_rising_load_scales_up_with_an_explanation():

@@ -65,10 +65,11 @@ def down_window_s(t_hist: tuple[float, ...], d_hist: tuple[float, ...], now: flo
 def first_step(fleet: FleetSpec, problem: PlanProblem, result: PlanResult, mem: Mapping[str, MpcPoolMemory],
                targets: Mapping[str, int], current: Decision | None, now: float, *, warming: bool,
                t_hist: tuple[float, ...], down_window: float, bursty_window_s: float, min_history_s: float,
-               step_s: float, tick_s: float | None = None
+               step_s: float, tick_s: float | None = None, floors: Mapping[str, int] | None = None
                ) -> tuple[dict[str, PoolDecision], dict[str, MpcPoolMemory], list[Reason], list[Applied]]:
     """(pool decisions, pool memory with the plans seen and the caps applied, scale_down_stabilised
-    reasons, what was applied per pool for the explanation)."""
+    reasons, what was applied per pool for the explanation). `floors`: replicas a pool gets while the
+    plan's first step sends it traffic (the redundancy floor of pools sharing a hop, problem.py)."""
     pools_out: dict[str, PoolDecision] = {}
     new_mem: dict[str, MpcPoolMemory] = {}
     reasons: list[Reason] = []
@@ -90,6 +91,9 @@ def first_step(fleet: FleetSpec, problem: PlanProblem, result: PlanResult, mem: 
                                       f"plan wants {want}; holding {final}: highest plan of the last "
                                       f"{down_window:.0f} s", proposal=want, stabilised=final,
                                       window_s=round(down_window, 1)))
+        floor = (floors or {}).get(spec.name)
+        if floor is not None and pp.traffic_weight > 0 and not pin.frozen:
+            final = max(final, floor)
         final = min(max(final, pin.lo), pin.hi)
         cur_pd = current.pools.get(spec.name) if current is not None else None
         caps = m.caps or (spec.max_num_seqs, spec.max_num_batched_tokens)

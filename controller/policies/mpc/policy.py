@@ -10,7 +10,9 @@ class admission, with reasons a human can follow. The concerns live beside this 
   needed (the breaker's "does the fleet carry its load");
 - corrections.py: the online correction factors for the model's p95 TTFT and TPOT, which
   also give the model's confidence (`PolicyOutput.confidence`);
-- problem.py: the `PlanProblem` (bounds, levers, breaker constraints, scale from zero);
+- problem.py: the `PlanProblem` (bounds, levers, breaker constraints, scale from zero, and the
+  redundancy floor: a pool with traffic keeps `min_serving_replicas`, default 2, so that one
+  replica's crash or slowdown does not take the pool's traffic down; 1 turns it off);
 - first_step.py: the plan's first step → decisions (scale-down stabilisation, router weights);
 - reasons.py: reasons and diagnostics.
 
@@ -68,8 +70,21 @@ from controller.policies.mpc.estimate import (
 from controller.policies.mpc.feedback import measure
 from controller.policies.mpc.first_step import down_window_s, first_step
 from controller.policies.mpc.forecasting import forecast
-from controller.policies.mpc.problem import build_problem, memory_headrooms, pool_inputs_for_steps
-from controller.policies.mpc.reasons import backlog_reasons, class_reasons, diagnostics, memory_reasons, pool_reasons
+from controller.policies.mpc.problem import (
+    build_problem,
+    memory_headrooms,
+    pool_inputs_for_steps,
+    redundancy_floors,
+    split_floors,
+)
+from controller.policies.mpc.reasons import (
+    backlog_reasons,
+    class_reasons,
+    diagnostics,
+    memory_reasons,
+    pool_reasons,
+    redundancy_reasons,
+)
 from controller.policies.sla_planner import ReplicaCapacity
 from controller.types import (
     PRIORITY_CLASSES,
@@ -100,7 +115,7 @@ class MpcPolicy:
                  breaker: bool | Mapping[str, Any] = True, batch_review_s: float = 1200.0,
                  correction_alpha: float = 0.15, client_retries: int = 2, standby_cost_frac: float = 1.0,
                  warmup_s: float = 60.0, min_history_s: float = 300.0, planner: Mapping[str, Any] | None = None,
-                 protect_streams: bool = True,
+                 protect_streams: bool = True, min_serving_replicas: int = 2,
                  planning_model: str = "prior", coupling_source: Callable[[], Any] | None = None,
                  forecast_source: Callable[[], Any] | None = None,
                  models: PlanModel | None = None, timer: Callable[[], float] | None = None) -> None:
@@ -130,6 +145,10 @@ class MpcPolicy:
         self.warmup_s = check_positive("mpc.warmup_s", warmup_s, allow_zero=True)
         self.min_history_s = check_positive("mpc.min_history_s", min_history_s, allow_zero=True)
         self.protect_streams = bool(protect_streams)
+        if isinstance(min_serving_replicas, bool) or not isinstance(min_serving_replicas, int) \
+                or min_serving_replicas < 1:
+            raise ValueError(f"mpc.min_serving_replicas must be an integer >= 1 (got {min_serving_replicas!r})")
+        self.min_serving = min_serving_replicas
         if self.alpha > 1:
             raise ValueError(f"mpc.correction_alpha must be in (0, 1] (got {correction_alpha!r})")
         if isinstance(breaker, Mapping):
@@ -251,9 +270,13 @@ class MpcPolicy:
         # --- the problem
         history_s = t_hist[-1] - t_hist[0] if len(t_hist) > 1 else 0.0
         headroom = memory_headrooms(inp, mem)  # framebuffer: may the batch caps rise (problem.py)
+        # no pool with traffic on one replica (problem.py): a bound of the plan, or of the decision for a shared hop
+        redundant = redundancy_floors(fleet, inp.observation.pools, self.min_serving)
+        plan_floors, decision_floors = split_floors(fleet, redundant)
         problem = build_problem(inp, fleet, mem, targets, class_share, fc, weights, action, model, now, history_s,
                                 min_history_s=self.min_history_s, batch_review_s=self.batch_review_s,
-                                protect_streams=self.protect_streams, feedback=fb, headroom=headroom)
+                                protect_streams=self.protect_streams, feedback=fb, headroom=headroom,
+                                redundancy=plan_floors)
         warm_shift = 0
         if state.plan is not None and state.plan_at_s is not None:
             warm_shift = int(round((now - state.plan_at_s) / cfg.step_s))
@@ -265,7 +288,7 @@ class MpcPolicy:
         pools_out, new_mem, held, applied = first_step(
             fleet, problem, result, mem, targets, inp.current, now, warming=warming, t_hist=t_hist,
             down_window=down_window, bursty_window_s=self.bursty_window_s, min_history_s=self.min_history_s,
-            step_s=cfg.step_s, tick_s=inp.tick_s)
+            step_s=cfg.step_s, tick_s=inp.tick_s, floors=decision_floors)
         reasons.extend(held)
         for spec, pin, cur, final, pp, cur_pd in applied:
             pp = replace(pp, traffic_weight=pools_out[spec.name].traffic_weight)
@@ -277,6 +300,7 @@ class MpcPolicy:
                 admission[c] = ClassAdmission(shed_frac=round(s, 3))
         reasons.extend(class_reasons(state.shed_in_force, result.plan.shed, result, action, fb))
         reasons.extend(backlog_reasons(fb, targets))
+        reasons.extend(redundancy_reasons(problem, pools_out, redundant))
         reasons.extend(memory_reasons(problem, headroom, cfg.batch_token_options))
         conf = confidence(new_mem)
         if conf < 0.2:

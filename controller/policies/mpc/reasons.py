@@ -124,6 +124,23 @@ def backlog_reasons(feedback: Feedback, targets: Mapping[str, int]) -> list[Reas
     return out
 
 
+def redundancy_reasons(problem: PlanProblem, decisions: Mapping[str, PoolDecision],
+                       floors: Mapping[str, int]) -> list[Reason]:
+    """One reason per pool decided at its redundancy floor (problem.py, `redundancy_floor`): the pool
+    may not go lower while it carries traffic, whatever its load needs."""
+    out: list[Reason] = []
+    for p in problem.pools:
+        d = decisions.get(p.name)
+        floor = floors.get(p.name)
+        if d is None or p.frozen or floor is None or floor <= 1 or d.replicas != floor:
+            continue
+        out.append(reason("redundancy_floor", p.name,
+                          f"at the redundancy floor of {floor} replicas while it carries traffic: with one, a crash "
+                          f"or a slow replica leaves the pool's traffic unserved for a cold start "
+                          f"({p.startup_cold_s:.0f} s)", replicas=floor))
+    return out
+
+
 def memory_reasons(problem: PlanProblem, headroom: Mapping[str, MemoryHeadroom],
                    options: tuple[int, ...]) -> list[Reason]:
     """One reason per pool whose batch caps are up for review and whose framebuffer headroom bars a
