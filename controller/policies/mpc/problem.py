@@ -162,7 +162,7 @@ def redundancy_floor(spec: PoolSpec, po: PoolObservation | None, min_serving: in
     can steer around it. With two, the router moves the load to the survivor, which at a load one
     replica carries, carries it. This is the availability minimum of any replicated service (the
     Kubernetes guidance for a Deployment behind a PodDisruptionBudget), not a figure fitted to a
-    trace; measured on generated cases of held-out seeds (docs/BENCHMARKS.md, "Robustness").
+    trace; measured on generated cases of seeds 1-3 (docs/BENCHMARKS.md, "The redundancy floor").
 
     Per pool, not per route group: a group's traffic is split over its pools by weight (the
     planner sets the weights once a tick), so between ticks the other pool does not take over the

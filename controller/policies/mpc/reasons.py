@@ -132,7 +132,7 @@ def redundancy_reasons(problem: PlanProblem, decisions: Mapping[str, PoolDecisio
     for p in problem.pools:
         d = decisions.get(p.name)
         floor = floors.get(p.name)
-        if d is None or p.frozen or floor is None or floor <= 1 or d.replicas != floor:
+        if d is None or p.frozen or floor is None or floor <= 1 or d.replicas != floor or d.traffic_weight <= 0:
             continue
         out.append(reason("redundancy_floor", p.name,
                           f"at the redundancy floor of {floor} replicas while it carries traffic: with one, a crash "
