@@ -47,6 +47,7 @@ from controller.core.mpc.problem import (
     PoolPlan,
     Timer,
     applied_router_weights,
+    hop,
     plan_steps,
     serving_first_step,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "Timer",
     "applied_router_weights",
     "delay_ladder",
+    "hop",
     "ladder_level",
     "plan_steps",
     "serving_first_step",

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from controller.core.mpc.candidates import Candidates
-from controller.core.mpc.problem import ClassInput, MpcConfig, PlanProblem
+from controller.core.mpc.problem import ClassInput, MpcConfig, PlanProblem, hop
 
 
 def continuous_bounds(prob: PlanProblem, cfg: MpcConfig) -> tuple[np.ndarray, np.ndarray, list[tuple[str, int]]]:
@@ -38,8 +38,7 @@ def continuous_bounds(prob: PlanProblem, cfg: MpcConfig) -> tuple[np.ndarray, np
         lo.append(float(min(cfg.min_inflight_cap, top_cap)))
         hi.append(top_cap)
         names.append(("cap", j))
-        key = (p.group, p.role == "decode")
-        group_first.setdefault(key, []).append(j)
+        group_first.setdefault(hop(p), []).append(j)
     for members in group_first.values():
         if len(members) > 1:
             for j in members:

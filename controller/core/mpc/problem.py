@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from controller.core.objective import ObjectiveWeights
 
@@ -176,6 +176,20 @@ def serving_first_step(p: PoolInput, step_s: float) -> int:
     return p.ready + sum(1 for eta in p.starting_eta_s if eta <= 0.5 * step_s)
 
 
+class _Routed(Protocol):
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+
+def hop(p: _Routed) -> tuple[str, bool]:
+    """The route group and hop a pool serves: (group, is decode). Pools of one hop share its traffic
+    by weight (prefill and mixed pools the first hop, decode pools the second)."""
+    return p.group, p.role == "decode"
+
+
 def applied_router_weights(problem: PlanProblem, plan: Plan, applied: Mapping[str, int],
                            step_s: float, tick_s: float | None = None) -> dict[str, float]:
     """The plan's router weights for the replica targets actually applied, as shares of each hop.
@@ -200,7 +214,7 @@ def applied_router_weights(problem: PlanProblem, plan: Plan, applied: Mapping[st
     due_now = {p.name: serving_first_step(p, now_s) for p in problem.pools}
     hops: dict[tuple[str, bool], list[PoolInput]] = {}
     for p in problem.pools:
-        hops.setdefault((p.group, p.role == "decode"), []).append(p)
+        hops.setdefault(hop(p), []).append(p)
     out = {name: pp.traffic_weight for name, pp in plan.pools.items()}
     for members in hops.values():
         if len(members) < 2:

@@ -15,6 +15,7 @@ Must not: do I/O or read a clock; solve anything (the planner in controller/core
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -23,7 +24,7 @@ from scipy.special import ndtri
 
 from controller.core.forecast import LoadForecast
 from controller.core.guards import override_bounds
-from controller.core.mpc import ClassInput, PlanProblem, PoolInput
+from controller.core.mpc import ClassInput, PlanProblem, PoolInput, hop
 from controller.core.mpc_model import LatencyQuery, PlanModel
 from controller.core.objective import ObjectiveWeights
 from controller.perf.catalogue import GIB, NON_TORCH_GIB_PER_GPU
@@ -197,12 +198,7 @@ def redundancy_floors(fleet: FleetSpec, obs_pools: Mapping[str, PoolObservation]
 def split_floors(fleet: FleetSpec, floors: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
     """`floors` → (the plan's lower bounds: pools alone on their route group's hop, the decision's floors:
     pools sharing it, applied only where the plan keeps sending them traffic; see `redundancy_floor`)."""
-    def hop(p: PoolSpec) -> tuple[str, bool]:
-        return p.group, p.role == "decode"
-
-    count: dict[tuple[str, bool], int] = {}
-    for p in fleet.pools:
-        count[hop(p)] = count.get(hop(p), 0) + 1
+    count = Counter(hop(p) for p in fleet.pools)
     alone = {p.name for p in fleet.pools if count[hop(p)] == 1}
     return ({n: f for n, f in floors.items() if n in alone}, {n: f for n, f in floors.items() if n not in alone})
 
