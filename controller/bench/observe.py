@@ -168,6 +168,10 @@ class SimObserver:
             _add_buckets(tpot, labels.buckets(REQUEST_LABELS, values, cell.tpot_s.bounds), cell.tpot_s)
         out["llm_d_epp_request_ttft_seconds_bucket"] = ttft
         out["llm_d_epp_request_streaming_tpot_seconds_bucket"] = tpot
+        if rstats.queue_by_priority:  # as the collector: a gauge family without samples exports nothing
+            out["llm_d_epp_flow_control_queue_size"] = [
+                _Sample(labels.plain(("priority",), (priority,)), float(n))
+                for priority, n in sorted(rstats.queue_by_priority.items())]
         return out
 
     # ------------------------------------------------------------------ read

@@ -257,7 +257,10 @@ class RouterCollector:
     extra `workflow_step` label (the step index within its task). Pool gauges
     carry the pool as `name`. `llm_d_epp_average_queue_size{name}` is the number
     of requests the router holds for the pool (the simulated router queues
-    centrally). Governor extensions, not exported by a real EPP:
+    centrally), and `llm_d_epp_flow_control_queue_size{priority}` the same
+    requests counted per priority class, as the EPP's flow-control layer
+    exports its queue (what Governor's telemetry reads as a class's queue depth).
+    Governor extensions, not exported by a real EPP:
     `llm_d_epp_governor_shed_total` (rejected with 429/503 by admission or the
     queue budget), `llm_d_epp_governor_admitted_total` and
     `llm_d_epp_governor_retries_total` (client retries), per priority and step.
@@ -313,6 +316,11 @@ class RouterCollector:
             _add_histogram(h, labels, cell.queue_time_s)
         yield h
 
+        g = GaugeMetricFamily("llm_d_epp_flow_control_queue_size", "Requests held in the router's flow-control "
+                              "queue, per priority.", labels=("priority",))
+        for priority, n in sorted(self.stats.queue_by_priority.items()):
+            g.add_metric([priority], float(n))
+        yield g
         m = self.stats.model_name
         g = GaugeMetricFamily("llm_d_epp_average_queue_size", "Requests held at the router for the pool.",
                               labels=("name",))

@@ -293,6 +293,11 @@ class AccountingMixin(FleetBase):
         self._settle_all()
         rs = self.router_stats
         now = self.now_s
+        held = [0] * len(PRIORITY_CLASSES)
+        for p in self.pools.values():
+            for k, n in enumerate(p.route.held_by_prio):
+                held[k] += n
+        rs.queue_by_priority = dict(zip(PRIORITY_CLASSES, held, strict=True))
         for p in self.pools.values():
             self._accrue(p)
             running = 0

@@ -142,7 +142,7 @@ class PoolRoute:
     """Routing settings of one pool, its candidate replicas and the requests held for it."""
 
     __slots__ = ("name", "traffic_weight", "inflight_cap", "prefix_weight", "queue_weight", "kv_weight",
-                 "candidates", "held", "n_held", "_rr")
+                 "candidates", "held", "n_held", "held_by_prio", "_rr")
 
     def __init__(self, name: str, traffic_weight: float, inflight_cap: int, prefix_weight: float,
                  queue_weight: float, kv_weight: float) -> None:
@@ -156,6 +156,7 @@ class PoolRoute:
         # held requests per class; entries are (request, attempt); stale ones are skipped on pop
         self.held: tuple[deque[tuple[Req, int]], ...] = tuple(deque() for _ in range(N_CLASSES))
         self.n_held = 0
+        self.held_by_prio = [0] * N_CLASSES  # live held requests per class (n_held is their sum)
         self._rr = 0
 
     def pick(self, r: Req) -> Replica | None:
@@ -209,6 +210,7 @@ class PoolRoute:
         r.held_pool = self
         self.held[r.prio].append((r, r.attempt))
         self.n_held += 1
+        self.held_by_prio[r.prio] += 1
 
     def pop_held(self) -> Req | None:
         """Next held request (critical first, FCFS within a class), skipping stale entries."""
@@ -217,6 +219,7 @@ class PoolRoute:
                 r, attempt = q.popleft()
                 if r.state == HELD and r.held_pool is self and r.attempt == attempt:
                     self.n_held -= 1
+                    self.held_by_prio[r.prio] -= 1
                     r.held_pool = None
                     return r
         return None
@@ -235,6 +238,7 @@ class PoolRoute:
         if r.held_pool is self:
             r.held_pool = None
             self.n_held -= 1
+            self.held_by_prio[r.prio] -= 1
 
 
 class Router:

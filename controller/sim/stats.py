@@ -123,6 +123,8 @@ class RouterStats:
     model_name: str
     cells: dict[tuple[str, int], ClassStepStats] = field(default_factory=dict)  # (priority, step index)
     queue_size: dict[str, int] = field(default_factory=dict)  # per pool: requests held at the router
+    # per priority class: requests held at the router (over every pool), the flow-control queue gauge
+    queue_by_priority: dict[str, int] = field(default_factory=dict)
     ready_endpoints: dict[str, int] = field(default_factory=dict)  # per pool
     running: dict[str, int] = field(default_factory=dict)  # per pool: in flight on replicas
 

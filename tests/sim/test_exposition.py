@@ -283,6 +283,7 @@ def test_router_names_labels_and_values():
     s.arrivals, s.shed = 5.0, 3.0
     s.errors["429"] = 3.0
     r.queue_size["small"], r.ready_endpoints["small"], r.running["small"] = 4, 2, 11
+    r.queue_by_priority = {"critical": 0, "standard": 3, "sheddable": 1}
     fams, text = render(RouterCollector(r))
     for name, (typ, extra) in ROUTER_TABLE.items():
         fam = fams[name]
@@ -301,6 +302,11 @@ def test_router_names_labels_and_values():
             if smp.name.endswith("_total")}
     assert shed == {"critical": 0.0, "sheddable": 3.0}
     assert fams["llm_d_epp_average_queue_size"].samples[0].value == 4
+    # the same held requests per class, as the EPP's flow-control queue gauge (what the telemetry reads)
+    fc = fams["llm_d_epp_flow_control_queue_size"]
+    assert fc.type == "gauge"
+    assert {smp.labels["priority"]: smp.value for smp in fc.samples} == {"critical": 0.0, "standard": 3.0,
+                                                                         "sheddable": 1.0}
     assert fams["llm_d_epp_ready_endpoints"].samples[0].value == 2
     assert fams["llm_d_epp_request_running"].samples[0].value == 11
     assert bucket_bounds(fams["llm_d_epp_request_ttft_seconds"]) == [float(b) for b in TTFT_BUCKETS_S]

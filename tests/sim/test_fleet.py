@@ -307,6 +307,21 @@ def test_pool_at_zero_holds_requests_then_serves_them():
     assert s.completed == 5 and s.failed == 0
     assert (rec["sent_s"] + rec["ttft_s"] >= 36.0).all()  # served once the replica was up
     assert f.router_stats.queue_size["p8"] == 0
+    assert f.router_stats.queue_by_priority == {"critical": 0, "standard": 0, "sheddable": 0}
+
+
+def test_the_held_queue_per_class_counts_live_requests_only():
+    """`queue_by_priority` (the flow-control gauge the telemetry reads as a class's queue depth) counts
+    the requests held now: a request that leaves the hold by timing out is no longer counted, though
+    its entry stays in the pool's deque until popped."""
+    sc = scenario([pool(replicas=0)], router=dict(hold_timeout_s=10.0), clients=dict(retry_on_shed=False))
+    f = Fleet(sc, workload=workload([1.0, 2.0, 9.0], 500, 10, priority=[0, 1, 1]))
+    f.run_until(9.5)
+    assert f.router_stats.queue_by_priority == {"critical": 1, "standard": 2, "sheddable": 0}
+    assert sum(f.router_stats.queue_by_priority.values()) == f.router_stats.queue_size["p8"]
+    f.run_until(12.5)  # the first two timed out at 11 and 12 s
+    assert f.router_stats.queue_by_priority == {"critical": 0, "standard": 1, "sheddable": 0}
+    assert f.router_stats.queue_size["p8"] == 1
 
 
 def test_held_requests_get_503_after_the_hold_timeout():
@@ -336,6 +351,7 @@ def test_critical_requests_pass_the_inflight_cap():
     f = Fleet(sc, workload=workload([0.0, 0.0, 0.01, 0.02], 2000, 100, priority=[1, 1, 0, 2]))
     f.run_until(0.05)
     assert f.router_stats.queue_size["p8"] == 2  # the second standard and the sheddable one wait
+    assert f.router_stats.queue_by_priority == {"critical": 0, "standard": 1, "sheddable": 1}
     rep = f.replica_stats()[0]
     assert rep.num_requests_running + rep.num_requests_waiting == 2  # the first standard and the critical
     s = f.run()

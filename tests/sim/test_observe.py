@@ -9,9 +9,11 @@ import pytest
 
 from controller.bench.observe import SimObserver, _Labels
 from controller.sim.exposition import ReplicaCollector, RouterCollector, collect_families
+from controller.sim.fleet import Fleet
 from controller.sim.stats import ReplicaStats, RouterStats
 from controller.telemetry.window import read_sample_names
 from tests.sim import observe_golden
+from tests.sim.test_fleet import pool, scenario, workload
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,7 @@ def test_fast_path_builds_every_read_series_the_collectors_export() -> None:
                       block_size=16, gpu_memory_utilization=0.9)
     router = RouterStats(model_name="m")
     router.cell("critical", 0).errors["429"] = 1.0
+    router.queue_by_priority = {"critical": 1, "standard": 2, "sheddable": 0}
     fleet_like = type("F", (), {"router_stats": router})()
     obs = SimObserver.__new__(SimObserver)  # only the sample builders are exercised: no fleet needed
     obs.fleet = fleet_like
@@ -69,3 +72,19 @@ def test_fast_path_builds_every_read_series_the_collectors_export() -> None:
                 by_name.setdefault(s.name, []).append((s.labels, s.value))
         for name, samples in built.items():  # same label sets and values, in the same order
             assert [(s.labels, s.value) for s in samples] == by_name[name], name
+
+
+def test_requests_held_at_the_router_are_each_class_s_queue_depth() -> None:
+    """The simulated router's held requests reach `ClassObservation.queue_depth` per class (the EPP's
+    flow-control queue gauge), on both paths: an in-flight cap of 1 on one replica holds the later
+    standard and sheddable requests; a critical one passes the cap."""
+    sc = scenario([pool(replicas=1)], router=dict(inflight_cap=1))
+    wl = workload([0.0, 0.0, 0.0, 0.01, 0.02, 0.02], 2000, 100, priority=[1, 1, 1, 0, 2, 2])
+    for fast in (True, False):
+        fleet = Fleet(sc, workload=wl)
+        obs = SimObserver(fleet, include_gpu=False, fast=fast)
+        fleet.run_until(0.05)
+        view = obs.read(0.05).classes
+        assert {c: view[c].queue_depth.value for c in ("critical", "standard", "sheddable")} == {
+            "critical": 0.0, "standard": 2.0, "sheddable": 2.0}, fast
+        assert view["standard"].queue_depth.ok
