@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,7 @@ from controller.policies.mpc.estimate import carried
 from controller.policies.mpc.first_step import down_window_s
 from controller.policies.mpc.problem import redundancy_floor, split_floors
 from controller.types import (
+    MISSING,
     ClassObservation,
     Decision,
     FleetObservation,
@@ -374,6 +376,57 @@ def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting
     held = (running + waiting) / ready
     assert cap is not None and cap >= 8
     assert (cap >= held) == cap_at_least_held, (label, cap, held)
+
+
+@pytest.mark.parametrize("label,request_tpot,cap_at_least_running", [
+    # streams on pace at 98 per replica (p95 0.08 s within 90 % of critical's 0.1 s): that batch is safe
+    ("streams on pace: the cap is never below the batch they run at", 0.08, True),
+    # streams over the target: what they run at is no evidence, the model's safe batch caps them
+    ("streams late: the model's safe batch", 0.095, False),
+    ("no TPOT reading: the model's safe batch", None, False),
+])
+def test_breaker_stream_cap_is_never_below_a_batch_seen_on_pace(label, request_tpot, cap_at_least_running):
+    from controller.core.forecast import LoadForecast
+    from controller.core.objective import resolve_weights
+    from controller.policies.mpc.estimate import MpcPoolMemory
+    from controller.policies.mpc.problem import build_problem, safe_batch
+    from controller.types import BreakerAction
+
+    pol = MpcPolicy(**FAST)
+    ready, running = 5, 490.0
+    sig = dict(pool_signals(25.0, ready, starting=3, hit=0.1, tpot=0.16, ttft=1.0, waiting=3.0))
+    sig["running"] = running
+    if request_tpot is not None:
+        sig["request_tpot_p95_s"] = request_tpot
+    i = inp(600.0, {"p": sig}, fl=FL, current={"p": 8})
+    mem = {"p": MpcPoolMemory(prompt_tokens=1100.0, output_tokens=210.0)}
+    lead = np.arange(10) * 30.0 + 15.0
+    fc = LoadForecast(lead, np.full(10, 25.0), np.full(10, 28.0), 25.0, 0.0)
+    prob = build_problem(i, FL, mem, {"p": 8}, {"critical": 0.2, "standard": 0.6, "sheddable": 0.2}, fc,
+                         resolve_weights("balanced"), BreakerAction(protect_streams=True, pools=("p",)),
+                         pol._prior(FL), 600.0, 600.0, min_history_s=pol.min_history_s,
+                         batch_review_s=pol.batch_review_s, protect_streams=True)
+    cap = prob.pools[0].max_inflight_cap
+    model_cap = safe_batch(pol._prior(FL), 0, mem["p"], FL.pools[0], 0.1, 0.1)
+    assert model_cap < running / ready  # the model alone would cap below what the replicas run
+    assert cap == (98 if cap_at_least_running else model_cap), (label, cap, model_cap)
+
+
+def test_seen_safe_batch_reads_the_batch_only_while_streams_are_on_pace():
+    from controller.policies.mpc.problem import seen_safe_batch
+
+    def po(tpot, running):
+        return PoolObservation("p", running=Reading(running) if running is not None else MISSING,
+                               request_tpot_p95_s=Reading(tpot) if tpot is not None else MISSING)
+
+    assert seen_safe_batch(po(0.05, 100.0), 3, 0.1) == 34  # ceil(33.3): on pace at 33.3 per replica
+    assert seen_safe_batch(po(0.09, 100.0), 3, 0.1) == 34  # exactly at 90 % of the SLO: still on pace
+    assert seen_safe_batch(po(0.0901, 100.0), 3, 0.1) == 0
+    assert seen_safe_batch(po(math.nan, 100.0), 3, 0.1) == 0
+    assert seen_safe_batch(po(None, 100.0), 3, 0.1) == 0
+    assert seen_safe_batch(po(0.05, None), 3, 0.1) == 0
+    assert seen_safe_batch(po(0.05, 100.0), 0, 0.1) == 0  # no ready replica: nothing seen
+    assert seen_safe_batch(None, 3, 0.1) == 0
 
 
 # A small fast-starting pool (the demo's shape: 8B on A100, cold start 20 s) for surge tests.

@@ -3,8 +3,9 @@
 Per pool: the replica bounds under the operator's overrides and the breaker's floor, what is
 ready and on its way (`starting_eta_s`), warm slots, the levers in force, the traffic mix and
 reuse, the breaker's ceilings (affinity, and the SLO-safe in-flight cap `safe_batch` while it
-protects running streams), whether the slow lever (engine batch caps) is up for review and the
-framebuffer ceiling on raising it (`memory_headroom`). Per class: the forecast's share at the
+protects running streams, never below a batch the pool is seen running on pace: `seen_safe_batch`),
+whether the slow lever (engine batch caps) is up for review and the framebuffer ceiling on raising
+it (`memory_headroom`). Per class: the forecast's share at the
 plan quantile, the shed in force and the breaker's floor.
 Scale from zero (`activate`): a route group serving nothing while traffic for it shows gets one
 replica.
@@ -153,6 +154,25 @@ def safe_batch(model: PlanModel, j: int, m: MpcPoolMemory, spec: PoolSpec, tpot_
     return int(max(8, math.ceil(float(a.batch[ok].max()))))
 
 
+def seen_safe_batch(po: PoolObservation | None, ready: int, tpot_slo: float) -> int:
+    """The batch per replica the pool runs at now, if its measured p95 TPOT is within the same target as
+    `safe_batch` (90 % of the tightest TPOT SLO); else 0.
+
+    Why: a batch the pool is seen running at with its streams on pace is safe, whatever the model says.
+    The model's TPOT carries correction factors learned in other regimes (a burst, a crash's backlog),
+    and a cap below a batch that was safe only starves the pool: every request held behind it waits
+    at the router, and a protected class's TTFT goes over its SLO for nothing. Seen on generated
+    traffic (seed 1, case 38): after a crash the model's safe batch was 8 while the survivor ran 43
+    streams at a p95 TPOT of 0.08 s (SLO 0.1 s), and standard requests waited 7-16 s behind the cap.
+    Measured on seeds 1-3 in docs/BENCHMARKS.md ("Two fixes from reading the misses")."""
+    if po is None or ready < 1:
+        return 0
+    tpot, running = value(po.request_tpot_p95_s), value(po.running)
+    if tpot is None or running is None or not math.isfinite(tpot) or tpot > 0.9 * tpot_slo:
+        return 0
+    return int(math.ceil(running / ready - 1e-9))
+
+
 def redundancy_floor(spec: PoolSpec, po: PoolObservation | None, min_serving: int) -> int | None:
     """The replicas a pool that carries traffic keeps whatever the plan needs (None: no floor).
 
@@ -257,7 +277,8 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
             held = ((value(po.running) or 0.0) + waiting) / max(ready_n, 1) if po is not None else 0.0
             deep = standing_queue(waiting, ready_n)
             keep_held = deep and breaker_protects and spec.name not in fb.breaches
-            max_cap = max(safe_batch(model, j, m, spec, tpot_slo, hit), int(math.ceil(held)) if keep_held else 0)
+            max_cap = max(safe_batch(model, j, m, spec, tpot_slo, hit), int(math.ceil(held)) if keep_held else 0,
+                          seen_safe_batch(po, ready_n, tpot_slo))
         pools.append(PoolInput(
             name=spec.name, model_index=j, group=spec.group, role=spec.role,
             usd_per_hour=spec.usd_per_replica_hour, lo=lo, hi=hi, target=min(max(target, lo), hi) if not frozen
