@@ -293,11 +293,7 @@ class AccountingMixin(FleetBase):
         self._settle_all()
         rs = self.router_stats
         now = self.now_s
-        held = [0] * len(PRIORITY_CLASSES)
-        for p in self.pools.values():
-            for k, n in enumerate(p.route.held_by_prio):
-                held[k] += n
-        rs.queue_by_priority = dict(zip(PRIORITY_CLASSES, held, strict=True))
+        held = [0] * len(PRIORITY_CLASSES)  # per class over every pool: the flow-control queue gauge
         for p in self.pools.values():
             self._accrue(p)
             running = 0
@@ -307,6 +303,8 @@ class AccountingMixin(FleetBase):
                     e.refresh_gauges()
                     running += e.inflight
             rs.queue_size[p.name] = p.route.n_held
+            for k, n in enumerate(p.route.held_by_prio):
+                held[k] += n
             rs.ready_endpoints[p.name] = len(p.route.candidates)
             rs.running[p.name] = running
             for node in p.nodes:
@@ -323,6 +321,7 @@ class AccountingMixin(FleetBase):
                     for g in s.gpus:
                         st.gpu_busy_s[g] = busy
                         st.fb_used_mib[g] = fb
+        rs.queue_by_priority = dict(zip(PRIORITY_CLASSES, held, strict=True))
 
     def _sample(self) -> None:
         now = self.now_s

@@ -142,7 +142,7 @@ class PoolRoute:
     """Routing settings of one pool, its candidate replicas and the requests held for it."""
 
     __slots__ = ("name", "traffic_weight", "inflight_cap", "prefix_weight", "queue_weight", "kv_weight",
-                 "candidates", "held", "n_held", "held_by_prio", "_rr")
+                 "candidates", "held", "held_by_prio", "_rr")
 
     def __init__(self, name: str, traffic_weight: float, inflight_cap: int, prefix_weight: float,
                  queue_weight: float, kv_weight: float) -> None:
@@ -155,9 +155,13 @@ class PoolRoute:
         self.candidates: list[Replica] = []  # ready, not draining
         # held requests per class; entries are (request, attempt); stale ones are skipped on pop
         self.held: tuple[deque[tuple[Req, int]], ...] = tuple(deque() for _ in range(N_CLASSES))
-        self.n_held = 0
-        self.held_by_prio = [0] * N_CLASSES  # live held requests per class (n_held is their sum)
+        self.held_by_prio = [0] * N_CLASSES  # live held requests per class (stale deque entries not counted)
         self._rr = 0
+
+    @property
+    def n_held(self) -> int:
+        """Requests held for this pool now, every class."""
+        return sum(self.held_by_prio)
 
     def pick(self, r: Req) -> Replica | None:
         """Best-scoring candidate with room under the in-flight cap (critical: any), or None."""
@@ -209,7 +213,6 @@ class PoolRoute:
         r.state = HELD
         r.held_pool = self
         self.held[r.prio].append((r, r.attempt))
-        self.n_held += 1
         self.held_by_prio[r.prio] += 1
 
     def pop_held(self) -> Req | None:
@@ -218,7 +221,6 @@ class PoolRoute:
             while q:
                 r, attempt = q.popleft()
                 if r.state == HELD and r.held_pool is self and r.attempt == attempt:
-                    self.n_held -= 1
                     self.held_by_prio[r.prio] -= 1
                     r.held_pool = None
                     return r
@@ -237,7 +239,6 @@ class PoolRoute:
         """Forget a held request (expired or timed out); its deque entry is skipped later."""
         if r.held_pool is self:
             r.held_pool = None
-            self.n_held -= 1
             self.held_by_prio[r.prio] -= 1
 
 

@@ -347,13 +347,9 @@ def test_tpot_correction_carries_only_what_the_burst_term_does_not_explain(label
     assert (c["burst"] > 0) == (first_tpot > 0.1), (label, c)
 
 
-@pytest.mark.parametrize("label,waiting,cap_at_least_held", [
-    # a shallow engine queue: the streams running are what the cap protects, so it bites at once
-    ("shallow engine queue: the SLO-safe batch at once", 3.0, False),
-    # a deep engine queue of older work: a cap below it would lock critical out at the router
-    ("deep engine queue: never below what the replicas hold", 60.0, True),
-])
-def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting, cap_at_least_held):
+def _crash_stream_cap(waiting: float, **extra: float) -> tuple[int | None, MpcPolicy]:
+    """The in-flight ceiling the breaker's stream protection sets on a 70B pool after a crash: 5 ready
+    running 98 streams each (490), 3 starting, `waiting` in the engines; `extra` signals added."""
     from controller.core.forecast import LoadForecast
     from controller.core.objective import resolve_weights
     from controller.policies.mpc.estimate import MpcPoolMemory
@@ -361,9 +357,9 @@ def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting
     from controller.types import BreakerAction
 
     pol = MpcPolicy(**FAST)
-    ready, running = 5, 490.0  # 98 per replica after the crash
-    sig = dict(pool_signals(25.0, ready, starting=3, hit=0.1, tpot=0.16, ttft=1.0, waiting=waiting))
-    sig["running"] = running
+    sig = dict(pool_signals(25.0, 5, starting=3, hit=0.1, tpot=0.16, ttft=1.0, waiting=waiting))
+    sig["running"] = 490.0
+    sig.update(extra)
     i = inp(600.0, {"p": sig}, fl=FL, current={"p": 8})
     mem = {"p": MpcPoolMemory(prompt_tokens=1100.0, output_tokens=210.0)}
     lead = np.arange(10) * 30.0 + 15.0
@@ -372,7 +368,18 @@ def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting
     prob = build_problem(i, FL, mem, {"p": 8}, {"critical": 0.2, "standard": 0.6, "sheddable": 0.2}, fc,
                          resolve_weights("balanced"), action, pol._prior(FL), 600.0, 600.0,
                          min_history_s=pol.min_history_s, batch_review_s=pol.batch_review_s, protect_streams=True)
-    cap = prob.pools[0].max_inflight_cap
+    return prob.pools[0].max_inflight_cap, pol
+
+
+@pytest.mark.parametrize("label,waiting,cap_at_least_held", [
+    # a shallow engine queue: the streams running are what the cap protects, so it bites at once
+    ("shallow engine queue: the SLO-safe batch at once", 3.0, False),
+    # a deep engine queue of older work: a cap below it would lock critical out at the router
+    ("deep engine queue: never below what the replicas hold", 60.0, True),
+])
+def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting, cap_at_least_held):
+    ready, running = 5, 490.0  # 98 per replica after the crash
+    cap, _ = _crash_stream_cap(waiting)
     held = (running + waiting) / ready
     assert cap is not None and cap >= 8
     assert (cap >= held) == cap_at_least_held, (label, cap, held)
@@ -386,29 +393,14 @@ def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting
     ("no TPOT reading: the model's safe batch", None, False),
 ])
 def test_breaker_stream_cap_is_never_below_a_batch_seen_on_pace(label, request_tpot, cap_at_least_running):
-    from controller.core.forecast import LoadForecast
-    from controller.core.objective import resolve_weights
     from controller.policies.mpc.estimate import MpcPoolMemory
-    from controller.policies.mpc.problem import build_problem, safe_batch
-    from controller.types import BreakerAction
+    from controller.policies.mpc.problem import safe_batch
 
-    pol = MpcPolicy(**FAST)
-    ready, running = 5, 490.0
-    sig = dict(pool_signals(25.0, ready, starting=3, hit=0.1, tpot=0.16, ttft=1.0, waiting=3.0))
-    sig["running"] = running
-    if request_tpot is not None:
-        sig["request_tpot_p95_s"] = request_tpot
-    i = inp(600.0, {"p": sig}, fl=FL, current={"p": 8})
-    mem = {"p": MpcPoolMemory(prompt_tokens=1100.0, output_tokens=210.0)}
-    lead = np.arange(10) * 30.0 + 15.0
-    fc = LoadForecast(lead, np.full(10, 25.0), np.full(10, 28.0), 25.0, 0.0)
-    prob = build_problem(i, FL, mem, {"p": 8}, {"critical": 0.2, "standard": 0.6, "sheddable": 0.2}, fc,
-                         resolve_weights("balanced"), BreakerAction(protect_streams=True, pools=("p",)),
-                         pol._prior(FL), 600.0, 600.0, min_history_s=pol.min_history_s,
-                         batch_review_s=pol.batch_review_s, protect_streams=True)
-    cap = prob.pools[0].max_inflight_cap
-    model_cap = safe_batch(pol._prior(FL), 0, mem["p"], FL.pools[0], 0.1, 0.1)
-    assert model_cap < running / ready  # the model alone would cap below what the replicas run
+    extra = {} if request_tpot is None else {"request_tpot_p95_s": request_tpot}
+    cap, pol = _crash_stream_cap(3.0, **extra)
+    model_cap = safe_batch(pol._prior(FL), 0, MpcPoolMemory(prompt_tokens=1100.0, output_tokens=210.0), FL.pools[0],
+                           0.1, 0.1)
+    assert model_cap < 490.0 / 5  # the model alone would cap below what the replicas run
     assert cap == (98 if cap_at_least_running else model_cap), (label, cap, model_cap)
 
 

@@ -12,8 +12,8 @@ from controller.sim.exposition import ReplicaCollector, RouterCollector, collect
 from controller.sim.fleet import Fleet
 from controller.sim.stats import ReplicaStats, RouterStats
 from controller.telemetry.window import read_sample_names
+from tests.fakes.sim_fleet import pool, scenario, workload
 from tests.sim import observe_golden
-from tests.sim.test_fleet import pool, scenario, workload
 
 
 @pytest.fixture(scope="module")
