@@ -21,7 +21,10 @@ and 1 s.
 
 Pool choice: within a route group a pool is drawn with probability proportional
 to its traffic_weight (seeded) among the pools the request is eligible for (the pools'
-`eligible` tier rule; all pools without one); all weights zero means equal weights.
+`eligible` tier rule; all pools without one); all weights zero means equal weights. Pools
+with no ready replica are left out of the draw while another has one (as `governor picker`
+skips pools without a healthy endpoint), so a pool whose replicas all crashed loses its share
+to the others at once.
 
 Replica choice among the pool's ready replicas below the in-flight cap:
 
@@ -265,9 +268,20 @@ class Router:
         return a.queue_budget < 0 or a.held < a.queue_budget
 
     def choose(self, pools: list[PoolRoute]) -> PoolRoute:
-        """A pool of a route group, drawn by traffic_weight."""
+        """A pool of a route group, drawn by traffic_weight among the pools with a ready replica.
+
+        A pool with no ready replica (scaled to zero, every replica crashed or still starting) is
+        skipped, as `governor picker` skips a pool without a healthy endpoint
+        (controller/dataplane/picker.py), so its share goes to the others at once, not a tick later
+        when the controller moves the weights. If no pool has one, the draw is over all of them and
+        the request is held for the pool drawn until a replica is ready there."""
         if len(pools) == 1:
             return pools[0]
+        ready = [p for p in pools if p.candidates]
+        if ready and len(ready) < len(pools):
+            pools = ready
+            if len(pools) == 1:
+                return pools[0]
         weights = [p.traffic_weight for p in pools]
         total = sum(weights)
         if total <= 0.0:

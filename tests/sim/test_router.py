@@ -129,6 +129,23 @@ def test_pool_choice_follows_traffic_weight():
     assert 0.45 < sum(p is a for p in picks) / len(picks) < 0.55
 
 
+def test_pool_choice_skips_pools_without_a_ready_replica():
+    """As governor picker skips a pool with no healthy endpoint: its share goes to the others at once."""
+    router = Router(np.random.default_rng(2))
+    a = PoolRoute("a", 0.9, 0, 3, 2, 2)  # every replica crashed: no candidate
+    b, c = _route(_replicas(1)), _route(_replicas(2))
+    b.traffic_weight, c.traffic_weight = 0.1, 0.0
+    assert all(router.choose([a, b, c]) is b for _ in range(200))  # weight 0 keeps no share while b has one
+    b.traffic_weight = 0.0  # the ready pools' weights are all 0: equal split between them
+    picks = [router.choose([a, b, c]) for _ in range(4000)]
+    assert not any(p is a for p in picks)
+    assert 0.45 < sum(p is b for p in picks) / len(picks) < 0.55
+    b.candidates, c.candidates = [], []  # none ready anywhere: drawn by weight, held where drawn
+    a.traffic_weight, b.traffic_weight = 3.0, 1.0
+    picks = [router.choose([a, b, c]) for _ in range(20_000)]
+    assert abs(sum(p is a for p in picks) / len(picks) - 0.75) < 0.015
+
+
 def test_held_requests_leave_by_priority_then_fcfs_and_skip_stale():
     route = PoolRoute("p", 1.0, 0, 3, 2, 2)
     reqs = [Req(i, prio, i, 0, 10, 1) for i, prio in enumerate([2, 1, 0, 1, 0, 2])]
