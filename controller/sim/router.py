@@ -278,10 +278,8 @@ class Router:
         if len(pools) == 1:
             return pools[0]
         ready = [p for p in pools if p.candidates]
-        if ready and len(ready) < len(pools):
+        if ready:
             pools = ready
-            if len(pools) == 1:
-                return pools[0]
         weights = [p.traffic_weight for p in pools]
         total = sum(weights)
         if total <= 0.0:
