@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--scenario", required=True, help="scenario YAML file (see scenarios/)")
     b.add_argument("--policies", default=None,
                    help="comma-separated policy names (default: every baseline and its variants, mpc and the "
-                        "oracle; mpc-learned, the MPC on the learned models, only when named)")
+                        "oracle; mpc-learned, the MPC on the learned models, and ceiling, every pool at its maximum "
+                        "with the sheddable class shed, only when named)")
     seeds = b.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, default=None, help="override the scenario's seed (arrivals, routing draws)")
     seeds.add_argument("--seeds", default=None, metavar="LIST",
@@ -239,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=1, help="seed of the case family (default 1)")
     b.add_argument("--policies", default=None,
                    help="comma-separated policy names (default: every registered policy, mpc when it builds, and "
-                        "the oracle; static is always run, it is the cost reference)")
+                        "the oracle; static is always run, it is the cost reference, and so is the ceiling, every "
+                        "pool at its maximum with the sheddable class shed: which cases are feasible at all)")
     b.add_argument("--out", default=None,
                    help="directory for the report, the plot and the generated cases (default bench-out/robustness)")
     b.add_argument("--workers", type=int, default=2, help="worker processes (default 2; results do not depend on it)")

@@ -19,7 +19,8 @@ variants below (the `OPT_IN_VARIANTS` only when `--policies` names them), and "o
 group has two or more first-hop pools (the oracle that also schedules the split between
 them; oracle_joint.py) and "oracle-lag" (that schedule with every change one tick plus a
 warm start-up late: the reference an online controller can reach; on request for any
-scenario). Scenario-dependent parameters come from the profile: `replicas` (static) = peak
+scenario), and "ceiling" on request (every pool at max_replicas with the sheddable class
+shed: what replica counts and admission can serve at all; ceiling.py). Scenario-dependent parameters come from the profile: `replicas` (static) = peak
 demand / capacity, raised one replica per pool at a time until a replay meets the oracle's
 task targets (at most `STATIC_VERIFY_ROUNDS` more replays; "static peak provisioning" is a
 fleet that serves the peak, checked, not an estimate that may fall short); `capacity` (SLA
@@ -101,7 +102,11 @@ ORACLE_JOINT = "oracle-joint"
 # The reachable reference: the joint oracle's schedule (the plain one's where no group has two pools)
 # with every change one tick plus the longest warm start-up late (oracle_lag.reference_lag_s).
 ORACLE_LAG = "oracle-lag"
-REFERENCE_LABELS = (ORACLE, ORACLE_JOINT, ORACLE_LAG)
+# The capacity ceiling (controller/bench/ceiling.py): every pool at max_replicas, the sheddable class
+# shed; on request (`--policies ...,ceiling`), and in `bench robustness`, where it tells which cases
+# replica counts and admission can serve at all.
+CEILING = "ceiling"
+REFERENCE_LABELS = (ORACLE, ORACLE_JOINT, ORACLE_LAG, CEILING)
 MPC = "mpc"
 STATIC = "static"
 STATIC_VERIFY_ROUNDS = 6  # extra static replays, one more replica per pool each, before giving up
@@ -330,6 +335,13 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
         except ValueError as exc:
             raise BenchError(f"policy {label}: {exc}") from None
         lap(label)
+    if CEILING in labels:
+        from controller.bench.ceiling import ceiling_policy
+
+        runs.append(run_closed_loop(scenario, ceiling_policy(scenario), seed=seed, tick_s=tick_s,
+                                    workload=ctx.workload, label=CEILING,
+                                    progress=progress(CEILING) if progress else None))
+        lap(CEILING)
     joint = bool(joint_groups(scenario))
     found: dict[str, OracleResult] = {}
     for label in (ORACLE, ORACLE_JOINT):

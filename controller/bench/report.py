@@ -35,10 +35,11 @@ if TYPE_CHECKING:
 # Base policies that count as baselines for "ratio to the best baseline" (not Governor's own policies).
 BASELINE_BASES = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa", "llm-d-stack", "aibrix-stack", "dynamo-stack")
 
-# The hindsight references, listed after the policies: the oracle (replicas per pool, the scenario's
-# routing), the joint oracle (replicas and each route group's split, controller/bench/oracle_joint.py) and
-# the lagged reference (controller/bench/oracle_lag.py: `replay_lagged`).
-REFERENCES = ("oracle", "oracle-joint", "oracle-lag")
+# The references, listed after the policies: the oracle (replicas per pool, the scenario's routing), the
+# joint oracle (replicas and each route group's split, controller/bench/oracle_joint.py), the lagged
+# reference (controller/bench/oracle_lag.py: `replay_lagged`) and the capacity ceiling
+# (controller/bench/ceiling.py: every pool at its maximum, the sheddable class shed).
+REFERENCES = ("oracle", "oracle-joint", "oracle-lag", "ceiling")
 
 # The attainment bar for "best baseline at the SLO": the MPC's acceptance (critical and standard).
 SLO_BAR = 0.99

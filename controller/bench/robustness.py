@@ -10,8 +10,10 @@ Per policy the report gives:
 
 - slo_pass_rate: the share of cases in which the policy kept >= 99 % of critical AND of standard
   tasks within their SLOs (the task attainment the bench table reports, `report.meets_bar`);
-- slo_pass_rate_feasible: the same over the feasible cases, those where the verified static fleet
-  or the oracle met that bar (a case no known fleet passes says more about the fleet than the policy);
+- slo_pass_rate_feasible: the same over the feasible cases, those where the verified static fleet,
+  the oracle or the capacity ceiling (every pool at max_replicas from the first tick, the sheddable
+  class shed; controller/bench/ceiling.py) met that bar (a case no known fleet passes says more about
+  the fleet than the policy); static and the ceiling are always run, the oracle when listed;
 - critical_min / standard_min: its lowest attainment over the cases;
 - cost_ratio_vs_static_{median,p90}: its cost per successful task divided by the verified static
   fleet's on the same case (static is always run: it is the reference), median and p90 over the
@@ -52,6 +54,7 @@ MAX_CASES = 5000
 ORACLE_MAX_REPLAYS = 3  # as `bench all`: the nominal schedule, the dearest, one bisection step (+ repairs)
 STATIC = "static"
 ORACLE = "oracle"
+CEILING = "ceiling"  # controller/bench/ceiling.py: which cases replica counts and admission can serve at all
 FAILED_BY = ("shape", "fleet", "mix", "fault")  # failed cases are counted by each of these
 
 
@@ -65,12 +68,13 @@ def default_labels() -> list[str]:
 
 
 def parse_labels(text: str | None) -> list[str]:
-    """--policies → labels, static first (the cost reference is always run); BenchError if unknown."""
+    """--policies → labels, static first and the ceiling last (the cost reference and the feasibility
+    reference are always run); BenchError if unknown."""
     from controller.bench.generator import shipped_fleets
     from controller.bench.policies import parse_policies
 
     labels = default_labels() if text is None else parse_policies(text, shipped_fleets()[0].scenario)
-    return [STATIC] + [x for x in labels if x != STATIC]
+    return [STATIC] + [x for x in labels if x not in (STATIC, CEILING)] + [CEILING]
 
 
 def _ratio(a: Any, b: Any) -> float | None:
@@ -116,11 +120,12 @@ def run_case(seed: int, k: int, labels: Sequence[str], out_dir: str, tick_s: flo
             "successful_tasks": e.get("successful_tasks"), "tasks": e.get("tasks"), "shed": e.get("shed"),
             "failed": e.get("failed"), "gpu_hours": e.get("gpu_hours"), "scaling_actions": e.get("scaling_actions"),
         }
-    # Feasible: some fleet the bench knows (the verified static one or the oracle's schedule) met
-    # the bar, so a policy that misses it could have done better; an infeasible case (beyond
-    # max_replicas without shedding, or a fleet whose engine caps miss the TPOT SLO at any size)
-    # says more about the fleet than about the policy.
-    feasible = any(entries[n]["pass"] for n in (STATIC, ORACLE) if n in entries)
+    # Feasible: some fleet the bench knows (the verified static one, the oracle's schedule, or the
+    # capacity ceiling: every pool at its maximum with the sheddable class shed) met the bar, so a
+    # policy that misses it could have done better; an infeasible case (one whose engines miss the
+    # TPOT SLO at any size within bounds, even with the sheddable class refused) says more about the
+    # fleet than about the policy.
+    feasible = any(entries[n]["pass"] for n in (STATIC, ORACLE, CEILING) if n in entries)
     row.update({"static_replicas": report["static_replicas"], "static_slo_met": pols.get(STATIC, {}).get("slo_met"),
                 "oracle_slo_met": pols.get(ORACLE, {}).get("slo_met"), "feasible": feasible, "policies": entries})
     return row
@@ -241,7 +246,7 @@ def render_table(report: Mapping[str, Any]):
                   _x(e.get("cost_ratio_vs_static_median")), _x(e.get("cost_ratio_vs_static_p90")),
                   _x(e.get("cost_ratio_vs_oracle_median")), _x(e.get("cost_ratio_vs_oracle_p90")), worst, fails)
     t.caption = ("SLO pass = share of cases keeping ≥ 99 % of critical and standard tasks within their SLOs "
-                 "(feasible: of the cases where the verified static fleet or the oracle does); "
+                 "(feasible: of the cases where the verified static fleet, the oracle or the capacity ceiling does); "
                  "× static / × oracle = cost per successful task over the verified static fleet's / the oracle's "
                  "on the same case (median, p90 over cases); worst case = lowest min(critical, standard).")
     return t

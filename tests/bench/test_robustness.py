@@ -1,5 +1,5 @@
 """`governor bench robustness`: the JSON interface end to end on two generated cases, rerunning one
-case alone, the summary's arithmetic and bad input."""
+case alone, feasibility from the references, the summary's arithmetic and bad input."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def two_cases(tmp_path_factory) -> tuple[Path, dict]:
 def test_json_has_the_keys_and_sane_values(two_cases) -> None:
     out, rep = two_cases
     assert rep["cases"] == 2 and rep["seed"] == int(SEED) and rep["errors"] == []
-    assert set(rep["policies"]) == {"static", "slo-feedback"}
+    # static (the cost reference) and the ceiling (the feasibility reference) are run whatever is listed
+    assert set(rep["policies"]) == {"static", "slo-feedback", "ceiling"}
     for e in rep["policies"].values():
         assert 0.0 <= e["slo_pass_rate"] <= 1.0
         for key in ("cost_ratio_vs_static_median", "cost_ratio_vs_static_p90"):
@@ -51,11 +52,25 @@ def test_json_has_the_keys_and_sane_values(two_cases) -> None:
     rows = rep["cases_detail"]
     assert [r["index"] for r in rows] == [0, 1]
     for r in rows:
-        assert set(r["policies"]) == {"static", "slo-feedback"}
+        assert set(r["policies"]) == {"static", "slo-feedback", "ceiling"}
         for e in r["policies"].values():
             att = e["slo_attainment"]
             assert e["pass"] == (att["critical"] >= 0.99 and att["standard"] >= 0.99)
         assert Path(r["scenario_file"]).exists()
+
+
+def test_a_case_is_feasible_when_a_reference_passes_it(two_cases) -> None:
+    _, rep = two_cases
+    for r in rep["cases_detail"]:
+        refs = r["policies"]
+        assert r["feasible"] == (refs["static"]["pass"] or refs["ceiling"]["pass"])
+        assert refs["ceiling"]["slo_attainment"]["sheddable"] < 0.05  # the ceiling refuses the sheddable class
+    assert rep["feasible_cases"] == sum(r["feasible"] for r in rep["cases_detail"])
+
+
+def test_the_ceiling_is_run_when_not_listed() -> None:
+    assert rb.parse_labels("slo-feedback") == ["static", "slo-feedback", "ceiling"]
+    assert rb.parse_labels("ceiling,static") == ["static", "ceiling"]
 
 
 def test_pass_rate_and_worst_case_follow_the_rows(two_cases) -> None:
