@@ -645,3 +645,87 @@ def test_activation_starts_one_replica_for_a_group_serving_nothing(label, pools,
     out = activate(list(pools), arrivals, demand or held > 0)  # the policy's demand: a rate or requests held
     assert {p.name for p, q in zip(pools, out, strict=True) if q.lo > p.lo} == raised, label
     assert all(q.lo <= 1 and q.hi == p.hi for p, q in zip(pools, out, strict=True)), label
+
+
+# --------------------------------------------------------------------------- the stream guard
+
+GUARD_MEM = dict(prompt_tokens=1260.0, output_tokens=152.0)  # the demo trace's mix
+
+
+@pytest.mark.parametrize("label,pool,slos,expect", [
+    ("a mixed pool serving every class: critical's TPOT", spec("p"), None, 0.1),
+    ("a tier that no critical task reaches: standard's TPOT",
+     spec("p", eligible=(("critical", 0.0), ("standard", 0.5), ("sheddable", 1.0))), None, 0.15),
+    ("a prefill-only pool: its requests decode elsewhere", spec("p", role="prefill"), None, None),
+    ("a tier only sheddable traffic reaches: nothing to guard",
+     spec("p", eligible=(("critical", 0.0), ("standard", 0.0), ("sheddable", 1.0))), None, None),
+])
+def test_guard_keeps_the_tightest_tpot_of_the_protected_classes_a_pool_serves(label, pool, slos, expect):
+    from controller.policies.mpc.problem import guard_tpot_s
+
+    assert guard_tpot_s(fleet(pool, slos=slos), pool) == expect, label
+
+
+def test_guard_batch_is_the_largest_batch_the_calibrated_engine_runs_within_the_target():
+    from controller.core.mpc_model import LatencyQuery
+    from controller.policies.mpc.estimate import MpcPoolMemory
+    from controller.policies.mpc.problem import guard_batch
+
+    fl = fleet(spec("p"))
+    pol = MpcPolicy(**FAST)
+    prior = pol._prior(fl)
+    mem = MpcPoolMemory(**GUARD_MEM)
+    b = guard_batch(prior, 0, mem, fl.pools[0], 0.1, 0.2)
+    assert b is not None and 40 <= b <= 72 and b % 4 == 0  # 8B on an A100 at the demo's mix: ~60
+
+    def p95(batch: float, p=prior) -> float:
+        a = p.latency(LatencyQuery(pool_index=np.array([0]), rps_per_replica=np.array([1e4]),
+                                   prompt_tokens=np.array([1260.0]), output_tokens=np.array([152.0]),
+                                   hit_rate=np.array([0.2]), inflight_cap=np.array([batch]),
+                                   max_num_seqs=np.array([256.0]), max_num_batched_tokens=np.array([8192.0])))
+        return float(a.tpot_p95_s[0])
+
+    assert p95(b) <= 0.09 < p95(b + 4)  # the last step of the grid within 90 % of the SLO
+    # online corrections do not move it: they carry the windows of uncapped engines
+    corrected = prior.with_corrections([2.0], [2.5], 0.3, [3.0])
+    assert guard_batch(corrected, 0, mem, fl.pools[0], 0.1, 0.2) == b
+    # a tighter SLO, a smaller batch; none at all when even 8 streams miss it
+    assert guard_batch(prior, 0, mem, fl.pools[0], 0.05, 0.2) < b
+    assert guard_batch(prior, 0, mem, fl.pools[0], 0.01, 0.2) is None
+
+
+def _guarded_cap(signals: dict, **kw) -> tuple[PolicyOutput, int | None]:
+    """One decision on the 70B pool at 8 replicas with `signals`; (the output, the guard's ceiling)."""
+    pol = MpcPolicy(**FAST, **kw)
+    i = inp(600.0, {"p": signals}, fl=FL, current={"p": 8})
+    _, out = pol.decide(pol.initial_state(), i, np.random.default_rng(0))
+    return out, out.diagnostics["stream_guard"].get("p")
+
+
+def test_the_guard_caps_every_tick_and_names_itself_only_where_it_binds():
+    # light load: the ceiling is in force (a surge between ticks meets it), nothing to explain
+    out, g = _guarded_cap(pool_signals(8.0, 8))
+    assert g is not None and 8 <= out.pools["p"].inflight_cap <= g
+    assert "stream_guard" not in {r.code for r in out.reasons}
+    # the engines at the ceiling: the guard says so, with the batch it holds
+    sig = pool_signals(40.0, 8)
+    sig["running"] = 8 * g
+    out, g2 = _guarded_cap(sig)
+    assert out.pools["p"].inflight_cap == g2
+    r = next(r for r in out.reasons if r.code == "stream_guard")
+    assert r.pool == "p" and r.data["ceiling"] == g2 and r.data["batch"] == pytest.approx(g)
+
+
+def test_the_guard_never_caps_below_a_batch_seen_on_pace():
+    sig = pool_signals(30.0, 8)
+    sig["running"] = 8 * 150.0  # 150 streams per replica at a per-request p95 TPOT of 70 ms (critical's 0.1 s)
+    sig["request_tpot_p95_s"] = 0.07
+    _, g = _guarded_cap(sig)
+    assert g == 150
+
+
+def test_without_the_guard_the_cap_is_the_plans_alone():
+    out, g = _guarded_cap(pool_signals(8.0, 8), stream_guard=False)
+    assert g is None
+    with pytest.raises(ValueError, match="stream_guard must be true or false"):
+        MpcPolicy(**FAST, stream_guard="yes")

@@ -10,9 +10,12 @@ class admission, with reasons a human can follow. The concerns live beside this 
   needed (the breaker's "does the fleet carry its load");
 - corrections.py: the online correction factors for the model's p95 TTFT and TPOT, which
   also give the model's confidence (`PolicyOutput.confidence`);
-- problem.py: the `PlanProblem` (bounds, levers, breaker constraints, scale from zero, and the
+- problem.py: the `PlanProblem` (bounds, levers, breaker constraints, scale from zero, the
   redundancy floor: a pool with traffic keeps `min_serving_replicas`, default 2, so that one
-  replica's crash or slowdown does not take the pool's traffic down; 1 turns it off);
+  replica's crash or slowdown does not take the pool's traffic down, 1 turns it off; and the
+  stream guard: a standing ceiling on each pool's in-flight cap at the batch its engine runs within
+  the tightest protected TPOT SLO, so a surge faster than a tick waits at the router in priority
+  order instead of slowing every stream, `stream_guard`, default true);
 - first_step.py: the plan's first step → decisions (scale-down stabilisation, router weights);
 - reasons.py: reasons and diagnostics.
 
@@ -76,11 +79,13 @@ from controller.policies.mpc.problem import (
     pool_inputs_for_steps,
     redundancy_floors,
     split_floors,
+    stream_guards,
 )
 from controller.policies.mpc.reasons import (
     backlog_reasons,
     class_reasons,
     diagnostics,
+    guard_reasons,
     memory_reasons,
     pool_reasons,
     redundancy_reasons,
@@ -115,7 +120,7 @@ class MpcPolicy:
                  breaker: bool | Mapping[str, Any] = True, batch_review_s: float = 1200.0,
                  correction_alpha: float = 0.15, client_retries: int = 2, standby_cost_frac: float = 1.0,
                  warmup_s: float = 60.0, min_history_s: float = 300.0, planner: Mapping[str, Any] | None = None,
-                 protect_streams: bool = True, min_serving_replicas: int = 2,
+                 protect_streams: bool = True, stream_guard: bool = True, min_serving_replicas: int = 2,
                  planning_model: str = "prior", coupling_source: Callable[[], Any] | None = None,
                  forecast_source: Callable[[], Any] | None = None,
                  models: PlanModel | None = None, timer: Callable[[], float] | None = None) -> None:
@@ -145,6 +150,9 @@ class MpcPolicy:
         self.warmup_s = check_positive("mpc.warmup_s", warmup_s, allow_zero=True)
         self.min_history_s = check_positive("mpc.min_history_s", min_history_s, allow_zero=True)
         self.protect_streams = bool(protect_streams)
+        if not isinstance(stream_guard, bool):
+            raise ValueError(f"mpc.stream_guard must be true or false (got {stream_guard!r})")
+        self.stream_guard = stream_guard
         if isinstance(min_serving_replicas, bool) or not isinstance(min_serving_replicas, int) \
                 or min_serving_replicas < 1:
             raise ValueError(f"mpc.min_serving_replicas must be an integer >= 1 (got {min_serving_replicas!r})")
@@ -273,10 +281,12 @@ class MpcPolicy:
         # no pool with traffic on one replica (problem.py): a bound of the plan, or of the decision for a shared hop
         redundant = redundancy_floors(fleet, inp.observation.pools, self.min_serving)
         plan_floors, decision_floors = split_floors(fleet, redundant)
+        # the engines never run a batch that breaks the tightest protected TPOT: the excess waits at the router
+        guards = stream_guards(prior, fleet, mem, inp.observation.pools) if self.stream_guard else {}
         problem = build_problem(inp, fleet, mem, targets, class_share, fc, weights, action, model, now, history_s,
                                 min_history_s=self.min_history_s, batch_review_s=self.batch_review_s,
                                 protect_streams=self.protect_streams, feedback=fb, headroom=headroom,
-                                redundancy=plan_floors)
+                                redundancy=plan_floors, guards=guards)
         warm_shift = 0
         if state.plan is not None and state.plan_at_s is not None:
             warm_shift = int(round((now - state.plan_at_s) / cfg.step_s))
@@ -301,6 +311,7 @@ class MpcPolicy:
         reasons.extend(class_reasons(state.shed_in_force, result.plan.shed, result, action, fb))
         reasons.extend(backlog_reasons(fb, targets))
         reasons.extend(redundancy_reasons(problem, pools_out, redundant))
+        reasons.extend(guard_reasons(problem, pools_out, guards, inp.observation))
         reasons.extend(memory_reasons(problem, headroom, cfg.batch_token_options))
         conf = confidence(new_mem)
         if conf < 0.2:
@@ -308,6 +319,7 @@ class MpcPolicy:
                                   confidence=conf))
         diag = diagnostics(result, fc, class_share, model, corr_diag, problem, headroom)
         diag["model"]["planning_model"] = self.planning_model
+        diag["stream_guard"] = dict(guards)
         diag["forecast"]["validation"] = board.to_dict(fc_method)
         if learned_unusable:
             diag["model"]["learned_unusable"] = learned_unusable

@@ -4,8 +4,9 @@ Per pool: the replica bounds under the operator's overrides and the breaker's fl
 ready and on its way (`starting_eta_s`), warm slots, the levers in force, the traffic mix and
 reuse, the breaker's ceilings (affinity, and the SLO-safe in-flight cap `safe_batch` while it
 protects running streams, never below a batch the pool is seen running on pace: `seen_safe_batch`),
-whether the slow lever (engine batch caps) is up for review and the framebuffer ceiling on raising
-it (`memory_headroom`). Per class: the forecast's share at the
+the stream guard's standing ceiling on the in-flight cap otherwise (`stream_guards`), whether the
+slow lever (engine batch caps) is up for review and the framebuffer ceiling on raising it
+(`memory_headroom`). Per class: the forecast's share at the
 plan quantile, the shed in force and the breaker's floor.
 Scale from zero (`activate`): a route group serving nothing while traffic for it shows gets one
 replica.
@@ -26,7 +27,7 @@ from scipy.special import ndtri
 from controller.core.forecast import LoadForecast
 from controller.core.guards import override_bounds
 from controller.core.mpc import ClassInput, PlanProblem, PoolInput, hop
-from controller.core.mpc_model import LatencyQuery, PlanModel
+from controller.core.mpc_model import LatencyQuery, PlanModel, QueueingPrior
 from controller.core.objective import ObjectiveWeights
 from controller.perf.catalogue import GIB, NON_TORCH_GIB_PER_GPU
 from controller.perf.engines import Catalogue, EngineError
@@ -154,6 +155,92 @@ def safe_batch(model: PlanModel, j: int, m: MpcPoolMemory, spec: PoolSpec, tpot_
     return int(max(8, math.ceil(float(a.batch[ok].max()))))
 
 
+# Step of the in-flight batches `guard_batch` tries (8, 12, ... up to max_num_seqs): a cap between two of
+# them is at most 4 streams below the safe batch, under 10 % of the batches the guard binds at (40-120).
+GUARD_BATCH_STEP = 4
+GUARD_BATCH_MIN = 8  # the smallest cap the planner takes (MpcConfig.min_inflight_cap)
+PROTECTED_CLASSES = ("critical", "standard")  # the classes the SLO bar counts; sheddable is shed first
+
+
+def guard_tpot_s(fleet: FleetSpec, spec: PoolSpec) -> float | None:
+    """The TPOT the stream guard keeps on `spec`: the tightest TPOT SLO among the protected classes the
+    pool may serve (its tier rule's share above 0); None for a prefill-only pool, whose requests
+    decode elsewhere (the decode pool's guard keeps their TPOT), or a pool no protected class reaches."""
+    if spec.role == "prefill":
+        return None
+    eligible = dict(spec.eligible)
+    slos = [s.tpot_s for c, s in fleet.slos.items() if c in PROTECTED_CLASSES and eligible.get(c, 1.0) > 0.0]
+    return min(slos) if slos else None
+
+
+def guard_batch(prior: QueueingPrior, j: int, m: MpcPoolMemory, spec: PoolSpec, tpot_slo: float,
+                hit: float) -> int | None:
+    """The in-flight requests per replica at which pool j's engine, run full behind that cap, keeps its
+    p95 request TPOT within 90 % of `tpot_slo` (as `safe_batch`'s target), on the calibrated engine
+    figures alone; None when no batch from GUARD_BATCH_MIN does (a cap could not hold the SLO there,
+    and would only cost throughput).
+
+    Why behind the cap, full: the guard binds when more arrive than the engines serve, and then every
+    stream that finishes is replaced at once, so each engine step carries its batch's decode plus the
+    prefill of the requests replacing finished ones (batch / output tokens of them per step). That is
+    the prior's answer at its concurrency limit (`QueueingPrior.latency` with the cap as the limit and
+    an arrival rate far above it). Why the calibrated figures, not the online-corrected model: the
+    corrections are learned from 60 s windows whose p95 carries bursts and backlogs of uncapped
+    engines, effects the cap itself removes, so they would put the ceiling below what the engine
+    sustains (a 70B pool's corrected model gave 36 where 100 streams ran at a p95 TPOT of 82 ms);
+    nor the burst term (a burst's prefill arrives at once only where no cap holds it back).
+    Example (Llama-3-8B on an A100, 1,260-token prompts with 20 % hits, 152 output tokens, critical's
+    0.1 s TPOT): the p95 is 73 ms at 48 streams and 91 ms at 64, so the guard is 60-64."""
+    top = int(spec.max_num_seqs)
+    if top < GUARD_BATCH_MIN or not math.isfinite(tpot_slo):
+        return None
+    batches = np.arange(GUARD_BATCH_MIN, top + 1, GUARD_BATCH_STEP, dtype=float)
+    n = len(batches)
+    k = len(prior.pools)
+    calibrated = prior.with_corrections([1.0] * k, [1.0] * k, prior.base_confidence, [0.0] * k)
+    caps = m.caps or (spec.max_num_seqs, spec.max_num_batched_tokens)
+    a = calibrated.latency(LatencyQuery(pool_index=np.full(n, j), rps_per_replica=np.full(n, 1e4),
+                                        prompt_tokens=np.full(n, m.prompt_tokens or 1000.0),
+                                        output_tokens=np.full(n, m.output_tokens or 200.0),
+                                        hit_rate=np.full(n, hit), inflight_cap=batches,
+                                        max_num_seqs=np.full(n, float(caps[0])),
+                                        max_num_batched_tokens=np.full(n, float(caps[1]))))
+    ok = a.tpot_p95_s <= 0.9 * tpot_slo
+    return int(batches[ok].max()) if ok.any() else None
+
+
+def stream_guards(prior: QueueingPrior, fleet: FleetSpec, mem: Mapping[str, MpcPoolMemory],
+                  obs_pools: Mapping[str, PoolObservation]) -> dict[str, int]:
+    """The stream guard: per pool, a standing ceiling on the in-flight cap (requests per replica the
+    router lets into the engines; critical passes it): `guard_batch` at the pool's measured prompt and
+    output lengths and hit rate, never below a batch the pool is seen running on pace
+    (`seen_safe_batch`).
+
+    Why standing: a surge, a burst or a crash's rerouted load fills every engine up to max_num_seqs
+    (256) within seconds, before any tick reads it, and every stream admitted then runs slow for its
+    whole life; the critical requests among them miss their TPOT SLO while the standard ones, whose
+    SLO is looser, still pass. Behind the ceiling the excess waits at the router in priority order
+    instead: the engines keep every stream's TPOT within the tightest protected SLO, critical enters
+    at once, and the wait falls on standard and sheddable requests, whose TTFT SLOs are longer. The
+    design's order (sheddable before standard before critical) then holds for delay as it does for
+    shedding. The planner still chooses the cap below the ceiling. What it costs: throughput in a
+    burst (a smaller batch serves fewer requests per second), paid in standard's TTFT where the
+    replicas are short; measured in docs/BENCHMARKS.md ("The stream guard")."""
+    out: dict[str, int] = {}
+    for j, spec in enumerate(fleet.pools):
+        tpot = guard_tpot_s(fleet, spec)
+        if tpot is None:
+            continue
+        po = obs_pools.get(spec.name)
+        hit = (value(po.hit_rate) if po is not None else None) or 0.0
+        b = guard_batch(prior, j, mem[spec.name], spec, tpot, hit)
+        if b is None:
+            continue
+        ready = value(po.replicas_ready) if po is not None else None
+        out[spec.name] = max(b, seen_safe_batch(po, int(round(ready)) if ready is not None else 0, tpot))
+    return out
+
+
 def seen_safe_batch(po: PoolObservation | None, ready: int, tpot_slo: float) -> int:
     """The batch per replica the pool runs at now, if its measured p95 TPOT is within the same target as
     `safe_batch` (90 % of the tightest TPOT SLO); else 0.
@@ -229,11 +316,13 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
                   min_history_s: float, batch_review_s: float, protect_streams: bool,
                   feedback: Feedback | None = None,
                   headroom: Mapping[str, MemoryHeadroom] | None = None,
-                  redundancy: Mapping[str, int] | None = None) -> PlanProblem:
+                  redundancy: Mapping[str, int] | None = None,
+                  guards: Mapping[str, int] | None = None) -> PlanProblem:
     """The problem of this tick. `feedback`: the floors and shed floor a measured backlog sets
     (feedback.py), lower bounds like the breaker's. `headroom`: each pool's framebuffer ceiling
     on raising its batch caps (`memory_headroom`; a pool without one has none). `redundancy`: the
-    floors of `redundancy_floors`, lower bounds too."""
+    floors of `redundancy_floors`, lower bounds too. `guards`: the stream guard's ceilings on the
+    in-flight cap (`stream_guards`), where the breaker or a measured backlog sets none."""
     obs = inp.observation
     fb = feedback or Feedback()
     pools: list[PoolInput] = []
@@ -263,7 +352,7 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
         hit = (value(po.hit_rate) if po is not None else None) or 0.0
         inf_hit, ws = reuse(spec, m, po, pd, model, j, ready_n)
         caps = m.caps or (spec.max_num_seqs, spec.max_num_batched_tokens)
-        max_cap = None
+        max_cap = (guards or {}).get(spec.name)
         breaker_protects = action.protect_streams and spec.name in action.pools
         # a measured backlog protects the running streams at once too: with a prefill queue standing,
         # every engine step carries a full prefill chunk, and every stream's TPOT is that step's time

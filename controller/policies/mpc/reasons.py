@@ -5,7 +5,8 @@ within the start-up delay), mpc_scale_down, binding_max_replicas, binding_pin, l
 (cache-affinity weight), lever_share (in-flight cap, engine batch caps), lever_move (traffic
 split between pools), lever_standby (`pool_reasons`), lever_delay (shedding a class:
 `class_reasons`), backlog_floor (a measured backlog raised a pool's floor: `backlog_reasons`),
-memory_headroom (the framebuffer bars raising a pool's engine batch caps: `memory_reasons`).
+memory_headroom (the framebuffer bars raising a pool's engine batch caps: `memory_reasons`),
+stream_guard (the standing in-flight ceiling binds: `guard_reasons`).
 The policy adds scale_down_stabilised and low_confidence; the breaker's own
 (breaker_open / breaker_recovering / breaker_closed) come from Controller.step.
 
@@ -20,10 +21,10 @@ from typing import Any
 from controller.core.forecast import LoadForecast
 from controller.core.mpc import PlanProblem, PlanResult, PoolInput, PoolPlan
 from controller.core.mpc_model import PlanModel
-from controller.policies.common import reason
+from controller.policies.common import reason, value
 from controller.policies.mpc.feedback import Feedback
 from controller.policies.mpc.problem import FB_MARGIN_GIB, MemoryHeadroom
-from controller.types import PRIORITY_CLASSES, BreakerAction, PoolDecision, PoolSpec, Reason
+from controller.types import PRIORITY_CLASSES, BreakerAction, FleetObservation, PoolDecision, PoolSpec, Reason
 
 
 def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolPlan, cur_pd: PoolDecision | None,
@@ -87,6 +88,30 @@ def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolP
                           f"engine batch caps → max_num_seqs {pp.max_num_seqs}, max_num_batched_tokens "
                           f"{pp.max_num_batched_tokens} (rolling restart)",
                           max_num_seqs=pp.max_num_seqs, max_num_batched_tokens=pp.max_num_batched_tokens))
+    return out
+
+
+def guard_reasons(problem: PlanProblem, pools_out: Mapping[str, PoolDecision], guards: Mapping[str, int],
+                  obs: FleetObservation) -> list[Reason]:
+    """One reason per pool where the stream guard binds: the decided in-flight cap sits at the guard's
+    ceiling (the guard, not the plan's own trade-off, set it; a ceiling the breaker or a backlog
+    replaced is not named) and the engines run at 90 % of it or more, or the router holds requests."""
+    held = sum((value(c.queue_depth) or 0.0) for c in obs.classes.values())
+    out = []
+    for p in problem.pools:
+        g = guards.get(p.name)
+        d = pools_out.get(p.name)
+        if g is None or d is None or p.max_inflight_cap != g or d.inflight_cap != g:
+            continue
+        po = obs.pools.get(p.name)
+        running, ready = (value(po.running), value(po.replicas_ready)) if po is not None else (None, None)
+        batch = running / ready if running is not None and ready else 0.0
+        if batch < 0.9 * g and held <= 0:
+            continue
+        out.append(reason("stream_guard", p.name,
+                          f"in-flight cap {g} per replica (engines at {batch:.0f}, {held:.0f} held at the router): the "
+                          "batch the engine runs within 90 % of the tightest protected TPOT SLO; more waits at the "
+                          "router, critical passes the cap", ceiling=g, batch=round(batch, 1), held=held))
     return out
 
 
