@@ -20,7 +20,8 @@ group has two or more first-hop pools (the oracle that also schedules the split 
 them; oracle_joint.py) and "oracle-lag" (that schedule with every change one tick plus a
 warm start-up late: the reference an online controller can reach; on request for any
 scenario), and "ceiling" on request (every pool at max_replicas with the sheddable class
-shed: what replica counts and admission can serve at all; ceiling.py). Scenario-dependent parameters come from the profile: `replicas` (static) = peak
+shed: what replica counts and admission can serve at all; ceiling.py). Scenario-dependent
+parameters come from the profile: `replicas` (static) = peak
 demand / capacity, raised one replica per pool at a time until a replay meets the oracle's
 task targets (at most `STATIC_VERIFY_ROUNDS` more replays; "static peak provisioning" is a
 fleet that serves the peak, checked, not an estimate that may fall short); `capacity` (SLA

@@ -467,6 +467,11 @@ class Daemon:
             used = str(model.get("kind", "?")) + (f" (learned unusable: {model['learned_unusable']})"
                                                   if model.get("learned_unusable") else "")
             details.append(("planner.model", f"{model['planning_model']}: {used}"))
+        guard = rep.result.diagnostics.get("stream_guard") if rep else None
+        if isinstance(guard, dict):  # the MPC's standing in-flight ceilings (policies/mpc/problem.py stream_guards)
+            for pool, ceiling in sorted(guard.items()):
+                details.append((f"planner.stream_guard.{pool}",
+                                f"in-flight cap at most {ceiling} per replica (critical passes it)"))
         memory = rep.result.diagnostics.get("memory") if rep else None
         if isinstance(memory, dict):  # the MPC's framebuffer headroom and the batch-token ceiling it sets
             for pool, h in sorted(memory.items()):

@@ -75,7 +75,7 @@ class _OneReading:
 
 
 def test_status_names_the_model_the_planner_used(tmp_path):
-    """`governor status` shows what the MPC planned its last tick with."""
+    """`governor status` shows what the MPC planned its last tick with, and its stream guard."""
     from controller.actuation.shadow import ShadowActuator
     from controller.api.store import StateStore
     from controller.clock import VirtualClock
@@ -96,5 +96,7 @@ def test_status_names_the_model_the_planner_used(tmp_path):
         details = dict(daemon.status().details)
         assert details["planner.model"] == "learned: LearnedPlanModel"
         assert details["models.source"] == "shipped"
+        # the stream guard's standing ceiling on the in-flight cap, per pool
+        assert details["planner.stream_guard.chat"].startswith("in-flight cap at most ")
     finally:
         store.close()
