@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["active", "shadow", "paused"], default=None, help="override the configured mode")
     p.add_argument("--policy", default=None, metavar="NAME",
                    help="override the configured policy (slo-feedback, mpc, static, hpa, kpa, sla-planner, "
-                        "scorer-kpa); e.g. `--demo --policy mpc` to watch the planner")
+                        "scorer-kpa); the demo runs mpc, e.g. `--demo --policy slo-feedback` to compare")
     p.add_argument("--headless", action="store_true", help="print JSON lines instead of the live view")
     p.add_argument("--dataplane", choices=["envoy"], default=None,
                    help="with --demo: send the demo's traffic through Envoy and `governor picker` to replicas that "

@@ -260,7 +260,10 @@ def demo_settings(scenario, listening: dict[str, Any], state_dir: str) -> Settin
               "role": p.role, "group": p.group, "max_num_seqs": p.max_num_seqs,
               "max_num_batched_tokens": p.max_num_batched_tokens} for p in spec.pools]
     return Settings(
-        mode="active", policy="slo-feedback", tick_interval_s=3.0, state_dir=state_dir,
+        # The demo runs the MPC: its surge rises faster than a replica starts, and the planner's stream
+        # guard keeps critical's streams on pace while the replicas it orders start (docs/BENCHMARKS.md,
+        # "The demo's surge is faster than any controller"); `--policy` picks another.
+        mode="active", policy="mpc", tick_interval_s=3.0, state_dir=state_dir,
         # Timeouts sized to the 3 s tick (controller/tick_budget.py): a 1.5 s read round (0.5 s × 2 + 0.5 s)
         # plus 1.1 s of actuation (2 attempts of 0.5 s and a 0.1 s backoff) fit 90 % of it on loopback.
         telemetry={"source": "scrape", "scrape": {"discovery_url": listening["discovery"], "timeout_s": 0.5},
@@ -320,7 +323,7 @@ def cmd_run(args) -> int:
         return 2
     if args.demo and args.config:
         print("governor: --demo runs its own simulated fleet with its own config, so --config is not used with it "
-              "(choose the policy with --policy, e.g. --demo --policy mpc)", file=sys.stderr)
+              "(choose the policy with --policy, e.g. --demo --policy slo-feedback)", file=sys.stderr)
         return 2
     if args.demo:
         from controller.sim.live import LiveFleet
