@@ -189,8 +189,9 @@ def guard_batch(prior: QueueingPrior, j: int, m: MpcPoolMemory, spec: PoolSpec, 
     engines, effects the cap itself removes, so they would put the ceiling below what the engine
     sustains (a 70B pool's corrected model gave 36 where 100 streams ran at a p95 TPOT of 82 ms);
     nor the burst term (a burst's prefill arrives at once only where no cap holds it back).
-    Example (Llama-3-8B on an A100, 1,260-token prompts with 20 % hits, 152 output tokens, critical's
-    0.1 s TPOT): the p95 is 73 ms at 48 streams and 91 ms at 64, so the guard is 60-64."""
+    Example (Llama-3-8B on an A100, 1,260-token prompts, 152 output tokens, critical's 0.1 s TPOT, so
+    a 90 ms target): at 20 % prefix hits the p95 is 73 ms at 48 streams and 91 ms at 64, and the guard
+    is 60; at no hits 52, at 40 % hits 72 (less prefill per step leaves room for more streams)."""
     top = int(spec.max_num_seqs)
     if top < GUARD_BATCH_MIN or not math.isfinite(tpot_slo):
         return None
