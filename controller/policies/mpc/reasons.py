@@ -95,7 +95,9 @@ def guard_reasons(problem: PlanProblem, pools_out: Mapping[str, PoolDecision], g
                   obs: FleetObservation) -> list[Reason]:
     """One reason per pool where the stream guard binds: the decided in-flight cap sits at the guard's
     ceiling (the guard, not the plan's own trade-off, set it; a ceiling the breaker or a backlog
-    replaced is not named) and the engines run at 90 % of it or more, or the router holds requests."""
+    replaced is not named) and the engines run at 90 % of it or more, or the router holds requests (it
+    counts them per class, not per pool: in a fleet of several pools a held queue names each pool at
+    its ceiling)."""
     held = sum((value(c.queue_depth) or 0.0) for c in obs.classes.values())
     out = []
     for p in problem.pools:
