@@ -11,7 +11,7 @@ in hand, replica counts and admission, however early they are pulled; only the l
 another's. The verified static fleet and the oracle do not shed, so a case beyond max_replicas that
 shedding makes servable reads "infeasible" by them alone; the ceiling is the reference that sees
 it. Example (generated seed 1, case 39: a 70B pool held to 3 replicas, steady load, short outputs):
-at 3 replicas with the sheddable half of the traffic refused, critical keeps 96.3 % (its 0.1 s
+at 3 replicas with the sheddable half of the traffic refused, critical keeps 96.5 % (its 0.1 s
 TPOT is lost to the prefill chunks of the other prompts), so no policy passes it with replicas or
 shedding.
 

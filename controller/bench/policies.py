@@ -45,6 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from controller.bench.ceiling import CEILING, ceiling_policy
 from controller.bench.oracle import (
     TASK_SLO_TARGETS,
     OracleResult,
@@ -103,10 +104,9 @@ ORACLE_JOINT = "oracle-joint"
 # The reachable reference: the joint oracle's schedule (the plain one's where no group has two pools)
 # with every change one tick plus the longest warm start-up late (oracle_lag.reference_lag_s).
 ORACLE_LAG = "oracle-lag"
-# The capacity ceiling (controller/bench/ceiling.py): every pool at max_replicas, the sheddable class
-# shed; on request (`--policies ...,ceiling`), and in `bench robustness`, where it tells which cases
+# The capacity ceiling (CEILING, controller/bench/ceiling.py): every pool at max_replicas, the sheddable
+# class shed; on request (`--policies ...,ceiling`), and in `bench robustness`, where it tells which cases
 # replica counts and admission can serve at all.
-CEILING = "ceiling"
 REFERENCE_LABELS = (ORACLE, ORACLE_JOINT, ORACLE_LAG, CEILING)
 MPC = "mpc"
 STATIC = "static"
@@ -337,8 +337,6 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
             raise BenchError(f"policy {label}: {exc}") from None
         lap(label)
     if CEILING in labels:
-        from controller.bench.ceiling import ceiling_policy
-
         runs.append(run_closed_loop(scenario, ceiling_policy(scenario), seed=seed, tick_s=tick_s,
                                     workload=ctx.workload, label=CEILING,
                                     progress=progress(CEILING) if progress else None))

@@ -674,7 +674,7 @@ def test_guard_batch_is_the_largest_batch_the_calibrated_engine_runs_within_the_
     pol = MpcPolicy(**FAST)
     prior = pol._prior(fl)
     mem = MpcPoolMemory(prompt_tokens=1260.0, output_tokens=152.0)  # the demo trace's mix
-    b = guard_batch(prior, 0, mem, fl.pools[0], 0.1, 0.2)
+    b = guard_batch(prior, 0, mem, fl.pools[0], 0.1, 0.2, 8)
     assert b is not None and 40 <= b <= 72 and b % 4 == 0  # 8B on an A100 at the demo's mix: ~60
 
     def p95(batch: float, p=prior) -> float:
@@ -687,11 +687,11 @@ def test_guard_batch_is_the_largest_batch_the_calibrated_engine_runs_within_the_
     assert p95(b) <= 0.09 < p95(b + 4)  # the last step of the grid within 90 % of the SLO
     # online corrections do not move it: they carry the windows of uncapped engines
     corrected = prior.with_corrections([2.0], [2.5], 0.3, [3.0])
-    assert guard_batch(corrected, 0, mem, fl.pools[0], 0.1, 0.2) == b
+    assert guard_batch(corrected, 0, mem, fl.pools[0], 0.1, 0.2, 8) == b
     # a tighter SLO, a smaller batch; none at all when even 8 streams miss it
-    tighter = guard_batch(prior, 0, mem, fl.pools[0], 0.05, 0.2)
+    tighter = guard_batch(prior, 0, mem, fl.pools[0], 0.05, 0.2, 8)
     assert tighter is not None and tighter < b
-    assert guard_batch(prior, 0, mem, fl.pools[0], 0.01, 0.2) is None
+    assert guard_batch(prior, 0, mem, fl.pools[0], 0.01, 0.2, 8) is None
 
 
 def _guarded_cap(signals: dict, **kw) -> tuple[PolicyOutput, int | None]:

@@ -282,7 +282,8 @@ class MpcPolicy:
         redundant = redundancy_floors(fleet, inp.observation.pools, self.min_serving)
         plan_floors, decision_floors = split_floors(fleet, redundant)
         # the engines never run a batch that breaks the tightest protected TPOT: the excess waits at the router
-        guards = stream_guards(prior, fleet, mem, inp.observation.pools) if self.stream_guard else {}
+        guards = (stream_guards(prior, fleet, mem, inp.observation.pools, cfg.min_inflight_cap)
+                  if self.stream_guard else {})
         problem = build_problem(inp, fleet, mem, targets, class_share, fc, weights, action, model, now, history_s,
                                 min_history_s=self.min_history_s, batch_review_s=self.batch_review_s,
                                 protect_streams=self.protect_streams, feedback=fb, headroom=headroom,

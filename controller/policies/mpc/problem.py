@@ -33,7 +33,7 @@ from controller.perf.catalogue import GIB, NON_TORCH_GIB_PER_GPU
 from controller.perf.engines import Catalogue, EngineError
 from controller.policies.common import value
 from controller.policies.mpc.estimate import MpcPoolMemory, reuse, standing_queue
-from controller.policies.mpc.feedback import Feedback
+from controller.policies.mpc.feedback import PROTECTED, Feedback
 from controller.types import PRIORITY_CLASSES, BreakerAction, FleetSpec, PolicyInput, PoolObservation, PoolSpec
 
 _CATALOGUE = Catalogue.builtin()
@@ -155,11 +155,10 @@ def safe_batch(model: PlanModel, j: int, m: MpcPoolMemory, spec: PoolSpec, tpot_
     return int(max(8, math.ceil(float(a.batch[ok].max()))))
 
 
-# Step of the in-flight batches `guard_batch` tries (8, 12, ... up to max_num_seqs): a cap between two of
-# them is at most 4 streams below the safe batch, under 10 % of the batches the guard binds at (40-120).
+# Step of the in-flight batches `guard_batch` tries (from the planner's smallest cap, 8, by 4 up to
+# max_num_seqs): a cap between two of them is at most 4 streams below the safe batch, under 10 % of the
+# batches the guard binds at (40-120).
 GUARD_BATCH_STEP = 4
-GUARD_BATCH_MIN = 8  # the smallest cap the planner takes (MpcConfig.min_inflight_cap)
-PROTECTED_CLASSES = ("critical", "standard")  # the classes the SLO bar counts; sheddable is shed first
 
 
 def guard_tpot_s(fleet: FleetSpec, spec: PoolSpec) -> float | None:
@@ -169,16 +168,17 @@ def guard_tpot_s(fleet: FleetSpec, spec: PoolSpec) -> float | None:
     if spec.role == "prefill":
         return None
     eligible = dict(spec.eligible)
-    slos = [s.tpot_s for c, s in fleet.slos.items() if c in PROTECTED_CLASSES and eligible.get(c, 1.0) > 0.0]
+    slos = [s.tpot_s for c, s in fleet.slos.items() if c in PROTECTED and eligible.get(c, 1.0) > 0.0]
     return min(slos) if slos else None
 
 
 def guard_batch(prior: QueueingPrior, j: int, m: MpcPoolMemory, spec: PoolSpec, tpot_slo: float,
-                hit: float) -> int | None:
+                hit: float, min_batch: int) -> int | None:
     """The in-flight requests per replica at which pool j's engine, run full behind that cap, keeps its
     p95 request TPOT within 90 % of `tpot_slo` (as `safe_batch`'s target), on the calibrated engine
-    figures alone; None when no batch from GUARD_BATCH_MIN does (a cap could not hold the SLO there,
-    and would only cost throughput).
+    figures alone; None when no batch from `min_batch` (the planner's smallest cap,
+    `MpcConfig.min_inflight_cap`) does (a cap could not hold the SLO there, and would only cost
+    throughput).
 
     Why behind the cap, full: the guard binds when more arrive than the engines serve, and then every
     stream that finishes is replaced at once, so each engine step carries its batch's decode plus the
@@ -193,9 +193,9 @@ def guard_batch(prior: QueueingPrior, j: int, m: MpcPoolMemory, spec: PoolSpec, 
     a 90 ms target): at 20 % prefix hits the p95 is 73 ms at 48 streams and 91 ms at 64, and the guard
     is 60; at no hits 52, at 40 % hits 72 (less prefill per step leaves room for more streams)."""
     top = int(spec.max_num_seqs)
-    if top < GUARD_BATCH_MIN or not math.isfinite(tpot_slo):
+    if top < min_batch or not math.isfinite(tpot_slo):
         return None
-    batches = np.arange(GUARD_BATCH_MIN, top + 1, GUARD_BATCH_STEP, dtype=float)
+    batches = np.arange(min_batch, top + 1, GUARD_BATCH_STEP, dtype=float)
     n = len(batches)
     k = len(prior.pools)
     calibrated = prior.with_corrections([1.0] * k, [1.0] * k, prior.base_confidence, [0.0] * k)
@@ -211,7 +211,7 @@ def guard_batch(prior: QueueingPrior, j: int, m: MpcPoolMemory, spec: PoolSpec, 
 
 
 def stream_guards(prior: QueueingPrior, fleet: FleetSpec, mem: Mapping[str, MpcPoolMemory],
-                  obs_pools: Mapping[str, PoolObservation]) -> dict[str, int]:
+                  obs_pools: Mapping[str, PoolObservation], min_batch: int) -> dict[str, int]:
     """The stream guard: per pool, a standing ceiling on the in-flight cap (requests per replica the
     router lets into the engines; critical passes it): `guard_batch` at the pool's measured prompt and
     output lengths and hit rate, never below a batch the pool is seen running on pace
@@ -234,7 +234,7 @@ def stream_guards(prior: QueueingPrior, fleet: FleetSpec, mem: Mapping[str, MpcP
             continue
         po = obs_pools.get(spec.name)
         hit = (value(po.hit_rate) if po is not None else None) or 0.0
-        b = guard_batch(prior, j, mem[spec.name], spec, tpot, hit)
+        b = guard_batch(prior, j, mem[spec.name], spec, tpot, hit, min_batch)
         if b is None:
             continue
         ready = value(po.replicas_ready) if po is not None else None
