@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     csub = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     c = csub.add_parser("validate", help="exit 0 if FILE is valid, else name the bad field")
     c.add_argument("file", help="config YAML file")
-    c.set_defaults(func=_handler("controller.preflight:cmd_validate"))
+    c.set_defaults(func=_handler("controller.runtime.preflight:cmd_validate"))
     c = csub.add_parser("schema", help="print the config's JSON schema")
     c.set_defaults(func=_handler("controller.config:cmd_schema"))
 

@@ -19,7 +19,7 @@ from controller.config import (
     load_settings,
     parse_settings,
 )
-from controller.preflight import cmd_validate
+from controller.runtime.preflight import cmd_validate
 from controller.types import FleetSpec, Mode, PoolSpec
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "governor.example.yaml"
@@ -89,7 +89,7 @@ def test_example_config_parses():
 
 
 def _model_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
-    from controller.config import _strip
+    from controller.config.loading import _strip
 
     out: set[tuple[str, ...]] = set()
     for name, f in model.model_fields.items():

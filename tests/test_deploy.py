@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from controller.api.server import SERVICE_NAME as POLICY_SERVICE
-from controller.config import ApiSettings, KedaSettings, MetricsSettings, Settings, load_settings, parse_settings
+from controller.config import Settings, load_settings, parse_settings
+from controller.config.sections import ApiSettings, KedaSettings, MetricsSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -7,7 +7,7 @@ DEADLINE_EXCEEDED are retried a bounded number of times with exponential backoff
 (waits go through the injected Clock, so a virtual clock never really sleeps);
 an ack (APPLIED, REPLAY, STALE_GENERATION, INVALID) is final and never retried.
 `apply(decision, deadline_s=...)` bounds the whole send by the tick's actuation deadline
-(the daemon's, controller/tick_budget.py): no attempt starts or waits past it, and an
+(the daemon's, controller/config/tick_budget.py): no attempt starts or waits past it, and an
 attempt's timeout is cut to what is left. A re-send is the same generation and decision id,
 so a target that applied an attempt whose answer was lost replays it: no duplicate effect.
 Every `apply` returns exactly one ActuationOutcome and never raises for

@@ -22,7 +22,8 @@ from controller.actuation.routers.membership import MembershipRouter
 from controller.actuation.routers.sglang_router import SglangRouter
 from controller.actuation.routers.vllm_router import VllmRouter
 from controller.clock import Clock
-from controller.config import ActuatorSettings, Settings
+from controller.config import Settings
+from controller.config.sections import ActuatorSettings
 from controller.transport import ClientTls
 
 

@@ -13,7 +13,7 @@ which fences a deposed leader's late commands at the actuators.
 
 Faults (docs/RELIABILITY.md): the telemetry read and the autoscaler's fleet-state call run side
 by side, each bounded by its own timeout; actuation gets what is left of `PLAN_SHARE` of the
-tick as its deadline (controller/tick_budget.py). A state-store write that fails (disk full,
+tick as its deadline (controller/config/tick_budget.py). A state-store write that fails (disk full,
 read-only) is reported in status and `governor_state_store_errors`; when the generation cannot
 be persisted the decision is not sent (a restart could otherwise reuse it). A config reload's
 result is kept for status and `governor_config_reloads`. `GOVERNOR_FAULT_KILL_AT=PHASE[:TICK]`
@@ -37,10 +37,10 @@ from controller.actuation.outcome import FAILED, ActuationOutcome
 from controller.api.server import ComponentStatus, PoolStatusView, StatusView
 from controller.api.store import StoreError
 from controller.clock import Clock
+from controller.config.tick_budget import PLAN_SHARE
 from controller.core.step import Controller, ControllerState, TickInput, TickResult
 from controller.obs.metrics import DaemonMetrics
 from controller.obs.otel import Phase, TickTelemetry
-from controller.tick_budget import PLAN_SHARE
 from controller.types import FleetObservation, Mode, PoolPhases
 
 

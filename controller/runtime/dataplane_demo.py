@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from controller.config import ScrapeTargetSettings, Settings
+from controller.config import Settings
+from controller.config.sections import ScrapeTargetSettings
 from controller.dataplane.child import GovernorChild
 from controller.dataplane.envoy import EnvoyProcess
 from controller.paths import PROJECT_ROOT

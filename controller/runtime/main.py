@@ -30,7 +30,6 @@ from controller.obs.logs import setup_logging
 from controller.obs.metrics import DaemonMetrics
 from controller.obs.otel import build_tick_telemetry
 from controller.policies.registry import POLICY_NAMES, build_policy
-from controller.preflight import preflight
 from controller.runtime.actuators import build_actuator
 from controller.runtime.daemon import Daemon, TickReport
 from controller.runtime.leader import (
@@ -44,6 +43,7 @@ from controller.runtime.leader import (
 )
 from controller.runtime.learning import Learning
 from controller.runtime.loop import TickLoop
+from controller.runtime.preflight import preflight
 from controller.runtime.systemd import SystemdNotifier
 from controller.telemetry import build_source
 from controller.transport import Authenticator, TlsConfig, TokenEntry, load_tokens_file
@@ -264,7 +264,7 @@ def demo_settings(scenario, listening: dict[str, Any], state_dir: str) -> Settin
         # guard keeps critical's streams on pace while the replicas it orders start (docs/BENCHMARKS.md,
         # "The demo's surge is faster than any controller"); `--policy` picks another.
         mode="active", policy="mpc", tick_interval_s=3.0, state_dir=state_dir,
-        # Timeouts sized to the 3 s tick (controller/tick_budget.py): a 1.5 s read round (0.5 s × 2 + 0.5 s)
+        # Timeouts sized to the 3 s tick (controller/config/tick_budget.py): a 1.5 s read round (0.5 s × 2 + 0.5 s)
         # plus 1.1 s of actuation (2 attempts of 0.5 s and a 0.1 s backoff) fit 90 % of it on loopback.
         telemetry={"source": "scrape", "scrape": {"discovery_url": listening["discovery"], "timeout_s": 0.5},
                    "window_s": 20.0, "stale_after_s": 20.0},

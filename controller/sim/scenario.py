@@ -15,7 +15,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controller.config_catalogue import CatalogueSettings
+from controller.config.catalogue import CatalogueSettings
 from controller.perf.catalogue import MODELS as CATALOGUE_MODELS
 from controller.perf.catalogue import SKUS as CATALOGUE_SKUS
 from controller.perf.engines import Catalogue

@@ -1,5 +1,5 @@
 """The HTTP session Governor reads Prometheus with: auth, extra headers and TLS, as configured under
-`telemetry.prometheus` (controller/config_prometheus.py).
+`telemetry.prometheus` (controller/config/prometheus.py).
 
 - bearer token: `Authorization: Bearer <first line of bearer_token_file>`, the file re-read when its
   modification time changes (projected service-account tokens rotate);

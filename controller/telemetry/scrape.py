@@ -13,7 +13,7 @@ serves): the `pool` label names the pool and `kind` says what the target is
 (vllm, sglang, dcgm or router; default vllm). If discovery fails, the last list
 that worked is kept and the failure is reported; before any list worked, every
 reading is MISSING (an empty list would look like a fleet scaled to zero). One
-deadline, `2 × timeout_s + 0.5 s` (controller/tick_budget.py), covers the whole
+deadline, `2 × timeout_s + 0.5 s` (controller/config/tick_budget.py), covers the whole
 read, discovery included: a hung discovery endpoint gets `timeout_s` of it.
 
 This is an edge: it never raises for fleet trouble, and it does not interpret
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from controller.config.tick_budget import scrape_round_s
 from controller.telemetry.source import TARGET_KINDS, ScrapeTarget, describe_error
 from controller.telemetry.window import FamiliesWindow, TargetSamples, read_sample_names
-from controller.tick_budget import scrape_round_s
 from controller.types import FleetObservation, PoolObservation
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a vLLM /metrics page is ~100 KB; refuse anything absurd
@@ -280,7 +280,7 @@ class ScrapeSource:
         self.timeout_s = float(timeout_s)
         # urllib's timeout bounds each socket operation (connect, each read), not the whole
         # request; a target that trickles bytes is cut off when the round ends. The round covers the
-        # discovery fetch too (controller/tick_budget.py): a hung discovery endpoint costs at most
+        # discovery fetch too (controller/config/tick_budget.py): a hung discovery endpoint costs at most
         # timeout_s of it, and the targets get what is left.
         self.round_timeout_s = scrape_round_s(self.timeout_s)
         self._discovery_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scrape-sd")

@@ -51,7 +51,8 @@ def _free_port() -> int:
 
 def _write_config(path: Path, fleet: FaultFleet, state_dir: Path, *, pools: tuple[str, ...] | None = None,
                   tick_s: float = 3.0, api_port: int = 0) -> Path:
-    # a 1 s tick needs tight timeouts to pass the tick budget (controller/tick_budget.py): 0.7 s read + 0.1 s send
+    # a 1 s tick needs tight timeouts to pass the tick budget (controller/config/tick_budget.py):
+    # 0.7 s read + 0.1 s send
     fast = tick_s < 2
     s = fault_settings(fleet, state_dir, tick_s=tick_s, scrape_timeout_s=0.1 if fast else 0.2,
                        act=(0.1, 0, 0.0) if fast else (0.5, 1, 0.1))

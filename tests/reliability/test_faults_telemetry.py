@@ -15,7 +15,7 @@ import time
 import pytest
 
 from controller.api.store import StateStore
-from controller.tick_budget import scrape_round_s
+from controller.config.tick_budget import scrape_round_s
 from controller.types import Mode
 from tests.fakes.fault_fleet import FaultFleet, Governed
 

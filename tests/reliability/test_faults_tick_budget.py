@@ -1,4 +1,4 @@
-"""Every phase of a tick has a deadline inside the tick (controller/tick_budget.py): `governor config validate`
+"""Every phase of a tick has a deadline inside the tick (controller/config/tick_budget.py): `governor config validate`
 and start-up refuse timeouts × attempts that cannot fit the period, naming the fields; the configs the
 project ships fit; and at run time the actuation gets what is left of the tick, so a hung fleet costs one
 bounded tick, not skipped ones (issue 21: read 5,010 ms + actuate 8,412 ms against a 3 s period)."""
@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from controller.config import ConfigError, Settings, load_settings
-from controller.preflight import preflight
+from controller.config.tick_budget import PLAN_SHARE, scrape_round_s, send_budget_s, tick_budget, tick_budget_problems
 from controller.runtime.main import demo_settings
+from controller.runtime.preflight import preflight
 from controller.sim.scenario import load_scenario
-from controller.tick_budget import PLAN_SHARE, scrape_round_s, send_budget_s, tick_budget, tick_budget_problems
 from tests.fakes.fault_fleet import FaultFleet, Governed
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.config import ConfigError
-from controller.preflight import preflight
+from controller.runtime.preflight import preflight
 from controller.sim.trace_types import TraceError
 from controller.sim.traces import detect_format, read_trace_file
 

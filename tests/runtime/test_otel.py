@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from controller.actuation.shadow import ShadowActuator
 from controller.api.store import StateStore
 from controller.clock import VirtualClock
-from controller.config import OtlpSettings, Settings
+from controller.config import Settings
+from controller.config.sections import OtlpSettings
 from controller.obs.metrics import DaemonMetrics
 from controller.obs.otel import build_tick_telemetry
 from controller.runtime.daemon import Daemon

@@ -3,7 +3,7 @@
 `preflight(path)` loads the config (every field, the cross-field checks, and each pool's engine:
 model and SKU from the catalogue or the config's `catalogue:` declarations, TP that divides the
 heads and fits the memory), checks that the phases' timeouts × attempts fit the tick
-(controller/tick_budget.py), then builds the configured policy with its `policy_params` on the
+(controller/config/tick_budget.py), then builds the configured policy with its `policy_params` on the
 fleet, then checks what start-up would meet short of binding ports (`startup_problems`: the state
 directory and database, token and TLS files), and returns the Settings or raises
 ConfigError listing every problem. `cmd_validate` is the
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from controller.config import ConfigError, Settings, load_settings
+from controller.config.tick_budget import tick_budget_problems
 from controller.policies.registry import build_policy
-from controller.tick_budget import tick_budget_problems
 from controller.transport import load_tokens_file
 
 

@@ -14,7 +14,7 @@ skipped tick (issue 21: 5 s of reading plus 8.4 s of sequential retries against 
   `backoff_s × (2^retries − 1)`, the two targets side by side (the longer counts).
 
 `tick_budget_problems(settings)` is what `governor config validate` and `governor run` refuse
-(controller/preflight.py): read + actuate must fit `PLAN_SHARE` of the tick period, naming the
+(controller/runtime/preflight.py): read + actuate must fit `PLAN_SHARE` of the tick period, naming the
 fields to change. Pure arithmetic on the config: no I/O.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from controller.config import Settings
+    from controller.config.settings import Settings
 
 # Part of the tick period the read and actuate phases may use together; the rest is left to the
 # plan (the MPC bounds its own search by wall time), the learning step and the state-store writes,

@@ -9,14 +9,16 @@
   Only the YAML file is checked this way (environment variables are strings by nature), and only a
   *quoted* string is refused where a number belongs: PyYAML reads an unquoted `3.21e9` as a string
   (YAML 1.1 wants `3.21e+9`), which is the file's syntax, not the author's mistake.
-- `auth_problems(settings)`: listeners beyond loopback need authentication (API and KEDA scaler).
+- `auth_problems(settings)`: listeners beyond loopback (`is_loopback`) need authentication (API and KEDA
+  scaler).
 (What start-up would meet beyond the file itself, the state directory and the token and TLS files,
-is checked by controller/preflight.py.) This module reads nothing but what it is given, except the
+is checked by controller/runtime/preflight.py.) This module reads nothing but what it is given, except the
 config file's size, and must not open sockets or start anything.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import types
 from collections.abc import Mapping
@@ -123,10 +125,19 @@ def _value_problems(kinds: list[Any], value: Any, node: yaml.Node | None,
 # --------------------------------------------------------------------------- auth
 
 
+def is_loopback(listen: str) -> bool:
+    """True when a host:port listens on loopback only ('localhost', 127.0.0.0/8, ::1)."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a DNS name other than localhost: assume it is reachable from outside
+
+
 def auth_problems(s: Any) -> list[Problem]:
     """Cross-checks of api and actuators.keda authentication (called by Settings._cross_checks)."""
-    from controller.config import is_loopback  # config imports this module: a late import
-
     p: list[Problem] = []
     api, keda = s.api, s.actuators.keda
     if api.tokens_file is not None and (api.token is not None or api.token_file is not None):
