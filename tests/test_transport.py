@@ -1,11 +1,11 @@
-"""controller/transport.py: the gRPC plumbing shared by actuation/ and api/ (addresses, tokens, channels)."""
+"""controller/rpc/transport.py: the gRPC plumbing shared by actuation/ and api/ (addresses, tokens, channels)."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from controller.transport import (
+from controller.rpc.transport import (
     ClientTls,
     InsecureListenError,
     TlsConfig,

@@ -40,7 +40,7 @@ from controller.actuation.outcome import (
 )
 from controller.clock import Clock
 from controller.gen.governor.v1 import control_pb2, control_pb2_grpc
-from controller.transport import ClientTls, bearer_metadata, make_channel
+from controller.rpc.transport import ClientTls, bearer_metadata, make_channel
 from controller.types import PRIORITY_CLASSES, ClassAdmission, Decision
 
 ROUTER = "router"

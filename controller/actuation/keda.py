@@ -33,7 +33,7 @@ import grpc
 from grpc_health.v1 import health
 
 from controller.gen.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
-from controller.transport import (
+from controller.rpc.transport import (
     Authenticator,
     AuthInterceptor,
     TlsConfig,

@@ -38,7 +38,7 @@ from rich.table import Table
 from controller.api.limits import printable
 from controller.clock import WallClock
 from controller.gen.governor.v1 import policy_pb2, policy_pb2_grpc
-from controller.transport import ClientTls, bearer_metadata, make_channel
+from controller.rpc.transport import ClientTls, bearer_metadata, make_channel
 
 DEFAULT_API = "127.0.0.1:50051"
 TOKEN_ENV = "GOVERNOR_API_TOKEN"

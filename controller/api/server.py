@@ -34,7 +34,7 @@ from controller.api.limits import MAX_AUDIT_LIMIT, MAX_AUTHOR, MAX_NAME, MAX_REA
 from controller.api.store import DecisionRow, InvalidRequestError, StateStore
 from controller.clock import Clock
 from controller.gen.governor.v1 import policy_pb2, policy_pb2_grpc
-from controller.transport import (
+from controller.rpc.transport import (
     Authenticator,
     AuthInterceptor,
     TlsConfig,

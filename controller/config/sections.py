@@ -179,7 +179,7 @@ class ApiSettings(_Strict):
     listen: HostPort = "127.0.0.1:50051"
     token: SecretStr | None = None
     token_file: str | None = None
-    tokens_file: str | None = None  # named tokens with roles: tokens: [{name, token, role}] (transport.py)
+    tokens_file: str | None = None  # named tokens with roles: tokens: [{name, token, role}] (rpc/transport.py)
     tls: ApiTlsSettings = ApiTlsSettings()
     max_overrides: int = Field(default=200, ge=1, le=500)  # active at once; why 200: controller/api/limits.py
 

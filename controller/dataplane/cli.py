@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from controller.dataplane.server import PickerConfig
-    from controller.transport import TlsConfig
+    from controller.rpc.transport import TlsConfig
 
 TOKEN_ENV = "GOVERNOR_PICKER_TOKEN"
 
@@ -30,7 +30,7 @@ def control_auth(args: argparse.Namespace) -> tuple[str | None, TlsConfig | None
     import os
     from pathlib import Path
 
-    from controller.transport import TlsConfig
+    from controller.rpc.transport import TlsConfig
 
     token = None
     if args.control_token_file:

@@ -43,8 +43,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controller.command_rules import show
 from controller.dataplane.policy import ClassSettings, PoolSettings, Settings
+from controller.rpc.command_rules import show
 from controller.types import PRIORITY_CLASSES
 
 CRITICAL = "critical"

@@ -2,7 +2,7 @@
 
 `PolicyStore` applies `governor.v1.RoutingPolicy` commands with the semantics of
 protos/governor/v1/control.proto, with the rules it shares with the simulator's control plane
-(controller/command_rules.py):
+(controller/rpc/command_rules.py):
 
 - a generation lower than the last applied → STALE_GENERATION; the same generation
   with the same decision_id → REPLAY (nothing re-applied), with another id → STALE;
@@ -21,8 +21,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from controller.command_rules import CommandInvalidError, check_meta, validate_routing
 from controller.gen.governor.v1 import control_pb2 as pb
+from controller.rpc.command_rules import CommandInvalidError, check_meta, validate_routing
 from controller.types import PRIORITY_CLASSES
 
 # The simulator's router defaults (scenario RouterSpec): a full prefix hit on the busiest

@@ -62,7 +62,7 @@ from controller.dataplane.policy import PolicyStore, PoolSettings, Settings
 from controller.dataplane.scrape import ScrapeError, fetch, parse_engine_metrics, parse_http_sd
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
-from controller.transport import (
+from controller.rpc.transport import (
     AioBearerTokenInterceptor,
     AioCheckedRequestsInterceptor,
     InsecureListenError,

@@ -24,7 +24,7 @@ from controller.actuation.routers.vllm_router import VllmRouter
 from controller.clock import Clock
 from controller.config import Settings
 from controller.config.sections import ActuatorSettings
-from controller.transport import ClientTls
+from controller.rpc.transport import ClientTls
 
 
 def _tls(t: ActuatorSettings) -> ClientTls | None:

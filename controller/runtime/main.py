@@ -30,6 +30,7 @@ from controller.obs.logs import setup_logging
 from controller.obs.metrics import DaemonMetrics
 from controller.obs.otel import build_tick_telemetry
 from controller.policies.registry import POLICY_NAMES, build_policy
+from controller.rpc.transport import Authenticator, TlsConfig, TokenEntry, load_tokens_file
 from controller.runtime.actuators import build_actuator
 from controller.runtime.daemon import Daemon, TickReport
 from controller.runtime.leader import (
@@ -46,7 +47,6 @@ from controller.runtime.loop import TickLoop
 from controller.runtime.preflight import preflight
 from controller.runtime.systemd import SystemdNotifier
 from controller.telemetry import build_source
-from controller.transport import Authenticator, TlsConfig, TokenEntry, load_tokens_file
 from controller.types import Mode
 
 # The demo ships inside the package (scenarios/demo.yaml links to it): `--demo` needs no checkout.

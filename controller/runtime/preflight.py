@@ -23,7 +23,7 @@ from typing import Any
 from controller.config import ConfigError, Settings, load_settings
 from controller.config.tick_budget import tick_budget_problems
 from controller.policies.registry import build_policy
-from controller.transport import load_tokens_file
+from controller.rpc.transport import load_tokens_file
 
 
 def preflight(path: str | Path | None) -> Settings:

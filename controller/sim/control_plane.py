@@ -23,11 +23,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from controller import command_rules
 from controller.clock import Clock
-from controller.command_rules import CommandInvalidError, check_meta, each_pool
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
+from controller.rpc import command_rules
+from controller.rpc.command_rules import CommandInvalidError, check_meta, each_pool
+from controller.rpc.transport import CheckedRequestsInterceptor
 from controller.sim.http_endpoint import host_port
 from controller.sim.scenario import (
     MAX_NUM_BATCHED_TOKENS_RANGE,
@@ -36,7 +37,6 @@ from controller.sim.scenario import (
     PoolSpecModel,
     Scenario,
 )
-from controller.transport import CheckedRequestsInterceptor
 from controller.types import PRIORITY_CLASSES
 
 log = logging.getLogger(__name__)

@@ -191,7 +191,7 @@ def mtls_api(tmp_path, certs):
     from controller.api.server import PolicyServer
     from controller.api.store import StateStore
     from controller.clock import VirtualClock
-    from controller.transport import TlsConfig
+    from controller.rpc.transport import TlsConfig
     from tests.fakes.act_daemon import FakeDaemon
 
     store = StateStore(tmp_path / "tls.db")

@@ -15,7 +15,7 @@ from controller.api.store import StateStore
 from controller.clock import VirtualClock
 from controller.gen.governor.v1 import policy_pb2 as pb
 from controller.gen.governor.v1 import policy_pb2_grpc
-from controller.transport import InsecureListenError, TlsConfig
+from controller.rpc.transport import InsecureListenError, TlsConfig
 from controller.types import Mode
 from tests.api.conftest import T0, TOKEN
 from tests.fakes.act_daemon import FakeDaemon

@@ -15,7 +15,7 @@ from controller.clock import VirtualClock
 from controller.config import ConfigError, parse_settings
 from controller.gen.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
 from controller.gen.governor.v1 import policy_pb2, policy_pb2_grpc
-from controller.transport import (
+from controller.rpc.transport import (
     Authenticator,
     ClientTls,
     InsecureListenError,

@@ -17,7 +17,7 @@ from controller.dataplane.policy import PoolSettings, Settings
 from controller.dataplane.server import PickerConfig, PickerService, PickerThread
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
-from controller.transport import ClientTls, InsecureListenError, TlsConfig, bearer_metadata, make_channel
+from controller.rpc.transport import ClientTls, InsecureListenError, TlsConfig, bearer_metadata, make_channel
 from tests.fixtures.tls import make_pki
 
 TOKEN = "picker-test-token-0123456789"
