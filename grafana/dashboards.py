@@ -7,7 +7,7 @@ Foundation SDK (PyPI `grafana-foundation-sdk`, an 11.x build) and serialised wit
 sorted keys and fixed panel ids, so the same code always gives byte-identical JSON
 and `tests/test_grafana.py` can require the committed files to match.
 
-- Control loop: the daemon's own `governor_*` series (controller/obs/metrics.py,
+- Control loop: the daemon's own `governor_*` series (controller/obs/daemon_metrics.py,
   docs/OPERATING.md §7): replicas desired/ready/starting per pool, p95 TTFT against
   the SLO, the signals the policy reads, telemetry status, decisions, guardrails,
   reason codes, tick phases and admission.

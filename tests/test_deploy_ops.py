@@ -129,7 +129,7 @@ def test_every_alert_is_unit_tested_and_has_a_runbook_section():
 def test_alerts_read_only_series_the_daemon_exports():
     import re
 
-    from controller.obs.metrics import DaemonMetrics
+    from controller.obs.daemon_metrics import DaemonMetrics
 
     exported = set()
     for family in DaemonMetrics().registry.collect():

@@ -2,7 +2,7 @@
 parses and names metrics (and matcher labels) that really exist.
 
 `governor_*` names are checked against the daemon's own registry
-(controller.obs.metrics.DaemonMetrics) with the suffixes Prometheus exposes
+(controller.obs.daemon_metrics.DaemonMetrics) with the suffixes Prometheus exposes
 (`_total` for counters; `_bucket`/`_sum`/`_count` for histograms). Fleet names are
 checked against what the simulator's exposition collectors render over a tiny set of
 stats objects, so renaming a metric on either side breaks this test. Without the
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.obs.metrics import DaemonMetrics
+from controller.obs.daemon_metrics import DaemonMetrics
 from controller.sim.exposition import NodeCollector, ReplicaCollector, RouterCollector, collect_families
 from controller.sim.stats import NodeStats, ReplicaStats, RouterStats
 

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from controller import promql
+from controller.metrics import promql
 
 
 def check_http_url(value: str) -> str:

@@ -4,7 +4,7 @@
 Clock) into a `governor.tick` span with one child span per phase (`governor.read`, `.step`,
 `.actuate`, `.learn`), placed at the tick's own times, so spans agree with the tick log line
 and replay under a virtual clock. The tick's phase durations also go into an OTel histogram.
-`bridge_registry` exposes the daemon's prometheus_client registry (obs/metrics.py) as
+`bridge_registry` exposes the daemon's prometheus_client registry (obs/daemon_metrics.py) as
 observable OTel instruments of the same names, so an OpenTelemetry Collector receives the same
 series /metrics serves; histograms other than the tick duration stay on /metrics.
 
@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import Status, StatusCode, set_span_in_context
 from prometheus_client import CollectorRegistry
 
-from controller.obs.metrics import TICK_BUCKETS_S
+from controller.obs.daemon_metrics import TICK_BUCKETS_S
 
 SCOPE = "governor"
 TICK_SPAN = "governor.tick"

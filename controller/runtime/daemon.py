@@ -39,7 +39,7 @@ from controller.api.store import StoreError
 from controller.clock import Clock
 from controller.config.tick_budget import PLAN_SHARE
 from controller.core.step import Controller, ControllerState, TickInput, TickResult
-from controller.obs.metrics import DaemonMetrics
+from controller.obs.daemon_metrics import DaemonMetrics
 from controller.obs.otel import Phase, TickTelemetry
 from controller.types import FleetObservation, Mode, PoolPhases
 

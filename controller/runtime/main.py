@@ -26,8 +26,8 @@ from controller.config import ConfigError, Settings
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller
 from controller.learning.physics import physics_for_pool_spec
+from controller.obs.daemon_metrics import DaemonMetrics
 from controller.obs.logs import setup_logging
-from controller.obs.metrics import DaemonMetrics
 from controller.obs.otel import build_tick_telemetry
 from controller.policies.registry import POLICY_NAMES, build_policy
 from controller.rpc.transport import Authenticator, TlsConfig, TokenEntry, load_tokens_file

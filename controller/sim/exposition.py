@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from controller.histogram import Histogram
+from controller.metrics.histogram import Histogram
 from controller.sim.stats import ClassStepStats, NodeStats, ReplicaStats, RouterStats
 
 ENGINE_LABELS = ("model_name", "engine")

@@ -8,7 +8,7 @@
 - `window.py`: `FamiliesWindow`, rates/quantiles/gauges from scraped families (no HTTP;
   the in-process bench feeds it the simulator's collectors).
 
-The named default PromQL queries live in `controller/promql.py` (strings only), which
+The named default PromQL queries live in `controller/metrics/promql.py` (strings only), which
 `controller.config` validates overrides against without importing this edge.
 
 `build_source(settings, clock)` picks and builds the configured source. Sources

@@ -45,8 +45,8 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from controller import promql
 from controller.clock import Clock, WallClock
+from controller.metrics import promql
 from controller.telemetry import rules
 from controller.telemetry.http_client import keep_server_name
 from controller.telemetry.source import describe_error

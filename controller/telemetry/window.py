@@ -50,8 +50,8 @@ from typing import cast
 
 from prometheus_client.metrics_core import Metric
 
-from controller.histogram import histogram_quantile
-from controller.promql import CLASS_LABEL, SHED_ERROR_CODES
+from controller.metrics.histogram import histogram_quantile
+from controller.metrics.promql import CLASS_LABEL, SHED_ERROR_CODES
 from controller.telemetry.source import ScrapeTarget, describe_error
 from controller.types import (
     MISSING,

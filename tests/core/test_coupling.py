@@ -263,7 +263,7 @@ def test_bucket_quantile_equals_histogram_quantile_of_the_same_distribution(medi
     """The prior reads its distributions through vLLM's buckets exactly as histogram_quantile does."""
     from scipy.special import ndtr
 
-    from controller.histogram import histogram_quantile
+    from controller.metrics.histogram import histogram_quantile
 
     bounds = coupling.TTFT_BUCKETS_S
 

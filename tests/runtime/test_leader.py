@@ -23,7 +23,7 @@ from controller.actuation.shadow import ShadowActuator
 from controller.api.store import StateStore
 from controller.clock import VirtualClock
 from controller.config import Settings
-from controller.obs.metrics import DaemonMetrics
+from controller.obs.daemon_metrics import DaemonMetrics
 from controller.runtime.daemon import Daemon
 from controller.runtime.leader import (
     EPOCH_SHIFT,

@@ -17,7 +17,7 @@ from controller.api.server import status_to_proto
 from controller.api.store import StateStore
 from controller.clock import VirtualClock
 from controller.config import Settings
-from controller.obs.metrics import DaemonMetrics
+from controller.obs.daemon_metrics import DaemonMetrics
 from controller.runtime.daemon import Daemon
 from controller.runtime.learning import Learning
 from controller.runtime.main import build_controller

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.obs.metrics import DaemonMetrics
+from controller.obs.daemon_metrics import DaemonMetrics
 from controller.types import ClassObservation, FleetObservation, Reading, SloSpec
 
 SLOS = {"critical": SloSpec(ttft_s=1.0, tpot_s=0.1), "standard": SloSpec(ttft_s=5.0, tpot_s=0.2),

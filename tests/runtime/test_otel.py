@@ -21,7 +21,7 @@ from controller.api.store import StateStore
 from controller.clock import VirtualClock
 from controller.config import Settings
 from controller.config.sections import OtlpSettings
-from controller.obs.metrics import DaemonMetrics
+from controller.obs.daemon_metrics import DaemonMetrics
 from controller.obs.otel import build_tick_telemetry
 from controller.runtime.daemon import Daemon
 from controller.runtime.main import build_controller

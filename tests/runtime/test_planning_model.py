@@ -79,7 +79,7 @@ def test_status_names_the_model_the_planner_used(tmp_path):
     from controller.actuation.shadow import ShadowActuator
     from controller.api.store import StateStore
     from controller.clock import VirtualClock
-    from controller.obs.metrics import DaemonMetrics
+    from controller.obs.daemon_metrics import DaemonMetrics
     from controller.runtime.daemon import Daemon
     from controller.types import Mode
 

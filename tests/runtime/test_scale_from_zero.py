@@ -15,7 +15,7 @@ from controller.actuation.shadow import ShadowActuator
 from controller.api.store import StateStore
 from controller.clock import VirtualClock
 from controller.config import Settings
-from controller.obs.metrics import DaemonMetrics
+from controller.obs.daemon_metrics import DaemonMetrics
 from controller.runtime.daemon import Daemon
 from controller.runtime.main import build_controller
 from controller.types import (

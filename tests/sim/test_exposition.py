@@ -152,7 +152,7 @@ def test_vllm_values_track_the_stats():
 
 
 def test_prefill_kv_computed_tokens_rendered_when_the_stats_carry_it():
-    from controller.histogram import Histogram
+    from controller.metrics.histogram import Histogram
 
     s = replica()
     fams, _ = render(ReplicaCollector(s))

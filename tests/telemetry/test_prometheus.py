@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from controller import promql
 from controller.clock import VirtualClock
+from controller.metrics import promql
 from controller.telemetry.prometheus import PrometheusSource, observation_from_results, parse_vector
 from controller.types import SignalStatus
 from tests.fixtures.prometheus import free_port

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller import promql
+from controller.metrics import promql
 from controller.telemetry import rules
 from controller.telemetry.prometheus import PrometheusSource
 from controller.types import FleetObservation, Reading, SignalStatus
