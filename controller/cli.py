@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="objective profile every replay runs under, as the daemon's `profile` (only the MPC "
                         "reads it; default balanced)")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
-    b.set_defaults(func=_handler("controller.bench.policies:cmd_bench_policies"))
+    b.set_defaults(func=_handler("controller.bench.side_by_side:cmd_bench_policies"))
     b = bsub.add_parser("compare", help="are two bench runs' results the same, wall times aside? (exit 1 if not)")
     b.add_argument("old", help="--out folder (or JSON report) of the earlier run")
     b.add_argument("new", help="--out folder (or JSON report) of the later run")

@@ -59,9 +59,10 @@ def _hint(path: Path) -> float:
 
 def run_one(path: str, out_dir: str, tick_s: float = TICK_S) -> dict[str, Any]:
     """One scenario: sim speed, then every policy. Returns the summary row (and writes the files)."""
-    from controller.bench.policies import VARIANTS, BenchError, default_policies, run_bench
+    from controller.bench.harness import BenchError
     from controller.bench.profile import ProfileError
     from controller.bench.report import write_png
+    from controller.bench.side_by_side import VARIANTS, default_policies, run_bench
     from controller.sim.fleetspec import fleet_spec_from_scenario
     from controller.sim.scenario import ScenarioError, load_scenario
 

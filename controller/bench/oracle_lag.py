@@ -37,6 +37,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from controller.bench.harness import (
+    DEFAULT_OUT,
+    DEFAULT_TICK_S,
+    BenchError,
+    ProgressBar,
+    emit,
+    parse_list,
+    prepare,
+    scenario_seed,
+    verify_static,
+)
 from controller.bench.oracle import (
     TASK_SLO_TARGETS,
     WINDOW_S,
@@ -49,17 +60,6 @@ from controller.bench.oracle import (
     task_slo_ok,
 )
 from controller.bench.oracle_joint import share_points
-from controller.bench.policies import (
-    DEFAULT_OUT,
-    DEFAULT_TICK_S,
-    BenchError,
-    _Bar,
-    _emit,
-    parse_list,
-    prepare,
-    scenario_seed,
-    verify_static,
-)
 from controller.bench.profile import ProfileError
 from controller.bench.report import _fmt
 from controller.bench.runner import Progress, RunResult, run_closed_loop
@@ -254,7 +254,7 @@ def cmd_bench_oracle_lag(args: argparse.Namespace) -> int:
     clock = WallClock()
     t0 = clock.monotonic_s()
     try:
-        with _Bar() as bar:
+        with ProgressBar() as bar:
             report = run_lag_study(scenario, seed=seed, lags_s=lags, holds=holds, extras=extras,
                                    cache_dir=out_dir / ".cache",
                                    progress=bar.task)
@@ -262,7 +262,7 @@ def cmd_bench_oracle_lag(args: argparse.Namespace) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = _emit(out_dir / f"{scenario.name}-oracle-lag.json", report, args.json, render_lag_table)
+    path = emit(out_dir / f"{scenario.name}-oracle-lag.json", report, args.json, render_lag_table)
     print(f"wrote {path} ({clock.monotonic_s() - t0:.0f} s wall)", file=sys.stderr)
     return 0
 

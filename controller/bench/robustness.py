@@ -61,7 +61,7 @@ FAILED_BY = ("shape", "fleet", "mix", "fault")  # failed cases are counted by ea
 def default_labels() -> list[str]:
     """Every registered policy (the MPC when it builds) and the oracle, without the bench variants."""
     from controller.bench.generator import shipped_fleets
-    from controller.bench.policies import VARIANTS, default_policies
+    from controller.bench.side_by_side import VARIANTS, default_policies
 
     scenario = shipped_fleets()[0].scenario
     return [p for p in default_policies(scenario) if p not in VARIANTS]
@@ -71,7 +71,7 @@ def parse_labels(text: str | None) -> list[str]:
     """--policies → labels, static first and the ceiling last (the cost reference and the feasibility
     reference are always run); BenchError if unknown."""
     from controller.bench.generator import shipped_fleets
-    from controller.bench.policies import parse_policies
+    from controller.bench.side_by_side import parse_policies
 
     labels = default_labels() if text is None else parse_policies(text, shipped_fleets()[0].scenario)
     return [STATIC] + [x for x in labels if x not in (STATIC, CEILING)] + [CEILING]
@@ -85,9 +85,10 @@ def _ratio(a: Any, b: Any) -> float | None:
 def run_case(seed: int, k: int, labels: Sequence[str], out_dir: str, tick_s: float = TICK_S) -> dict[str, Any]:
     """Generate case k of `seed`, benchmark every label on it, return its row (JSON-ready, no wall times)."""
     from controller.bench.generator import GeneratorError, generate_case
-    from controller.bench.policies import BenchError, run_bench
+    from controller.bench.harness import BenchError
     from controller.bench.profile import ProfileError
     from controller.bench.report import meets_bar
+    from controller.bench.side_by_side import run_bench
     from controller.sim.scenario import ScenarioError
 
     out = Path(out_dir)
@@ -341,7 +342,7 @@ def run_cases(seed: int, indices: Sequence[int], labels: Sequence[str], out_dir:
 
 
 def _positive_int(text: str, option: str, lo: int, hi: int) -> int:
-    from controller.bench.policies import BenchError
+    from controller.bench.harness import BenchError
 
     try:
         v = int(text)
@@ -354,7 +355,7 @@ def _positive_int(text: str, option: str, lo: int, hi: int) -> int:
 
 def cmd_bench_robustness(args: argparse.Namespace) -> int:
     from controller.bench.generator import GeneratorError
-    from controller.bench.policies import BenchError
+    from controller.bench.harness import BenchError
 
     prog = "governor bench robustness"
     clock = WallClock()

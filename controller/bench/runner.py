@@ -12,7 +12,7 @@ bit for bit (nothing here reads the wall clock or draws unseeded randomness).
 
 Policy parameters that depend on the scenario (the static replica counts, the
 SLA planner's per-replica capacity) are not invented here: the caller passes them
-(`controller.bench.policies` derives them from the profile). Must not: print,
+(`controller.bench.side_by_side` derives them from the profile). Must not: print,
 write files, or read the wall clock.
 """
 

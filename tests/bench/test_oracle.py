@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from controller.bench.harness import prepare
 from controller.bench.oracle import (
     TASK_SLO_TARGETS,
     PoolDemand,
@@ -17,7 +18,6 @@ from controller.bench.oracle import (
     task_slo_ok,
     window_rates,
 )
-from controller.bench.policies import prepare
 from controller.bench.runner import RunResult, run_policy
 from controller.sim.scenario import PoolSpecModel, load_scenario
 
@@ -234,7 +234,7 @@ def test_oracle_is_deterministic_and_never_dearer_than_static(tiny_scenario) -> 
 def test_static_is_verified_by_replay_and_the_oracle_is_never_dearer(tiny_scenario) -> None:
     from dataclasses import replace as dc_replace
 
-    from controller.bench.policies import verify_static
+    from controller.bench.harness import verify_static
 
     scenario = load_scenario(tiny_scenario)
     ctx = prepare(scenario, seed=scenario.seed, cache_dir=tiny_scenario.parent / ".cache")
@@ -258,7 +258,7 @@ def test_static_is_verified_by_replay_and_the_oracle_is_never_dearer(tiny_scenar
 def test_static_verification_names_a_size_the_policy_refuses(tiny_scenario) -> None:
     from dataclasses import replace as dc_replace
 
-    from controller.bench.policies import BenchError, verify_static
+    from controller.bench.harness import BenchError, verify_static
 
     scenario = load_scenario(tiny_scenario)
     ctx = prepare(scenario, seed=scenario.seed, cache_dir=tiny_scenario.parent / ".cache")

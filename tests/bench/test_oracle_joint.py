@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from controller.bench.harness import prepare
 from controller.bench.oracle import (
     SchedulePolicy,
     plan_cost,
@@ -16,8 +17,8 @@ from controller.bench.oracle import (
 )
 from controller.bench.oracle_joint import JointTooLargeError, joint_groups, plan_group, router_weights, share_points
 from controller.bench.oracle_lag import lagged_weights, reference_lag_s
-from controller.bench.policies import ORACLE_JOINT, ORACLE_LAG, default_policies, prepare, run_bench
 from controller.bench.profile import request_work_s
+from controller.bench.side_by_side import ORACLE_JOINT, ORACLE_LAG, default_policies, run_bench
 from controller.perf.iteration import IterationModel
 from controller.sim.scenario import PoolSpecModel, load_scenario
 from tests.bench.conftest import write_scenario

@@ -155,7 +155,8 @@ def test_bad_seeds_exit_2_naming_the_problem(first_run, capsys, seeds: str, need
 def test_mpc_learned_plans_on_the_shipped_models(first_run, capsys) -> None:
     """`mpc-learned` = the MPC with planning_model learned over models/; its report records the
     parameter (not the model source, which is not data)."""
-    from controller.bench.policies import params_for, prepare
+    from controller.bench.harness import prepare
+    from controller.bench.side_by_side import params_for
     from controller.core.mpc_model import LearnedPlanModel
     from controller.sim.fleetspec import fleet_spec_from_scenario
     from controller.sim.scenario import load_scenario

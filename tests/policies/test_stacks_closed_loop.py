@@ -73,7 +73,7 @@ def test_stack_serves_the_step_in_closed_loop(scenario, name):
 
 
 def test_the_bench_runs_the_stacks_by_default_and_the_router_only_variants_on_request(scenario):
-    from controller.bench.policies import OPT_IN_VARIANTS, default_policies, parse_policies, resolve
+    from controller.bench.side_by_side import OPT_IN_VARIANTS, default_policies, parse_policies, resolve
 
     labels = default_policies(scenario)
     assert {"llm-d-stack", "aibrix-stack", "dynamo-stack"} <= set(labels)
