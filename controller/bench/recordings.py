@@ -33,7 +33,7 @@ import numpy as np
 
 from controller.core.coupling import REUSE_TAU_S, PoolPhysics
 from controller.core.estimate import estimate
-from controller.core.features import (
+from controller.core.observations import (
     ObservationRecord,
     PoolSettings,
     ReuseProfile,

@@ -14,7 +14,7 @@ exports) joins the telemetry:
   exporting: that is a telemetry problem the guards hold on, not an empty pool).
 
 What each policy estimates for itself from its own memory (the MPC's replica ETAs, warm slots,
-demand history, reuse and corrections: controller/policies/mpc/estimate.py) stays with the policy:
+demand history, reuse and corrections: controller/policies/mpc/memory.py) stays with the policy:
 it depends on the policy's parameters and on the levers it pulled.
 
 Must not: do I/O, read a clock (time is `now_s`), or import an edge; it never invents a reading the

@@ -8,7 +8,7 @@ memory and temporaries, not on the arithmetic; these loops make one pass per row
   below β = `HW_WAIT_FREE_BETA`, as there;
 - `queue_rows`: the fluid backlog and the priority re-weighing of the slot wait (mpc/latency.py);
 - `dynamics_rows`: the replica dynamics (mpc/dynamics.py);
-- `upper_tail_rows` / `cephes_ndtr`: 1 − Φ(z) (controller/core/tails.py), Φ as scipy's ndtr computes it;
+- `upper_tail_rows` / `cephes_ndtr`: 1 − Φ(z) (controller/core/distributions.py), Φ as scipy's ndtr computes it;
 - `combine_rows`: the risk stage past its tail probabilities (mpc/risk.py).
 
 Each is the same operations in the same order as its numpy formula, so the backlog, the dynamics, the
@@ -138,7 +138,7 @@ def cephes_ndtr(a: float) -> float:
 
 @_jit
 def upper_tail_rows(z: np.ndarray) -> None:
-    """controller.core.tails.upper_tail in place on a contiguous array: 1 − Φ(z), exactly 0 / 1 beyond ±9."""
+    """controller.core.distributions.upper_tail in place on a contiguous array: 1 − Φ(z), exactly 0 / 1 beyond ±9."""
     flat = z.reshape(-1)
     for i in range(flat.size):
         x = flat[i]

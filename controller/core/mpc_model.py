@@ -54,7 +54,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from controller.core.coupling.cache_prior import router_affinity
-from controller.core.tails import PROMPT_LOG_SIGMA, ndtr_saturated
+from controller.core.distributions import PROMPT_LOG_SIGMA, ndtr_saturated
 from controller.perf.figures import EngineFigures, figures_for, figures_key
 from controller.types import PoolSpec
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from controller.core.coupling import CouplingModels, with_physics
-from controller.core.features import forecast_series
 from controller.core.forecast import ForecastConfig, ForecasterModel, fit_forecaster, fit_series
+from controller.core.observations import forecast_series
 from controller.learning.evaluate import evaluate
 from controller.learning.fit import fit_coupling
 from controller.learning.records import (
@@ -87,7 +87,7 @@ def cmd_record(args) -> int:
 def _record_live(args, out: Path) -> int:
     from controller.clock import WallClock
     from controller.config import ConfigError, load_settings
-    from controller.core.features import ObservationRecord, PoolSettings
+    from controller.core.observations import ObservationRecord, PoolSettings
     from controller.learning.physics import physics_for_pool_spec
     from controller.telemetry import build_source
 

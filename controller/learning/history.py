@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from controller.core.features import ObservationRecord
+from controller.core.observations import ObservationRecord
 from controller.learning.records import RecordError, dumps, record_from_dict, record_to_dict
 
 HISTORY_FILE = "history.jsonl"

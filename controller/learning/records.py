@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.core.coupling import PoolPhysics
-from controller.core.features import ObservationRecord, PoolSettings, ReuseProfile
+from controller.core.observations import ObservationRecord, PoolSettings, ReuseProfile
 from controller.types import ClassObservation, FleetObservation, PoolObservation, Reading, SignalStatus
 
 RECORD_VERSION = 1

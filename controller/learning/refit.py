@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from controller.core.coupling import CouplingModels, with_physics
-from controller.core.features import forecast_series
 from controller.core.forecast import ForecastConfig, ForecasterModel, fit_forecaster, holdout_mae
+from controller.core.observations import forecast_series
 from controller.learning.evaluate import evaluate
 from controller.learning.fit import CorrectionConfig, fit_coupling
 from controller.learning.history import HistoryBuffer

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from controller.core.coupling import CouplingModels, with_physics
-from controller.core.features import DISPERSION_TICKS, ObservationRecord
 from controller.core.forecast import Forecast
+from controller.core.observations import DISPERSION_TICKS, ObservationRecord
 from controller.learning.training_data import build_training_data
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from controller.core.coupling import ALL_TARGETS, CacheInputs, LatencyInputs, PhysicsTable, PoolPhysics
-from controller.core.features import (
+from controller.core.observations import (
     DISPERSION_TICKS,
     ObservationRecord,
     ReuseProfile,

@@ -468,7 +468,7 @@ class Daemon:
                                                   if model.get("learned_unusable") else "")
             details.append(("planner.model", f"{model['planning_model']}: {used}"))
         guard = rep.result.diagnostics.get("stream_guard") if rep else None
-        if isinstance(guard, dict):  # the MPC's standing in-flight ceilings (policies/mpc/problem.py stream_guards)
+        if isinstance(guard, dict):  # the MPC's standing in-flight ceilings (policies/mpc/plan_inputs.py stream_guards)
             for pool, ceiling in sorted(guard.items()):
                 details.append((f"planner.stream_guard.{pool}",
                                 f"in-flight cap at most {ceiling} per replica (critical passes it)"))

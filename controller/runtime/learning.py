@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from controller.core.coupling import CouplingModels, PoolPhysics, with_physics
-from controller.core.features import ObservationRecord, PoolSettings
 from controller.core.forecast import Forecast
+from controller.core.observations import ObservationRecord, PoolSettings
 from controller.learning.history import HistoryBuffer
 from controller.learning.physics import physics_for_pool_spec
 from controller.learning.refit import ModelSet, ModelSlot, RefitConfig, RefitJob

@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 from scipy.special import ndtr
 
+from controller.core.distributions import lognormal_quantile, ndtr_saturated, upper_tail
 from controller.core.mpc import ClassInput, MpcConfig, PlanProblem, PoolInput, plan_steps
 from controller.core.mpc.risk import sum_pools
 from controller.core.mpc.score import Evaluator
 from controller.core.mpc.tails import lognormal_exceed, lognormal_exceed_into, lognormal_exceed_ref
 from controller.core.mpc_model import LatencyQuery, QueueingPrior, _halfin_whitt_wait, compiled_kernel
 from controller.core.objective import resolve_weights
-from controller.core.tails import lognormal_quantile, ndtr_saturated, upper_tail
 from controller.perf.figures import EngineFigures
 
 FIG_70B = EngineFigures(32.688e-3, 0.2948e-3, 35.395e-9, 66.44e-6, 1554.0e-12, 484_800)

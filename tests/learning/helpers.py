@@ -15,7 +15,7 @@ from controller.core.coupling import (
     cache_prior,
     latency_prior,
 )
-from controller.core.features import ObservationRecord, PoolSettings, ReuseProfile
+from controller.core.observations import ObservationRecord, PoolSettings, ReuseProfile
 from controller.types import ClassObservation, FleetObservation, PoolObservation, Reading
 
 PROFILE = ReuseProfile((0.05, 0.10, 0.14, 0.18, 0.22, 0.28, 0.32, 0.35, 0.36, 0.37))

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from controller.core.coupling import LatencyInputs
-from controller.core.features import forecast_series
 from controller.core.forecast import fit_forecaster
+from controller.core.observations import forecast_series
 from controller.learning.fit import fit_coupling
 from controller.learning.store import ModelLoadError, ModelStore
 from controller.learning.training_data import build_training_data

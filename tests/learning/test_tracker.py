@@ -7,8 +7,8 @@ import math
 import numpy as np
 
 from controller.core.coupling import Calibration, CouplingModels
-from controller.core.features import forecast_series
 from controller.core.forecast import fit_forecaster
+from controller.core.observations import forecast_series
 from controller.learning.tracker import ModelTracker
 from tests.learning.helpers import physics_by_pool, synthetic_records, toy_physics
 

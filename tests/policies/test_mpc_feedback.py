@@ -9,7 +9,6 @@ import pytest
 
 from controller.core.forecast import LoadForecast, PriorForecaster
 from controller.policies.mpc import MpcPolicy
-from controller.policies.mpc.estimate import MpcPoolMemory
 from controller.policies.mpc.feedback import BACKLOG_DRAIN_S, measure
 from controller.policies.mpc.forecasting import (
     MIN_SCORED,
@@ -19,6 +18,7 @@ from controller.policies.mpc.forecasting import (
     settle,
     widen_to_error,
 )
+from controller.policies.mpc.memory import MpcPoolMemory
 from controller.types import FleetObservation
 from tests.policies.builders import codes, fleet, inp, obs_row, spec
 

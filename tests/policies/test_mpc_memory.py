@@ -1,6 +1,6 @@
 """The MPC's memory headroom: DCGM framebuffer use sets a ceiling on raising a pool's engine batch caps.
 
-`memory_headroom` (controller/policies/mpc/problem.py) turns the FB used fraction of a pool's fullest
+`memory_headroom` (controller/policies/mpc/plan_inputs.py) turns the FB used fraction of a pool's fullest
 GPU into the largest max_num_batched_tokens whose extra activation memory fits in the free FB with a
 margin; the planner may not raise the caps above it (tests/core/test_mpc.py checks the search), the
 reasons say so, and a missing reading changes nothing.
@@ -18,8 +18,8 @@ from controller.core.mpc import PlanProblem
 from controller.core.objective import resolve_weights
 from controller.perf.catalogue import GIB, MODELS
 from controller.policies.mpc import MpcPolicy
-from controller.policies.mpc.estimate import MpcPoolMemory
-from controller.policies.mpc.problem import FB_MARGIN_GIB, build_problem, memory_headroom, memory_headrooms
+from controller.policies.mpc.memory import MpcPoolMemory
+from controller.policies.mpc.plan_inputs import FB_MARGIN_GIB, build_problem, memory_headroom, memory_headrooms
 from controller.policies.mpc.reasons import memory_reasons
 from controller.types import BreakerAction, Reading, SignalStatus
 from tests.policies.builders import drive, fleet, inp, obs_row, spec

@@ -14,9 +14,9 @@ from controller.core.guards import GuardConfig
 from controller.core.step import Controller, TickInput
 from controller.policies import ReplicaCapacity, build_policy
 from controller.policies.mpc import MpcPolicy
-from controller.policies.mpc.estimate import carried
 from controller.policies.mpc.first_step import down_window_s
-from controller.policies.mpc.problem import redundancy_floor, split_floors
+from controller.policies.mpc.memory import carried
+from controller.policies.mpc.plan_inputs import redundancy_floor, split_floors
 from controller.types import (
     MISSING,
     ClassObservation,
@@ -352,8 +352,8 @@ def _crash_stream_cap(waiting: float, **extra: float) -> tuple[int | None, MpcPo
     running 98 streams each (490), 3 starting, `waiting` in the engines; `extra` signals added."""
     from controller.core.forecast import LoadForecast
     from controller.core.objective import resolve_weights
-    from controller.policies.mpc.estimate import MpcPoolMemory
-    from controller.policies.mpc.problem import build_problem
+    from controller.policies.mpc.memory import MpcPoolMemory
+    from controller.policies.mpc.plan_inputs import build_problem
     from controller.types import BreakerAction
 
     pol = MpcPolicy(**FAST)
@@ -393,8 +393,8 @@ def test_breaker_stream_cap_bites_unless_the_engine_queue_is_deep(label, waiting
     ("no TPOT reading: the model's safe batch", None, False),
 ])
 def test_breaker_stream_cap_is_never_below_a_batch_seen_on_pace(label, request_tpot, cap_at_least_running):
-    from controller.policies.mpc.estimate import MpcPoolMemory
-    from controller.policies.mpc.problem import safe_batch
+    from controller.policies.mpc.memory import MpcPoolMemory
+    from controller.policies.mpc.plan_inputs import safe_batch
 
     extra = {} if request_tpot is None else {"request_tpot_p95_s": request_tpot}
     cap, pol = _crash_stream_cap(3.0, **extra)
@@ -405,7 +405,7 @@ def test_breaker_stream_cap_is_never_below_a_batch_seen_on_pace(label, request_t
 
 
 def test_seen_safe_batch_reads_the_batch_only_while_streams_are_on_pace():
-    from controller.policies.mpc.problem import seen_safe_batch
+    from controller.policies.mpc.plan_inputs import seen_safe_batch
 
     def po(tpot, running):
         return PoolObservation("p", running=Reading(running) if running is not None else MISSING,
@@ -640,7 +640,7 @@ def _pin(name, group="g", role="mixed", price=4.1, ready=0, lo=0, hi=8, starting
     ("frozen", [_pin("a", lo=0, hi=0, frozen=True)], {}, 5.0, True, set()),
 ])
 def test_activation_starts_one_replica_for_a_group_serving_nothing(label, pools, arrivals, held, demand, raised):
-    from controller.policies.mpc.problem import activate
+    from controller.policies.mpc.plan_inputs import activate
 
     out = activate(list(pools), arrivals, demand or held > 0)  # the policy's demand: a rate or requests held
     assert {p.name for p, q in zip(pools, out, strict=True) if q.lo > p.lo} == raised, label
@@ -660,15 +660,15 @@ def test_activation_starts_one_replica_for_a_group_serving_nothing(label, pools,
      spec("p", eligible=(("critical", 0.0), ("standard", 0.0), ("sheddable", 1.0))), None, None),
 ])
 def test_guard_keeps_the_tightest_tpot_of_the_protected_classes_a_pool_serves(label, pool, slos, expect):
-    from controller.policies.mpc.problem import guard_tpot_s
+    from controller.policies.mpc.plan_inputs import guard_tpot_s
 
     assert guard_tpot_s(fleet(pool, slos=slos), pool) == expect, label
 
 
 def test_guard_batch_is_the_largest_batch_the_calibrated_engine_runs_within_the_target():
     from controller.core.mpc_model import LatencyQuery
-    from controller.policies.mpc.estimate import MpcPoolMemory
-    from controller.policies.mpc.problem import guard_batch
+    from controller.policies.mpc.memory import MpcPoolMemory
+    from controller.policies.mpc.plan_inputs import guard_batch
 
     fl = fleet(spec("p"))
     pol = MpcPolicy(**FAST)

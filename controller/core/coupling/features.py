@@ -2,7 +2,7 @@
 built from the priors' own intermediate terms (all dimensionless or logs, so a correction carries
 over to other pool physics).
 
-(Observations → model inputs is controller/core/features.py; this module starts from a prior.)
+(Observations → model inputs is controller/core/observations.py; this module starts from a prior.)
 
 Must not: fit anything or do I/O.
 """

@@ -19,7 +19,7 @@ from scipy.special import ndtri
 from controller.core.coupling.buckets import ITL_BUCKETS, TTFT_BUCKETS, bucket_quantile, half_tanh
 from controller.core.coupling.numeric import as_rows, clamp, logit, sigmoid
 from controller.core.coupling.physics import TOKEN_GRID, PhysicsTable, interp_rows_slope, interp_seg
-from controller.core.tails import PROMPT_LOG_SIGMA
+from controller.core.distributions import PROMPT_LOG_SIGMA
 
 RHO_CLIP = 0.97  # the prior's queueing terms are evaluated at min(ρ, RHO_CLIP)
 FIXED_POINT_ITERS = 3  # Newton steps for the batch size of the latency prior (see latency_prior)
@@ -44,7 +44,7 @@ class LatencyInputs:
     inflight_cap: np.ndarray  # per replica; 0 = no cap
     max_num_seqs: np.ndarray  # 0 = the physics default
     max_num_batched_tokens: np.ndarray  # 0 = the physics default
-    arrival_dispersion: np.ndarray  # index of dispersion of arrival counts (Poisson = 1; see features.py)
+    arrival_dispersion: np.ndarray  # index of dispersion of arrival counts (Poisson = 1; core/observations.py)
 
     @staticmethod
     def build(n: int, *, physics_index: Any, arrival_rps_per_replica: Any, prompt_tokens: Any, output_tokens: Any,

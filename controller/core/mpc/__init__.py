@@ -14,7 +14,8 @@ Where things are:
 - score.py: the Evaluator, which scores a batch of candidates (candidates.py) through four
   stages — dynamics.py (replicas ready and billed), traffic.py (requests per pool after
   shedding), latency.py (hit rate, latency, the backlog's wait), risk.py (late share per
-  class, with the tail probabilities of tails.py) — and the objective
+  class, with the tail probabilities of tails.py; the normal and log-normal maths under them is
+  controller/core/distributions.py) — and the objective
   (controller/core/objective.py); the hot loops of stages 1, 3 and 4 run compiled
   (controller/core/mpc_kernel.py, numba) where numba is installed, mirroring the numpy;
 - search.py, trajectories.py, levers.py: the search; solve.py: one tick.

@@ -3,7 +3,7 @@
 `lognormal_exceed` is the formula (with the spread beyond the p95 bounded, see its docstring);
 `lognormal_exceed_into` the same operations written into caller-owned work arrays (the scorer
 runs it on tens of thousands of rows twice per batch); `lognormal_exceed_ref` the formula as it
-reads, the tests' reference. 1 − Φ(z) is controller.core.tails.upper_tail.
+reads, the tests' reference. 1 − Φ(z) is controller.core.distributions.upper_tail.
 
 Must not: know about pools, plans or the search; allocate more than the formula needs.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtr
 
+from controller.core.distributions import PROMPT_LOG_SIGMA, upper_tail
 from controller.core.mpc_model import compiled_kernel
-from controller.core.tails import PROMPT_LOG_SIGMA, upper_tail
 
 # log-spread of TTFT beyond its p95: the prompt-length spread (see lognormal_exceed)
 TTFT_TAIL_SIGMA = PROMPT_LOG_SIGMA

@@ -20,7 +20,7 @@ import numpy as np
 
 from controller.core.mpc_model import LatencyQuery, PlanModel, QueueingPrior
 from controller.policies.common import value
-from controller.policies.mpc.estimate import MpcPoolMemory, standing_queue
+from controller.policies.mpc.memory import MpcPoolMemory, standing_queue
 from controller.policies.sla_planner import ReplicaCapacity
 from controller.types import FleetSpec, PolicyInput
 

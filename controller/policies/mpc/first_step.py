@@ -21,7 +21,7 @@ import numpy as np
 
 from controller.core.mpc import PlanProblem, PlanResult, PoolInput, applied_router_weights
 from controller.policies.common import reason
-from controller.policies.mpc.estimate import MpcPoolMemory
+from controller.policies.mpc.memory import MpcPoolMemory
 from controller.types import Decision, FleetSpec, PoolDecision, PoolSpec, Reason
 
 # Bursty demand: the roughness of the demand samples over the last BURST_WINDOW_S (mean absolute
@@ -69,7 +69,7 @@ def first_step(fleet: FleetSpec, problem: PlanProblem, result: PlanResult, mem: 
                ) -> tuple[dict[str, PoolDecision], dict[str, MpcPoolMemory], list[Reason], list[Applied]]:
     """(pool decisions, pool memory with the plans seen and the caps applied, scale_down_stabilised
     reasons, what was applied per pool for the explanation). `floors`: replicas a pool gets while the
-    plan's first step sends it traffic (the redundancy floor of pools sharing a hop, problem.py)."""
+    plan's first step sends it traffic (the redundancy floor of pools sharing a hop, plan_inputs.py)."""
     pools_out: dict[str, PoolDecision] = {}
     new_mem: dict[str, MpcPoolMemory] = {}
     reasons: list[Reason] = []

@@ -4,13 +4,13 @@ Each tick it turns telemetry and its own memory into a `PlanProblem`, runs the p
 (`controller.core.mpc.solve`), and turns the plan's first step into pool decisions and
 class admission, with reasons a human can follow. The concerns live beside this class:
 
-- estimate.py: what it keeps between ticks (all in the frozen `MpcState`, never in the object):
+- memory.py: what it keeps between ticks (all in the frozen `MpcState`, never in the object):
   demand history and class mix, per pool the replicas on their way, warm slots, traffic mix
   and reuse; the previous plan (the solver's warm start) and the replicas its first step
   needed (the breaker's "does the fleet carry its load");
 - corrections.py: the online correction factors for the model's p95 TTFT and TPOT, which
   also give the model's confidence (`PolicyOutput.confidence`);
-- problem.py: the `PlanProblem` (bounds, levers, breaker constraints, scale from zero, the
+- plan_inputs.py: the `PlanProblem` (bounds, levers, breaker constraints, scale from zero, the
   redundancy floor: a pool with traffic keeps `min_serving_replicas`, default 2, so that one
   replica's crash or slowdown does not take the pool's traffic down, 1 turns it off; and the
   stream guard: a standing ceiling on each pool's in-flight cap at the batch its engine runs within
@@ -62,7 +62,10 @@ from controller.core.objective import resolve_weights
 from controller.perf.figures import EngineFigures
 from controller.policies.common import check_positive, reason
 from controller.policies.mpc.corrections import confidence, learn, seed_from_capacity
-from controller.policies.mpc.estimate import (
+from controller.policies.mpc.feedback import measure
+from controller.policies.mpc.first_step import down_window_s, first_step
+from controller.policies.mpc.forecasting import forecast
+from controller.policies.mpc.memory import (
     MpcPoolMemory,
     MpcState,
     accounted,
@@ -70,10 +73,7 @@ from controller.policies.mpc.estimate import (
     demand,
     update_history,
 )
-from controller.policies.mpc.feedback import measure
-from controller.policies.mpc.first_step import down_window_s, first_step
-from controller.policies.mpc.forecasting import forecast
-from controller.policies.mpc.problem import (
+from controller.policies.mpc.plan_inputs import (
     build_problem,
     memory_headrooms,
     pool_inputs_for_steps,
@@ -277,8 +277,8 @@ class MpcPolicy:
 
         # --- the problem
         history_s = t_hist[-1] - t_hist[0] if len(t_hist) > 1 else 0.0
-        headroom = memory_headrooms(inp, mem)  # framebuffer: may the batch caps rise (problem.py)
-        # no pool with traffic on one replica (problem.py): a bound of the plan, or of the decision for a shared hop
+        headroom = memory_headrooms(inp, mem)  # framebuffer: may the batch caps rise (plan_inputs.py)
+        # no pool with traffic on one replica (plan_inputs.py): a bound of the plan, or of the decision for a shared hop
         redundant = redundancy_floors(fleet, inp.observation.pools, self.min_serving)
         plan_floors, decision_floors = split_floors(fleet, redundant)
         # the engines never run a batch that breaks the tightest protected TPOT: the excess waits at the router

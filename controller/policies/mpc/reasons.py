@@ -23,7 +23,7 @@ from controller.core.mpc import PlanProblem, PlanResult, PoolInput, PoolPlan
 from controller.core.mpc_model import PlanModel
 from controller.policies.common import reason, value
 from controller.policies.mpc.feedback import Feedback
-from controller.policies.mpc.problem import FB_MARGIN_GIB, MemoryHeadroom
+from controller.policies.mpc.plan_inputs import FB_MARGIN_GIB, MemoryHeadroom
 from controller.types import PRIORITY_CLASSES, BreakerAction, FleetObservation, PoolDecision, PoolSpec, Reason
 
 
@@ -153,7 +153,7 @@ def backlog_reasons(feedback: Feedback, targets: Mapping[str, int]) -> list[Reas
 
 def redundancy_reasons(problem: PlanProblem, decisions: Mapping[str, PoolDecision],
                        floors: Mapping[str, int]) -> list[Reason]:
-    """One reason per pool decided at its redundancy floor (problem.py, `redundancy_floor`): the pool
+    """One reason per pool decided at its redundancy floor (plan_inputs.py, `redundancy_floor`): the pool
     may not go lower while it carries traffic, whatever its load needs."""
     out: list[Reason] = []
     for p in problem.pools:

@@ -32,8 +32,8 @@ from controller.core.objective import ObjectiveWeights
 from controller.perf.catalogue import GIB, NON_TORCH_GIB_PER_GPU
 from controller.perf.engines import Catalogue, EngineError
 from controller.policies.common import value
-from controller.policies.mpc.estimate import MpcPoolMemory, reuse, standing_queue
 from controller.policies.mpc.feedback import PROTECTED, Feedback
+from controller.policies.mpc.memory import MpcPoolMemory, reuse, standing_queue
 from controller.types import PRIORITY_CLASSES, BreakerAction, FleetSpec, PolicyInput, PoolObservation, PoolSpec
 
 _CATALOGUE = Catalogue.builtin()

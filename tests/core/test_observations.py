@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from controller.core.coupling import REUSE_TAU_S, TOKEN_GRID, PoolPhysics
-from controller.core.features import (
+from controller.core.observations import (
     ObservationRecord,
     PoolSettings,
     ReuseProfile,
@@ -107,7 +107,7 @@ def test_concat_numbers_the_runs_and_keeps_numbering_when_joined_again():
 
 
 def test_reuse_in_two_calls_with_a_shared_history_equals_one_call():
-    from controller.core.features import request_reuse, request_reuse_since
+    from controller.core.observations import request_reuse, request_reuse_since
 
     rng = np.random.default_rng(5)
     n = 40
