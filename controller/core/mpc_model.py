@@ -55,7 +55,8 @@ import numpy as np
 
 from controller.core.coupling.cache_prior import router_affinity
 from controller.core.distributions import PROMPT_LOG_SIGMA, ndtr_saturated
-from controller.perf.figures import EngineFigures, figures_for, figures_key
+from controller.perf.engine_figures import EngineFigures
+from controller.perf.figures import figures_for, figures_key
 from controller.types import PoolSpec
 
 _P50_OF_MEAN = math.exp(-PROMPT_LOG_SIGMA**2 / 2)  # median / mean of a log-normal: 0.61

@@ -27,7 +27,8 @@ from controller.perf.catalogue import (
     GpuSku,
     ModelArch,
 )
-from controller.perf.figures import PROFILED_FIGURES, EngineFigures
+from controller.perf.engine_figures import EngineFigures
+from controller.perf.figures import PROFILED_FIGURES
 from controller.perf.iteration import IterationModel
 from controller.perf.physics_gen import TOKEN_GRID, PhysicsRow
 from controller.perf.physics_table import PHYSICS

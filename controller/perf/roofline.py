@@ -39,7 +39,7 @@ from controller.perf.catalogue import (
     GpuSku,
     ModelArch,
 )
-from controller.perf.figures import EngineFigures
+from controller.perf.engine_figures import EngineFigures
 
 # Host costs of the serving stack, for a SKU without a fitted StackOverhead: the mean of the two
 # fitted SKUs' (A100, H100) terms. The host, not the GPU, sets them (scheduling, sampling, kernel

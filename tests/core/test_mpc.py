@@ -34,7 +34,8 @@ from controller.core.mpc_model import (
     QueueingPrior,
 )
 from controller.core.objective import PROFILES, ObjectiveWeights, resolve_weights
-from controller.perf.figures import PROFILED_FIGURES, EngineFigures, figures_for
+from controller.perf.engine_figures import EngineFigures
+from controller.perf.figures import PROFILED_FIGURES, figures_for
 from controller.types import PoolSpec
 
 SPEC = PoolSpec("p", "llama-3-70b", "h100-80gb", gpus_per_replica=4, usd_per_replica_hour=49.16, min_replicas=1,

@@ -29,7 +29,7 @@ from controller.core.mpc.score import Evaluator
 from controller.core.mpc.tails import lognormal_exceed, lognormal_exceed_into, lognormal_exceed_ref
 from controller.core.mpc_model import LatencyQuery, QueueingPrior, _halfin_whitt_wait, compiled_kernel
 from controller.core.objective import resolve_weights
-from controller.perf.figures import EngineFigures
+from controller.perf.engine_figures import EngineFigures
 
 FIG_70B = EngineFigures(32.688e-3, 0.2948e-3, 35.395e-9, 66.44e-6, 1554.0e-12, 484_800)
 FIG_8B = EngineFigures(9.398e-3, 0.3586e-3, 92.671e-9, 65.31e-6, 3368.1e-12, 452_464)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from controller.perf import figures_gen
-from controller.perf.figures import PROFILED_FIGURES, EngineFigures, engine_figures_in_units, figures_for
+from controller.perf.engine_figures import EngineFigures, engine_figures_in_units
+from controller.perf.figures import PROFILED_FIGURES, figures_for
 from controller.perf.figures_table import FITTED_FIGURES
 from controller.types import PoolSpec
 
@@ -43,7 +44,7 @@ def test_the_table_is_what_the_generator_fits():
 def test_the_fit_tracks_decode_and_prefill_steps_alike(key):
     """The two regimes weigh half each: neither the decode step (TPOT) nor the prefill step (TTFT) is
     traded away for the other's many grid rows. Bounds: a few % median, under 10 % at p90."""
-    from controller.perf.figures import EngineFigures
+    from controller.perf.engine_figures import EngineFigures
     from controller.perf.iteration import IterationModel
 
     model, sku, tp = key.split("/")

@@ -59,7 +59,7 @@ from controller.core.forecast import LearnedForecaster, PriorForecaster
 from controller.core.mpc import MpcConfig, plan_steps, solve
 from controller.core.mpc_model import LearnedPlanModel, PlanModel, QueueingPrior
 from controller.core.objective import resolve_weights
-from controller.perf.figures import EngineFigures
+from controller.perf.engine_figures import EngineFigures
 from controller.policies.common import check_positive, reason
 from controller.policies.mpc.corrections import confidence, learn, seed_from_capacity
 from controller.policies.mpc.feedback import measure
