@@ -15,9 +15,6 @@ if TYPE_CHECKING:
     from collections import deque
 
     from controller.sim.cache import PrefixCache
-    from controller.sim.engine import Replica
-    from controller.sim.fleet_records import Inst, PoolRT
-    from controller.sim.router import PoolRoute
     from controller.sim.stats import ClassStepStats, ReplicaStats
 
 # request states (Req.state)
@@ -47,6 +44,20 @@ class EngineSink(Protocol):
     def on_reject(self, r: Req, t_s: float, rep: ReplicaBase) -> None: ...
 
     def on_empty(self, rep: ReplicaBase, t_s: float) -> None: ...
+
+
+class RouteHold(Protocol):
+    """The router's queue that holds a request (controller/sim/router.py's PoolRoute), as a request
+    sees it: declared here so that these records stay below the router, which imports them."""
+
+    def unhold(self, r: Req) -> None: ...
+
+
+class PoolWindow(Protocol):
+    """The pool a request was sent to (controller/sim/fleet_records.py's PoolRT), as the fleet's
+    first-token callback reads it through the request: its window of TTFTs."""
+
+    win_ttft: list[float]
 
 
 class Req:
@@ -92,9 +103,9 @@ class Req:
         self.t_queued = -1.0
         self.streamed = False
         self.t_first_tok = -1.0
-        self.pool: PoolRT | None = None  # the pool the router sent the request to
-        self.rep: Replica | None = None
-        self.held_pool: PoolRoute | None = None
+        self.pool: PoolWindow | None = None  # the pool the router sent the request to
+        self.rep: ReplicaBase | None = None  # the engine serving it
+        self.held_pool: RouteHold | None = None
         self.e_mode = MODE_FULL
         self.e_out = output
         self.e_ntok = prompt
@@ -165,7 +176,7 @@ class ReplicaBase:
     _seq: int
     max_running_seen: int  # invariant checks in tests
     max_tokens_seen: int
-    owner: Inst | None  # the fleet's lifecycle record for this engine
+    owner: object | None  # the fleet's lifecycle record for this engine (fleet_records.Inst; only the fleet reads it)
     # implicit decoders (engine_kv)
     dstep: int  # decode steps executed so far
     d_res: int  # decode step up to which decoders' KV blocks are allocated (>= dstep)
@@ -186,6 +197,8 @@ class ReplicaBase:
         def _leave_running(self, r: Req) -> None: ...
         # engine_schedule
         def _plan(self, now: float) -> None: ...
+        # engine (the Replica)
+        def abort(self, r: Req, now: float, reason: str = "abort") -> None: ...
         # engine_steps
         def interrupt(self, now: float) -> None: ...
         def _seg_time(self, j: int) -> float: ...

@@ -33,7 +33,7 @@ from controller.sim.engine_records import (
     Req,
 )
 from controller.sim.fleet_events import EV_ADMIT, EV_HOLD_EXPIRE, EV_RETRY, EV_SEND, EV_TIMEOUT, EV_TRANSFER
-from controller.sim.fleet_records import INF, FleetBase, PoolRT
+from controller.sim.fleet_records import INF, FleetBase, Inst, PoolRT
 from controller.sim.router import PoolRoute, TenantQuotaState
 from controller.sim.scenario import Scenario
 from controller.sim.stats import ClassStepStats
@@ -304,7 +304,7 @@ class ClientsMixin(FleetBase):
             self.router.classes[r.prio].held -= 1
         elif st in (WAITING, RUNNING):
             rep = r.rep
-            assert rep is not None and rep.owner is not None  # on a replica the fleet started
+            assert rep is not None and isinstance(rep.owner, Inst)  # on a replica the fleet started
             rep.abort(r, self.now_s)
             self._dispatch_held(rep.owner.pool)
         elif st != TRANSFER:
@@ -344,7 +344,7 @@ class ClientsMixin(FleetBase):
 
     def on_finish(self, r: Req, t_s: float, rep: ReplicaBase) -> None:
         inst = rep.owner
-        assert inst is not None  # set when the fleet started the engine
+        assert isinstance(inst, Inst)  # set when the fleet started the engine
         p = inst.pool
         if r.e_mode == MODE_PREFILL_ONLY:
             r.state = TRANSFER

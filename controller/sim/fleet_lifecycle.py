@@ -235,6 +235,6 @@ class LifecycleMixin(FleetBase):
 
     def on_empty(self, rep: ReplicaBase, t_s: float) -> None:
         inst = rep.owner
-        assert inst is not None  # set when the fleet started the engine
+        assert isinstance(inst, Inst)  # set when the fleet started the engine
         if inst.phase == DRAINING:
             self._retire(inst, "drained")

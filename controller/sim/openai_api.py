@@ -43,6 +43,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
 from controller.sim.engine_records import DONE, RUNNING, SEG_DEAD, SEG_JUMP, WAITING, ReplicaBase, Req
+from controller.sim.fleet_records import Inst
 from controller.types import PRIORITY_CLASSES
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ class ReplicaSink:
         r.finish_s = t_s
         # a slot freed up: workload requests the simulated router holds for this pool may go on
         inst = rep.owner
-        if inst is not None and inst.pool.route.n_held:
+        if isinstance(inst, Inst) and inst.pool.route.n_held:
             self.fleet._dispatch_held(inst.pool)
 
     def on_reject(self, r: Req, t_s: float, rep: ReplicaBase) -> None:
