@@ -23,8 +23,8 @@ run: $(STAMP)
 	$(VENV)/bin/governor run --demo
 
 # ruff (style and bugs), mypy (types; strict on controller/core and controller/types.py) and
-# import-linter (the layers of docs/DESIGN.md §4), all configured in pyproject.toml. All three run;
-# it fails if any failed.
+# import-linter (the map of docs/DESIGN.md §4.1: the layers, and no import loop), all configured in
+# pyproject.toml. All three run; it fails if any failed.
 lint: $(STAMP)
 	@status=0; \
 	$(VENV)/bin/ruff check . || status=1; \
