@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from controller import __version__
+from controller.names import POLICY_NAMES, PROFILES
 
 EPILOG = """\
 examples:
@@ -92,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="run one tick and exit")
     p.add_argument("--mode", choices=["active", "shadow", "paused"], default=None, help="override the configured mode")
     p.add_argument("--policy", default=None, metavar="NAME",
-                   help="override the configured policy (slo-feedback, mpc, static, hpa, kpa, sla-planner, "
-                        "scorer-kpa); the demo runs mpc, e.g. `--demo --policy slo-feedback` to compare")
+                   help=f"override the configured policy ({', '.join(POLICY_NAMES)}); the demo runs mpc, e.g. "
+                        "`--demo --policy slo-feedback` to compare")
     p.add_argument("--headless", action="store_true", help="print JSON lines instead of the live view")
     p.add_argument("--dataplane", choices=["envoy"], default=None,
                    help="with --demo: send the demo's traffic through Envoy and `governor picker` to replicas that "
@@ -178,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also replay the MPC once per lever (affinity, in-flight cap, traffic split, standby, "
                         "batch caps, admission) with that lever held: the JSON's lever_ablation says how much of "
                         "the MPC's gain each lever carries")
-    b.add_argument("--profile", default="balanced", choices=("cost", "balanced", "latency", "throughput"),
+    b.add_argument("--profile", default="balanced", choices=PROFILES,
                    help="objective profile every replay runs under, as the daemon's `profile` (only the MPC "
                         "reads it; default balanced)")
     b.add_argument("--json", action="store_true", help=JSON_HELP)

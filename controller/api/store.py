@@ -33,7 +33,7 @@ from controller.api.limits import (
     shown,
     text_problem,
 )
-from controller.core.step import PROFILES
+from controller.names import PROFILES
 from controller.types import PRIORITY_CLASSES, Mode, Override
 
 SCHEMA_VERSION = 1

@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from controller.bench.runner import RunResult, _jsonable
+from controller.names import GOVERNOR_POLICIES, POLICY_NAMES
 from controller.types import PRIORITY_CLASSES
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
 
 # Base policies that count as baselines for "ratio to the best baseline" (not Governor's own policies).
-BASELINE_BASES = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa", "llm-d-stack", "aibrix-stack", "dynamo-stack")
+BASELINE_BASES = tuple(n for n in POLICY_NAMES if n not in GOVERNOR_POLICIES)
 
 # The references, listed after the policies: the oracle (replicas per pool, the scenario's routing), the
 # joint oracle (replicas and each route group's split, controller/bench/oracle_joint.py), the lagged

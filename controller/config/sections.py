@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, fi
 
 from controller.config.errors import ConfigError
 from controller.config.prometheus import HttpUrlStr, PrometheusSettings
+from controller.names import EngineKind, TargetKind
 
 # --------------------------------------------------------------------------- field types
 
@@ -47,7 +48,7 @@ class _Strict(BaseModel):
 class ScrapeTargetSettings(_Strict):
     url: HttpUrlStr  # full metrics URL, e.g. http://10.0.0.5:8000/metrics
     pool: str | None = None  # required for vllm/sglang/dcgm, absent for the router
-    kind: Literal["vllm", "sglang", "dcgm", "router"] = "vllm"
+    kind: TargetKind = "vllm"
 
 
 class ScrapeSettings(_Strict):
@@ -68,7 +69,7 @@ class PoolSettings(_Strict):
     name: Name
     model: str = Field(min_length=1)
     sku: str = Field(min_length=1)
-    engine: Literal["vllm", "sglang"] = "vllm"
+    engine: EngineKind = "vllm"
     gpus_per_replica: int = Field(default=1, ge=1, le=64)
     usd_per_gpu_hour: float = Field(gt=0, le=1000)
     min_replicas: int = Field(default=0, ge=0, le=4096)

@@ -10,7 +10,7 @@ plans with, a one-line summary. Must not: read files or open anything.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -30,6 +30,7 @@ from controller.config.sections import (
     SloSettings,
     TelemetrySettings,
 )
+from controller.names import ENGINE_KINDS, PolicyName, ProfileName
 from controller.perf.engines import Engine
 from controller.types import PRIORITY_CLASSES, FleetSpec, Mode, PoolSpec, SloSpec
 
@@ -79,8 +80,8 @@ class Settings(BaseSettings):
                                       extra="forbid", frozen=True, case_sensitive=False)
 
     mode: Mode = Mode.SHADOW
-    profile: Literal["cost", "balanced", "latency", "throughput"] = "balanced"
-    policy: Literal["static", "hpa", "kpa", "sla-planner", "scorer-kpa", "slo-feedback", "mpc"] = "slo-feedback"
+    profile: ProfileName = "balanced"
+    policy: PolicyName = "slo-feedback"
     policy_params: dict[str, Any] = Field(default_factory=dict)
     tick_interval_s: float = Field(default=15.0, ge=0.1, le=3600)
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
@@ -158,7 +159,7 @@ class Settings(BaseSettings):
                 p.append(((*loc, "pool"), f"a {t.kind} target needs a pool (one of {names})"))
             elif t.pool not in names:
                 p.append(((*loc, "pool"), f"{t.pool!r} is not a configured pool (pools: {names})"))
-            elif t.kind in ("vllm", "sglang"):
+            elif t.kind in ENGINE_KINDS:
                 engine = self.pools[names.index(t.pool)].engine
                 if engine != t.kind:
                     p.append(((*loc, "kind"), f"{t.kind!r} but pool {t.pool!r} runs {engine!r}"))

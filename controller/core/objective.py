@@ -40,9 +40,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from controller.names import PROFILES as PROFILE_NAMES
 from controller.types import PRIORITY_CLASSES
-
-PROFILE_NAMES: tuple[str, ...] = ("cost", "balanced", "latency", "throughput")
 
 
 def _per_class(crit: float, std: float, shed: float) -> Mapping[str, float]:

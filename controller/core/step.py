@@ -26,6 +26,7 @@ from controller.core.breaker import BreakerConfig, BreakerState, advance_breaker
 from controller.core.estimate import Estimate, estimate
 from controller.core.guards import GuardConfig, GuardState, apply_guards, pool_telemetry_status
 from controller.jsonsafe import json_safe
+from controller.names import PROFILES
 from controller.types import (
     BreakerAction,
     BreakerSignals,
@@ -43,8 +44,6 @@ from controller.types import (
     Reason,
     SloSpec,
 )
-
-PROFILES = ("cost", "balanced", "latency", "throughput")
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ import math
 import urllib.request
 from collections.abc import Iterable
 
+from controller.names import ENGINE_KINDS
+
 _RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 _KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
@@ -77,7 +79,7 @@ def parse_http_sd(body: bytes, pools: Iterable[str]) -> dict[str, list[str]]:
         if not isinstance(g, dict):
             continue
         labels = g.get("labels") or {}
-        if labels.get("kind", "vllm") not in ("vllm", "sglang") or labels.get("pool") not in out:
+        if labels.get("kind", "vllm") not in ENGINE_KINDS or labels.get("pool") not in out:
             continue
         if str(labels.get("draining", "")).lower() == "true":
             continue  # finishing its requests, taking no new ones

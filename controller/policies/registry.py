@@ -7,9 +7,9 @@ classes) and raises ValueError naming what is wrong and what is allowed — noth
 is half-built. It must not do I/O or import telemetry/actuation/api/runtime/gen,
 grpc or prometheus clients.
 
-Adding a policy (the MPC is registered here by the lead): add its name to
-POLICY_NAMES and a line to `_policy_classes()`; its constructor's keyword
-arguments become its parameters.
+Adding a policy: add its name to `PolicyName` in controller/names.py (the one
+list the config, the command line and the bench read) and a line to
+`_policy_classes()`; its constructor's keyword arguments become its parameters.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+from controller.names import POLICY_NAMES
 from controller.policies.aibrix_stack import AibrixStackPolicy
 from controller.policies.common import RoutingWeights
 from controller.policies.dynamo_stack import DynamoStackPolicy
@@ -31,8 +32,7 @@ from controller.policies.slo_feedback import SloFeedbackPolicy
 from controller.policies.static import StaticPolicy
 from controller.types import FleetSpec, Policy
 
-POLICY_NAMES: tuple[str, ...] = ("static", "hpa", "kpa", "sla-planner", "scorer-kpa", "slo-feedback", "llm-d-stack",
-                                 "aibrix-stack", "dynamo-stack", "mpc")
+__all__ = ["POLICY_NAMES", "build_policy", "policy_params"]
 
 
 def _policy_classes() -> dict[str, type]:

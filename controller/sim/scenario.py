@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controller.config.catalogue import CatalogueSettings
+from controller.names import EngineKind
 from controller.perf.catalogue import MODELS as CATALOGUE_MODELS
 from controller.perf.catalogue import SKUS as CATALOGUE_SKUS
 from controller.perf.engines import Catalogue
@@ -127,7 +128,7 @@ class EngineSpec(_Strict):
     block_size: int = Field(default=16, ge=1)
     enable_prefix_caching: bool = True
     # which engine's /metrics the replicas serve: vLLM's names, or SGLang's (controller/sim/exposition_sglang.py)
-    exposition: Literal["vllm", "sglang"] = "vllm"
+    exposition: EngineKind = "vllm"
 
 
 class PoolSpecModel(_Strict):

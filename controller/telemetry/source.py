@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from controller.names import ENGINE_KINDS, TARGET_KINDS
 from controller.types import FleetObservation
 
-TARGET_KINDS: tuple[str, ...] = ("vllm", "sglang", "dcgm", "router")
-ENGINE_KINDS: tuple[str, ...] = ("vllm", "sglang")
+__all__ = ["ENGINE_KINDS", "TARGET_KINDS", "ScrapeTarget", "TelemetrySource", "describe_error"]
 
 
 @runtime_checkable

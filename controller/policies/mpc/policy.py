@@ -59,6 +59,7 @@ from controller.core.forecast import LearnedForecaster, PriorForecaster
 from controller.core.mpc import MpcConfig, plan_steps, solve
 from controller.core.mpc_model import LearnedPlanModel, PlanModel, QueueingPrior
 from controller.core.objective import resolve_weights
+from controller.names import PROFILES
 from controller.perf.engine_figures import EngineFigures
 from controller.policies.common import check_positive, reason
 from controller.policies.mpc.corrections import confidence, learn, seed_from_capacity
@@ -245,8 +246,7 @@ class MpcPolicy:
         now = inp.now_s
         fleet = inp.fleet
         cfg = self.config
-        weights = resolve_weights(inp.profile if inp.profile in ("cost", "balanced", "latency", "throughput")
-                                  else "balanced", self.weights)
+        weights = resolve_weights(inp.profile if inp.profile in PROFILES else "balanced", self.weights)
         prior = self._prior(fleet)
         reasons: list[Reason] = []
 
