@@ -4,6 +4,7 @@ and a reader that keeps its own copy fails here."""
 
 from __future__ import annotations
 
+import re
 import typing
 from pathlib import Path
 
@@ -123,3 +124,65 @@ def test_every_reader_of_an_engine_kind_reads_the_one_list():
     assert tuple(ENGINE_FLAGS) == names.ENGINE_KINDS  # each engine's batch-cap flags
     assert _literal(EngineSpec.model_fields["exposition"].annotation) == names.ENGINE_KINDS
     assert f"# Inference engine: {' | '.join(names.ENGINE_KINDS)}. Default: vllm." in EXAMPLE
+
+
+# --------------------------------------------------------------------------- metric names per exporter
+
+
+def _table_names() -> list[str]:
+    import dataclasses
+
+    from controller.metrics import series
+
+    out = [n for e in series.ENGINES.values() for f in dataclasses.fields(e) for n in getattr(e, f.name)]
+    out += [getattr(series.DCGM, f.name) for f in dataclasses.fields(series.DCGM)]
+    out += [n for f in dataclasses.fields(series.ROUTER) for n in getattr(series.ROUTER, f.name)]
+    return out
+
+
+def test_the_series_table_has_one_entry_per_engine_kind_and_the_docs_name_every_series():
+    from controller.metrics import series
+
+    assert tuple(series.ENGINES) == names.ENGINE_KINDS
+    doc = (ROOT / "docs" / "TELEMETRY.md").read_text()
+    wildcards = [w[:-1] for w in re.findall(r"`([a-z_]+_\*)`", doc)]
+    undocumented = [n for n in _table_names()
+                    if n not in doc and n.removesuffix("_total") not in doc
+                    and not any(n.startswith(w) for w in wildcards)]
+    assert not undocumented, f"docs/TELEMETRY.md does not name {undocumented}"
+
+
+def test_every_reader_reads_its_names_from_the_series_table():
+    """The queries, the scrape window and the picker ask for exactly the table's names, and the simulator
+    serves the current name of each engine series it exports (so Governor reads what it serves)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from controller.dataplane import scrape as picker_scrape
+    from controller.metrics import promql, series
+    from controller.sim.exposition import ReplicaCollector
+    from controller.sim.exposition_sglang import SglangReplicaCollector
+    from controller.sim.stats import ReplicaStats
+    from controller.telemetry.window import read_sample_names
+
+    table = set(_table_names())
+    queried = set(re.findall(r"\b((?:vllm|sglang):[a-z_]+|DCGM_FI_[A-Z_]+|llm_d_epp_[a-z_]+|inference_[a-z_]+)",
+                             " ".join(s.template for s in promql.QUERIES.values())))
+    queried = {re.sub(r"_(bucket|count)$", "", n) for n in queried}
+    assert queried == table, (sorted(queried - table), sorted(table - queried))
+    window = {re.sub(r"_(bucket|count)$", "", n)
+              for kind in names.TARGET_KINDS for n in read_sample_names(kind)}
+    assert window == table
+    assert set(picker_scrape._RUNNING + picker_scrape._WAITING + picker_scrape._KV) == set(
+        series.every_engine("running") + series.every_engine("waiting") + series.every_engine("kv_usage"))
+
+    stats = ReplicaStats(replica_id="r0", pool="p", model_name="m", node_id="n0", gpu_indices=(0,), num_gpu_blocks=100,
+                         block_size=16, gpu_memory_utilization=0.9)
+    for collector, engine in ((ReplicaCollector(stats), series.VLLM), (SglangReplicaCollector(stats), series.SGLANG)):
+        registry = CollectorRegistry()
+        registry.register(collector)
+        text = generate_latest(registry).decode()
+        served = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
+        for meaning in series.ENGINE_FIELDS:
+            first = getattr(engine, meaning)[:1]
+            for n in first:
+                assert {n, f"{n}_bucket"} & served, f"the simulator does not serve {n} ({meaning})"

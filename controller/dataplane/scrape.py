@@ -19,11 +19,12 @@ import math
 import urllib.request
 from collections.abc import Iterable
 
+from controller.metrics.series import every_engine
 from controller.names import ENGINE_KINDS
 
-_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
-_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+_RUNNING = every_engine("running")
+_WAITING = every_engine("waiting")
+_KV = every_engine("kv_usage")
 
 
 class ScrapeError(ValueError):

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from string import Template
 from types import MappingProxyType
 
+from controller.metrics.series import DCGM, ENGINES, ROUTER, every_engine
+
 POOL = "pool"
 CLASS = "class"
 FRESHNESS = "freshness"
@@ -67,24 +69,39 @@ def _rate_sum(counter_names: tuple[str, ...], by: str, selector: str = "") -> st
     return f"sum by ({by}) ({rates})"
 
 
-_RUNNING = "vllm:num_requests_running or sglang:num_running_reqs"
-_TTFT = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
-_ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds", "sglang:inter_token_latency_seconds")
-_REQ_TPOT = ("vllm:request_time_per_output_token_seconds",)  # vLLM; an engine without it leaves the reading missing
-_EPP_TTFT = ("llm_d_epp_request_ttft_seconds",)
-_EPP_TPOT = ("llm_d_epp_request_streaming_tpot_seconds", "llm_d_epp_request_ntpot_seconds",
-             "inference_objective_normalized_time_per_output_token_seconds")
-_EPP_REQUESTS = ("llm_d_epp_request_total", "inference_objective_request_total")
-_EPP_ERRORS = ("llm_d_epp_request_error_total", "inference_objective_request_error_total")
-# Governor extensions a router adapter may export (the simulator's router does); a stock EPP does not.
-_GOV_SHED = ("llm_d_epp_governor_shed_total",)
-_GOV_ADMITTED = ("llm_d_epp_governor_admitted_total",)
-_GOV_RETRIES = ("llm_d_epp_governor_retries_total",)
-_ASSIGNED = '{pod!=""}'
-_GPU_BUSY = ("max by ($pool, Hostname, hostname, gpu) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{sel}"
-             " or DCGM_FI_DEV_GPU_UTIL{sel} / 100)")
+def _or(names: tuple[str, ...], wrap: str = "{}") -> str:
+    return " or ".join(wrap.format(n) for n in names)
 
-_FB_FRAC = "DCGM_FI_DEV_FB_USED{sel} / (DCGM_FI_DEV_FB_USED{sel} + DCGM_FI_DEV_FB_FREE{sel})"
+
+def _hit_rate() -> str:
+    """Per engine that counts hits: rate(hits) / rate(queries), each over its names; then the engines'
+    own hit-rate gauges."""
+    parts = [f"(sum by ($pool) ({_or(e.prefix_hits, 'rate({}[$window])')})"
+             f" / sum by ($pool) ({_or(e.prefix_queries, 'rate({}[$window])')}))"
+             for e in ENGINES.values() if e.prefix_hits]
+    gauges = every_engine("hit_rate")
+    if gauges:
+        parts.append(f"avg by ($pool) ({_or(gauges)})")
+    return " or ".join(parts)
+
+
+_RUNNING = _or(every_engine("running"))
+_TTFT = every_engine("ttft")
+_ITL = every_engine("itl")
+_REQ_TPOT = every_engine("request_tpot")  # vLLM; an engine without it leaves the reading missing
+_EPP_TTFT = ROUTER.ttft
+_EPP_TPOT = ROUTER.tpot
+_EPP_REQUESTS = ROUTER.requests
+_EPP_ERRORS = ROUTER.errors
+# Governor extensions a router adapter may export (the simulator's router does); a stock EPP does not.
+_GOV_SHED = ROUTER.shed
+_GOV_ADMITTED = ROUTER.admitted
+_GOV_RETRIES = ROUTER.retries
+_ASSIGNED = '{pod!=""}'
+_GPU_BUSY = (f"max by ($pool, Hostname, hostname, gpu) ({DCGM.engine_active}{{sel}}"
+             f" or {DCGM.gpu_util}{{sel}} / 100)")
+
+_FB_FRAC = f"{DCGM.fb_used}{{sel}} / ({DCGM.fb_used}{{sel}} + {DCGM.fb_free}{{sel}})"
 
 SHED_ERROR_CODES = ("429", "503")
 """Router error codes that mean "rejected by admission/shedding" (TELEMETRY.md §8: 429 shed, 503 no endpoint)."""
@@ -93,32 +110,24 @@ _SHED_SELECTOR = '{error_code=~"' + "|".join(SHED_ERROR_CODES) + '"}'
 _SPECS: tuple[QuerySpec, ...] = (
     # ---------------------------------------------------------------- freshness (sample times)
     _q("pool_sample_time",
-       "max by ($pool) (timestamp(vllm:num_requests_running) or timestamp(sglang:num_running_reqs))",
+       f"max by ($pool) ({_or(every_engine('running'), 'timestamp({})')})",
        FRESHNESS, "STALE check of the engine fields of PoolObservation",
        doc="Newest engine sample time per pool; the engine readings of a pool are STALE when it is older than "
            "stale_after_s (timestamp() of a plain selector returns the sample's own time)."),
-    _q("gpu_sample_time", "max by ($pool) (timestamp(DCGM_FI_DEV_GPU_UTIL))",
+    _q("gpu_sample_time", f"max by ($pool) (timestamp({DCGM.gpu_util}))",
        FRESHNESS, "STALE check of PoolObservation.gpu_util_frac"),
-    _q("class_sample_time", "max by (priority) (timestamp(llm_d_epp_request_total) or "
-       "timestamp(inference_objective_request_total))",
+    _q("class_sample_time", f"max by (priority) ({_or(ROUTER.requests, 'timestamp({})')})",
        FRESHNESS, "STALE check of ClassObservation fields"),
     # ---------------------------------------------------------------- pools: engines
     _q("replicas_ready", f"count by ($pool) (count by ($pool, instance) ({_RUNNING}))",
        POOL, "PoolObservation.replicas_ready", "pool_sample_time",
        doc="Engine endpoints exporting metrics (one per scrape target, however many DP engines it has)."),
     _q("running", f"sum by ($pool) ({_RUNNING})", POOL, "PoolObservation.running", "pool_sample_time"),
-    _q("waiting", "sum by ($pool) (vllm:num_requests_waiting or sglang:num_queue_reqs)",
+    _q("waiting", f"sum by ($pool) ({_or(every_engine('waiting'))})",
        POOL, "PoolObservation.waiting", "pool_sample_time"),
-    _q("kv_usage_frac", "avg by ($pool) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc or sglang:token_usage)",
+    _q("kv_usage_frac", f"avg by ($pool) ({_or(every_engine('kv_usage'))})",
        POOL, "PoolObservation.kv_usage_frac", "pool_sample_time", doc="Mean KV-cache usage over engines, 0..1."),
-    _q("hit_rate",
-       "(sum by ($pool) (rate(vllm:prefix_cache_hits_total[$window])"
-       " or rate(vllm:gpu_prefix_cache_hits_total[$window]))"
-       " / sum by ($pool) (rate(vllm:prefix_cache_queries_total[$window])"
-       " or rate(vllm:gpu_prefix_cache_queries_total[$window])))"
-       " or (sum by ($pool) (rate(sglang:cached_tokens_total[$window]))"
-       " / sum by ($pool) (rate(sglang:prompt_tokens_total[$window])))"
-       " or avg by ($pool) (sglang:cache_hit_rate)",
+    _q("hit_rate", _hit_rate(),
        POOL, "PoolObservation.hit_rate", "pool_sample_time",
        doc="Token-weighted prefix-cache hit rate: rate(hits) / rate(queries); on SGLang rate(cached prompt tokens) / "
            "rate(prompt tokens), else its cache_hit_rate gauge (its last logging interval). NaN when nothing was "
@@ -136,11 +145,11 @@ _SPECS: tuple[QuerySpec, ...] = (
        POOL, "PoolObservation.arrival_rps", "pool_sample_time",
        doc="Requests reaching their first token per second. Engines export no arrival counter; this lags arrivals "
            "by the queueing time and caps at capacity under overload (the router's per-class rate does not)."),
-    _q("prompt_tokens_rps", _rate_sum(("vllm:prompt_tokens_total", "sglang:prompt_tokens_total"), "$pool"),
+    _q("prompt_tokens_rps", _rate_sum(every_engine("prompt_tokens"), "$pool"),
        POOL, "PoolObservation.prompt_tokens_rps", "pool_sample_time"),
-    _q("generation_tokens_rps", _rate_sum(("vllm:generation_tokens_total", "sglang:generation_tokens_total"), "$pool"),
+    _q("generation_tokens_rps", _rate_sum(every_engine("generation_tokens"), "$pool"),
        POOL, "PoolObservation.generation_tokens_rps", "pool_sample_time"),
-    _q("preemptions_rps", _rate_sum(("vllm:num_preemptions_total", "sglang:num_retracted_requests_total"), "$pool"),
+    _q("preemptions_rps", _rate_sum(every_engine("preemptions"), "$pool"),
        POOL, "PoolObservation.preemptions_rps", "pool_sample_time",
        doc="vLLM preemptions or SGLang retractions per second."),
     # ---------------------------------------------------------------- pools: DCGM
@@ -171,8 +180,7 @@ _SPECS: tuple[QuerySpec, ...] = (
        CLASS, "ClassObservation.admitted_rps", "class_sample_time",
        doc="Requests admitted per second: Governor's admitted counter, else received minus rejected (a class "
            "with no rejections has everything it received admitted)."),
-    _q("class_queue_depth",
-       "sum by (priority) (llm_d_epp_flow_control_queue_size or inference_extension_flow_control_queue_size)",
+    _q("class_queue_depth", f"sum by (priority) ({_or(ROUTER.queue)})",
        CLASS, "ClassObservation.queue_depth", "class_sample_time",
        doc="Requests held in the router's flow-control queues (present only when flow control is on)."),
     _q("class_ttft_p95_s", _quantile(0.95, _EPP_TTFT, CLASS_LABEL), CLASS, "ClassObservation.ttft_p95_s",

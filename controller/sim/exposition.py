@@ -29,16 +29,18 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from controller.metrics.histogram import Histogram
+from controller.metrics.series import DCGM, ROUTER, VLLM, counter_base
 from controller.sim.stats import ClassStepStats, NodeStats, ReplicaStats, RouterStats
 
 ENGINE_LABELS = ("model_name", "engine")
 ENGINE_INDEX = "0"  # one engine core per replica (no data parallelism in the simulator)
 
-# (metric name as exposed, ReplicaStats attribute, HELP text)
+# (metric name as exposed, ReplicaStats attribute, HELP text); what Governor reads is named by the series
+# table (controller/metrics/series.py), the rest as vLLM names it
 _VLLM_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
-    ("vllm:time_to_first_token_seconds", "ttft_s", "Time to first token in seconds, from arrival."),
-    ("vllm:inter_token_latency_seconds", "itl_s", "Gap between successive output tokens in seconds."),
-    ("vllm:request_time_per_output_token_seconds", "tpot_s", "Mean time per output token of each finished request."),
+    (VLLM.ttft[0], "ttft_s", "Time to first token in seconds, from arrival."),
+    (VLLM.itl[0], "itl_s", "Gap between successive output tokens in seconds."),
+    (VLLM.request_tpot[0], "tpot_s", "Mean time per output token of each finished request."),
     ("vllm:e2e_request_latency_seconds", "e2e_s", "Arrival to final token, in seconds."),
     ("vllm:request_queue_time_seconds", "queue_time_s", "Seconds spent waiting before being scheduled."),
     ("vllm:request_prefill_time_seconds", "prefill_time_s", "Seconds from scheduling to the first token."),
@@ -55,11 +57,11 @@ _VLLM_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
 
 # (metric name without _total, ReplicaStats attribute, HELP text)
 _VLLM_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("vllm:prefix_cache_queries", "prefix_cache_queries", "Tokens looked up in the prefix cache."),
-    ("vllm:prefix_cache_hits", "prefix_cache_hits", "Tokens found in the prefix cache."),
-    ("vllm:num_preemptions", "num_preemptions", "Requests preempted since the engine started."),
-    ("vllm:prompt_tokens", "prompt_tokens", "Prefill tokens processed."),
-    ("vllm:generation_tokens", "generation_tokens", "Tokens generated."),
+    (counter_base(VLLM.prefix_queries[0]), "prefix_cache_queries", "Tokens looked up in the prefix cache."),
+    (counter_base(VLLM.prefix_hits[0]), "prefix_cache_hits", "Tokens found in the prefix cache."),
+    (counter_base(VLLM.preemptions[0]), "num_preemptions", "Requests preempted since the engine started."),
+    (counter_base(VLLM.prompt_tokens[0]), "prompt_tokens", "Prefill tokens processed."),
+    (counter_base(VLLM.generation_tokens[0]), "generation_tokens", "Tokens generated."),
 )
 
 
@@ -105,9 +107,9 @@ class ReplicaCollector:
         base = [s.model_name, ENGINE_INDEX]
 
         for name, attr, doc in (
-            ("vllm:num_requests_running", "num_requests_running", "Requests in the running batch."),
-            ("vllm:num_requests_waiting", "num_requests_waiting", "Requests queued, waiting to be scheduled."),
-            ("vllm:kv_cache_usage_perc", "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = 100 %)."),
+            (VLLM.running[0], "num_requests_running", "Requests in the running batch."),
+            (VLLM.waiting[0], "num_requests_waiting", "Requests queued, waiting to be scheduled."),
+            (VLLM.kv_usage[0], "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = 100 %)."),
         ):
             g = GaugeMetricFamily(name, doc, labels=ENGINE_LABELS)
             g.add_metric(base, float(getattr(s, attr)))
@@ -230,10 +232,10 @@ class NodeCollector:
             rows.append((labels, util[g], used, float(s.fb_total_mib) - used))
 
         specs: tuple[tuple[str, str, Callable[[tuple], float]], ...] = (
-            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda r: round(100.0 * r[1])),
-            ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", lambda r: r[1]),
-            ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda r: round(r[2])),
-            ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", lambda r: round(r[3])),
+            (DCGM.gpu_util, "GPU utilization (in %).", lambda r: round(100.0 * r[1])),
+            (DCGM.engine_active, "Ratio of time the graphics engine is active.", lambda r: r[1]),
+            (DCGM.fb_used, "Framebuffer memory used (in MiB).", lambda r: round(r[2])),
+            (DCGM.fb_free, "Framebuffer memory free (in MiB).", lambda r: round(r[3])),
             ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda r: idle_w + r[1] * (max_w - idle_w)),
         )
         for name, doc, value in specs:
@@ -279,17 +281,17 @@ class RouterCollector:
         created = self.created_unix_s
 
         for name, attr, doc in (
-            ("llm_d_epp_request_total", "arrivals", "Requests received by the router."),
-            ("llm_d_epp_governor_admitted_total", "admitted", "Governor extension: requests admitted."),
-            ("llm_d_epp_governor_shed_total", "shed", "Governor extension: requests shed (429 or 503)."),
-            ("llm_d_epp_governor_retries_total", "retries", "Governor extension: client retries received."),
+            (ROUTER.requests[0], "arrivals", "Requests received by the router."),
+            (ROUTER.admitted[0], "admitted", "Governor extension: requests admitted."),
+            (ROUTER.shed[0], "shed", "Governor extension: requests shed (429 or 503)."),
+            (ROUTER.retries[0], "retries", "Governor extension: client retries received."),
         ):
             c = CounterMetricFamily(name, doc, labels=REQUEST_LABELS)
             for labels, cell in cells:
                 c.add_metric(labels, float(getattr(cell, attr)), created=created)
             yield c
 
-        c = CounterMetricFamily("llm_d_epp_request_error_total", "Requests that ended in an error, by code.",
+        c = CounterMetricFamily(ROUTER.errors[0], "Requests that ended in an error, by code.",
                                 labels=(*REQUEST_LABELS, "error_code"))
         for labels, cell in cells:
             for code, n in sorted(cell.errors.items()):
@@ -300,12 +302,12 @@ class RouterCollector:
         for labels, cell in cells:
             _add_histogram(h, labels, cell.e2e_s)
         yield h
-        h = _histogram_family("llm_d_epp_request_ttft_seconds", "Time to first token seen by the router.",
+        h = _histogram_family(ROUTER.ttft[0], "Time to first token seen by the router.",
                               (*REQUEST_LABELS, "streaming"))
         for labels, cell in cells:
             _add_histogram(h, [*labels, "true"], cell.ttft_s)
         yield h
-        h = _histogram_family("llm_d_epp_request_streaming_tpot_seconds",
+        h = _histogram_family(ROUTER.tpot[0],
                               "Mean time per output token after the first, per streamed request.", REQUEST_LABELS)
         for labels, cell in cells:
             _add_histogram(h, labels, cell.tpot_s)
@@ -316,7 +318,7 @@ class RouterCollector:
             _add_histogram(h, labels, cell.queue_time_s)
         yield h
 
-        g = GaugeMetricFamily("llm_d_epp_flow_control_queue_size", "Requests held in the router's flow-control "
+        g = GaugeMetricFamily(ROUTER.queue[0], "Requests held in the router's flow-control "
                               "queue, per priority.", labels=("priority",))
         for priority, n in sorted(self.stats.queue_by_priority.items()):
             g.add_metric([priority], float(n))

@@ -27,14 +27,15 @@ from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from controller.metrics.series import SGLANG, counter_base
 from controller.sim.exposition import _add_histogram, _histogram_family
 from controller.sim.stats import ReplicaStats
 
 SGLANG_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
 
 _HISTOGRAMS = (
-    ("sglang:time_to_first_token_seconds", "ttft_s", "Histogram of time to first token in seconds."),
-    ("sglang:inter_token_latency_seconds", "itl_s", "Histogram of inter-token latency in seconds."),
+    (SGLANG.ttft[0], "ttft_s", "Histogram of time to first token in seconds."),
+    (SGLANG.itl[0], "itl_s", "Histogram of inter-token latency in seconds."),
     ("sglang:e2e_request_latency_seconds", "e2e_s", "Histogram of End-to-end request latency in seconds"),
     ("sglang:queue_time_seconds", "queue_time_s", "Histogram of queueing time in seconds."),
 )
@@ -53,22 +54,22 @@ class SglangReplicaCollector:
         capacity = float(s.num_gpu_blocks * s.block_size)
         hit_rate = s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries > 0 else 0.0
         for name, value, doc in (
-            ("sglang:num_running_reqs", float(s.num_requests_running), "The number of running requests."),
-            ("sglang:num_queue_reqs", float(s.num_requests_waiting), "The number of requests in the waiting queue."),
-            ("sglang:token_usage", float(s.kv_cache_usage_perc), "The token usage."),
+            (SGLANG.running[0], float(s.num_requests_running), "The number of running requests."),
+            (SGLANG.waiting[0], float(s.num_requests_waiting), "The number of requests in the waiting queue."),
+            (SGLANG.kv_usage[0], float(s.kv_cache_usage_perc), "The token usage."),
             ("sglang:num_used_tokens", round(s.kv_cache_usage_perc * capacity), "The number of used tokens."),
             ("sglang:max_total_num_tokens", capacity, "Maximum total number of tokens in the KV cache pool."),
-            ("sglang:cache_hit_rate", hit_rate, "The prefix cache hit rate."),
+            (SGLANG.hit_rate[0], hit_rate, "The prefix cache hit rate."),
         ):
             g = GaugeMetricFamily(name, doc, labels=SGLANG_LABELS)
             g.add_metric(base, value)
             yield g
         for name, value, doc in (
-            ("sglang:prompt_tokens", s.prefix_cache_queries, "Number of prefill tokens processed."),
-            ("sglang:generation_tokens", s.generation_tokens, "Number of generation tokens processed."),
-            ("sglang:cached_tokens", s.prefix_cache_hits, "Number of cached prompt tokens."),
+            (counter_base(SGLANG.prompt_tokens[0]), s.prefix_cache_queries, "Number of prefill tokens processed."),
+            (counter_base(SGLANG.generation_tokens[0]), s.generation_tokens, "Number of generation tokens processed."),
+            (counter_base(SGLANG.prefix_hits[0]), s.prefix_cache_hits, "Number of cached prompt tokens."),
             ("sglang:num_requests", sum(s.request_success.values()), "Number of requests processed."),
-            ("sglang:num_retracted_requests", s.num_preemptions, "Total number of retracted requests."),
+            (counter_base(SGLANG.preemptions[0]), s.num_preemptions, "Total number of retracted requests."),
         ):
             c = CounterMetricFamily(name, doc, labels=SGLANG_LABELS)
             c.add_metric(base, float(value), created=self.created_unix_s)

@@ -52,6 +52,7 @@ from prometheus_client.metrics_core import Metric
 
 from controller.metrics.histogram import histogram_quantile
 from controller.metrics.promql import CLASS_LABEL, SHED_ERROR_CODES
+from controller.metrics.series import DCGM, ROUTER, every_engine
 from controller.telemetry.source import ScrapeTarget, describe_error
 from controller.types import (
     MISSING,
@@ -77,44 +78,43 @@ class _Signal:
     only: Mapping[str, tuple[str, ...]] | None = None  # label -> allowed values
 
 
+def _suffixed(names: tuple[str, ...], suffix: str) -> tuple[str, ...]:
+    return tuple(n + suffix for n in names)
+
+
+# The engines' series (controller/metrics/series.py), engine by engine: the first name present wins.
 _ENGINE_SIGNALS: tuple[_Signal, ...] = (
-    _Signal("running", ("vllm:num_requests_running", "sglang:num_running_reqs"), GAUGE),
-    _Signal("waiting", ("vllm:num_requests_waiting", "sglang:num_queue_reqs"), GAUGE),
-    _Signal("kv", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"), GAUGE, "mean"),
-    _Signal("hit_gauge", ("sglang:cache_hit_rate",), GAUGE, "mean"),
-    _Signal("hits", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total",
-                     "sglang:cached_tokens_total"), COUNTER),
-    _Signal("queries", ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total",
-                        "sglang:prompt_tokens_total"), COUNTER),
-    _Signal("prompt", ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total"), COUNTER),
-    _Signal("generation", ("vllm:generation_tokens_total", "sglang:generation_tokens_total"), COUNTER),
-    _Signal("preemptions", ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total"), COUNTER),
-    _Signal("first_tokens", ("vllm:time_to_first_token_seconds_count", "sglang:time_to_first_token_seconds_count"),
-            COUNTER),
-    _Signal("ttft", ("vllm:time_to_first_token_seconds_bucket", "sglang:time_to_first_token_seconds_bucket"), HIST),
-    _Signal("itl", ("vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
-                    "sglang:inter_token_latency_seconds_bucket"), HIST),
-    _Signal("req_tpot", ("vllm:request_time_per_output_token_seconds_bucket",), HIST),
+    _Signal("running", every_engine("running"), GAUGE),
+    _Signal("waiting", every_engine("waiting"), GAUGE),
+    _Signal("kv", every_engine("kv_usage"), GAUGE, "mean"),
+    _Signal("hit_gauge", every_engine("hit_rate"), GAUGE, "mean"),
+    _Signal("hits", every_engine("prefix_hits"), COUNTER),
+    _Signal("queries", every_engine("prefix_queries"), COUNTER),
+    _Signal("prompt", every_engine("prompt_tokens"), COUNTER),
+    _Signal("generation", every_engine("generation_tokens"), COUNTER),
+    _Signal("preemptions", every_engine("preemptions"), COUNTER),
+    _Signal("first_tokens", _suffixed(every_engine("ttft"), "_count"), COUNTER),
+    _Signal("ttft", _suffixed(every_engine("ttft"), "_bucket"), HIST),
+    _Signal("itl", _suffixed(every_engine("itl"), "_bucket"), HIST),
+    _Signal("req_tpot", _suffixed(every_engine("request_tpot"), "_bucket"), HIST),
 )
 
 _ROUTER_SIGNALS: tuple[_Signal, ...] = (
-    _Signal("arrivals", ("llm_d_epp_request_total", "inference_objective_request_total"), COUNTER),
-    _Signal("shed", ("llm_d_epp_governor_shed_total",), COUNTER),
-    _Signal("admitted", ("llm_d_epp_governor_admitted_total",), COUNTER),
-    _Signal("retries", ("llm_d_epp_governor_retries_total",), COUNTER),
-    _Signal("errors_shed", ("llm_d_epp_request_error_total", "inference_objective_request_error_total"), COUNTER,
-            only={"error_code": SHED_ERROR_CODES}),
-    _Signal("queue", ("llm_d_epp_flow_control_queue_size", "inference_extension_flow_control_queue_size"), GAUGE),
-    _Signal("ttft", ("llm_d_epp_request_ttft_seconds_bucket",), HIST),
-    _Signal("tpot", ("llm_d_epp_request_streaming_tpot_seconds_bucket", "llm_d_epp_request_ntpot_seconds_bucket",
-                     "inference_objective_normalized_time_per_output_token_seconds_bucket"), HIST),
+    _Signal("arrivals", ROUTER.requests, COUNTER),
+    _Signal("shed", ROUTER.shed, COUNTER),
+    _Signal("admitted", ROUTER.admitted, COUNTER),
+    _Signal("retries", ROUTER.retries, COUNTER),
+    _Signal("errors_shed", ROUTER.errors, COUNTER, only={"error_code": SHED_ERROR_CODES}),
+    _Signal("queue", ROUTER.queue, GAUGE),
+    _Signal("ttft", _suffixed(ROUTER.ttft, "_bucket"), HIST),
+    _Signal("tpot", _suffixed(ROUTER.tpot, "_bucket"), HIST),
 )
 
-_DCGM_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # ratio 0..1, needs profiling metrics
-_DCGM_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent 0..100, always collected
+_DCGM_ACTIVE = DCGM.engine_active  # ratio 0..1, needs profiling metrics
+_DCGM_UTIL = DCGM.gpu_util  # percent 0..100, always collected
 
-_DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
-_DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"  # MiB
+_DCGM_FB_USED = DCGM.fb_used  # MiB
+_DCGM_FB_FREE = DCGM.fb_free  # MiB
 
 _DCGM_NAMES = (_DCGM_ACTIVE, _DCGM_UTIL, _DCGM_FB_USED, _DCGM_FB_FREE)
 
