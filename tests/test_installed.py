@@ -74,7 +74,11 @@ def test_the_installed_package_runs_the_demo_and_validates_a_config(installed):
     governor = str(venv / "bin" / "governor")
     config = run_dir / "governor.yaml"
     shutil.copy(ROOT / "deploy" / "governor.example.yaml", config)
-    ok = _run([governor, "config", "validate", str(config)], cwd=run_dir, env=env, timeout=60)
+    # the example names a Prometheus password file: it validates where that file is (issue 34, part 1)
+    (run_dir / "prometheus-password").write_text("example\n")
+    with_password = {**env,
+                     "GOVERNOR_TELEMETRY__PROMETHEUS__BASIC_AUTH__PASSWORD_FILE": str(run_dir / "prometheus-password")}
+    ok = _run([governor, "config", "validate", str(config)], cwd=run_dir, env=with_password, timeout=60)
     assert ok.returncode == 0, ok.stderr
     assert "engines: chat-h100=llama-3-8b/h100-80gb/tp1 (calibrated)" in ok.stdout
     demo = _run([governor, "run", "--demo", "--for", "20", "--headless"], cwd=run_dir, env=env, timeout=90)

@@ -168,6 +168,8 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
     settings = shard_settings(settings)
     state_dir = Path(settings.state_dir)
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the audit trail and overrides: the daemon's own
+    if state_dir.stat().st_mode & 0o077:  # an existing open directory is made private, as the database is
+        state_dir.chmod(0o700)
     store = StateStore(state_dir / "governor.db", max_overrides=settings.api.max_overrides)
     closers: list[Any] = [store.close]
     try:
