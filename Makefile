@@ -4,19 +4,46 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench loadtest models protos check-protos clean dashboards perf-tables demo-trace
+.PHONY: run test lint bench loadtest models protos check-protos clean dashboards perf-tables demo-trace lock lowest
 
 $(VPY):
 	$(PY) -m venv $(VENV)
 
+# pyproject.toml declares compatible ranges; constraints.txt holds the exact version of every package
+# (runtime, dev and what they pull in), so a fresh machine, CI and the image get the same ones.
 # xds-protos (the picker's Envoy ext_proc modules) ships its own, older copy of opentelemetry/proto/*: installed
 # after opentelemetry-proto it overwrites the modules the OTLP exporter imports (InstrumentationScope is missing
 # from its copy). The exporter's own copy, a superset the Envoy modules also load, is reinstalled last so it wins.
-$(STAMP): pyproject.toml | $(VPY)
+$(STAMP): pyproject.toml constraints.txt | $(VPY)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e '.[dev]'
-	$(VPY) -m pip install --quiet --force-reinstall --no-deps "$$(grep -o 'opentelemetry-proto==[0-9.]*' pyproject.toml)"
+	$(VPY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(VPY) -m pip install --quiet --force-reinstall --no-deps "opentelemetry-proto==$$($(VPY) tools/deps.py pin opentelemetry-proto)"
 	touch $(STAMP)
+
+# Regenerates constraints.txt: '.[dev]' resolved afresh within pyproject's ranges in a temporary venv
+# (the newest versions they allow), then every installed version written down. Review the diff, run `make test`.
+lock: $(STAMP)
+	rm -rf build/lock && $(PY) -m venv build/lock/venv
+	build/lock/venv/bin/python -m pip install --quiet --upgrade pip
+	build/lock/venv/bin/python -m pip install --quiet '.[dev]'
+	{ sed -n '1,/^[^#]/{/^#/p}' constraints.txt; build/lock/venv/bin/python -m pip freeze --exclude-editable \
+	  | grep -v '^llm-governor'; } > build/lock/constraints.txt
+	mv build/lock/constraints.txt constraints.txt && rm -rf build/lock
+	$(VPY) tools/deps.py check
+
+# The wheel installed into a fresh venv at the lowest versions pyproject's ranges allow (tools/deps.py lowest:
+# the direct dependencies at their floors, what they pull in resolved as usual), then the demo for 60 s from
+# there; prints the versions and the demo's summary (docs/OPERATING.md §2, "Installing beside other software").
+lowest: $(STAMP)
+	rm -rf build/lowest && mkdir -p build/lowest/run && $(PY) -m venv build/lowest/venv
+	$(VPY) tools/deps.py lowest > build/lowest/constraints.txt
+	$(VPY) -m pip wheel --quiet --no-deps --no-build-isolation -w build/lowest/wheel .
+	build/lowest/venv/bin/python -m pip install --quiet -c build/lowest/constraints.txt build/lowest/wheel/*.whl
+	build/lowest/venv/bin/python -m pip install --quiet --force-reinstall --no-deps \
+	  "opentelemetry-proto==$$(grep -i '^opentelemetry-proto==' build/lowest/constraints.txt | cut -d= -f3)"
+	build/lowest/venv/bin/python -m pip freeze > build/lowest/freeze.txt
+	cd build/lowest/run && ../venv/bin/governor run --demo --headless --for 60 > demo.jsonl 2> demo.log
+	$(VPY) tools/deps.py demo-summary build/lowest
 
 # Runs the daemon against the embedded simulated fleet (Ctrl-C stops everything).
 run: $(STAMP)
