@@ -91,6 +91,9 @@ def test_every_manifest_parses_and_is_namespaced():
     assert {p.name for p in files} >= {"governor.yaml", "sidecar.yaml", "keda-scaledobjects.yaml", "podmonitors.yaml"}
     for name, d in _all_docs():
         assert {"apiVersion", "kind", "metadata"} <= set(d), name
+        if d["kind"] == "CustomResourceDefinition":  # cluster-scoped by nature; the one CRD is Governor's own
+            assert name == "governorstate-crd.yaml" and d["spec"]["scope"] == "Namespaced"
+            continue
         assert d["metadata"].get("name") and d["metadata"].get("namespace") == "inference", (name, d["metadata"])
     # RBAC is namespaced only: the Kubernetes adapter's Role (kubernetes-adapter.yaml) and leader
     # election's, limited to its Lease (governor.yaml; tests/test_deploy_ops.py checks it)
@@ -323,6 +326,7 @@ CRDS = {"ScaledObject": {"keda.sh/v1alpha1"}, "TriggerAuthentication": {"keda.sh
         "InferenceObjective": {"inference.networking.x-k8s.io/v1alpha2"},
         "InferenceModel": {"inference.networking.x-k8s.io/v1alpha2"},
         "Gateway": {"gateway.networking.k8s.io/v1"}, "HTTPRoute": {"gateway.networking.k8s.io/v1"},
+        "GovernorState": {"governor.llm-d.ai/v1alpha1"},
         "Kustomization": {"kustomize.config.k8s.io/v1beta1"}}
 
 

@@ -37,9 +37,13 @@ def test_rbac_reaches_only_the_lease_the_config_contends_for():
     lease, pools = le.lease_and_pools(s.pool_names())
     assert pools == s.pool_names()
     role = _one("Role", "governor-leader-election")
-    (rule,) = role["rules"]
+    rule, state = role["rules"]
     assert rule == {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [lease],
                     "verbs": ["get", "update"]}
+    # the shared state (overrides, mode, audit, refit verdict) is the GovernorState named after the Lease
+    assert le.shared_state and state == {"apiGroups": ["governor.llm-d.ai"], "resources": ["governorstates"],
+                                         "resourceNames": [lease], "verbs": ["get", "update"]}
+    assert _one("GovernorState", lease)["metadata"]["namespace"] == le.namespace
     assert role["metadata"]["namespace"] == le.namespace
     # no other role reaches Leases at all
     for r in (d for d in _docs() if d["kind"] in ("Role", "ClusterRole")
@@ -181,10 +185,25 @@ def _validate(docs: list[dict], where: str) -> set[str]:
     the kinds that have no schema."""
     import kubernetes_validate
 
+    import jsonschema
+
     version = kubernetes_validate.latest_version()
     unknown = set()
+    # kinds defined by a CRD among the documents (GovernorState): validated against that CRD's own schema
+    own = {c["spec"]["names"]["kind"]: {f"{c['spec']['group']}/{v['name']}": v["schema"]["openAPIV3Schema"]
+                                        for v in c["spec"]["versions"]}
+           for c in docs if c["kind"] == "CustomResourceDefinition"}
     for d in docs:
         name = f"{where}: {d['kind']}/{d['metadata']['name']}"
+        if d["kind"] in own:
+            schema = own[d["kind"]].get(d["apiVersion"])
+            if schema is None:
+                raise AssertionError(f"{name}: {d['apiVersion']} is not a version its CRD serves")
+            try:
+                jsonschema.validate(d, schema)
+            except jsonschema.ValidationError as exc:
+                raise AssertionError(f"{name}: {exc.message}") from None
+            continue
         try:
             kubernetes_validate.validate(d, version, strict=True)
         except kubernetes_validate.SchemaNotFoundError:

@@ -20,8 +20,9 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent import futures
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol
@@ -31,7 +32,7 @@ from grpc_health.v1 import health
 
 from controller import __version__
 from controller.api.limits import MAX_AUDIT_LIMIT, MAX_AUTHOR, MAX_NAME, MAX_REASON, MAX_REQUEST_BYTES, text_problem
-from controller.api.store import DecisionRow, InvalidRequestError, StateStore
+from controller.api.store import DecisionRow, InvalidRequestError, StateStore, StoreError
 from controller.clock import Clock
 from controller.gen.governor.v1 import policy_pb2, policy_pb2_grpc
 from controller.rpc.transport import (
@@ -304,6 +305,20 @@ def _require_leader(handle: DaemonHandle, context: grpc.ServicerContext) -> None
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
 
 
+@contextmanager
+def _store_errors(context: grpc.ServicerContext) -> Iterator[None]:
+    """A write the state store could not make (nothing was applied): FAILED_PRECONDITION when this replica may not
+    write the shared state (it no longer leads), UNAVAILABLE when the store cannot be written now."""
+    from controller.api.kube_store import FencedError
+
+    try:
+        yield
+    except FencedError as exc:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"state: {exc}; nothing was changed")
+    except StoreError as exc:
+        context.abort(grpc.StatusCode.UNAVAILABLE, f"state: cannot write it now ({exc}); nothing was changed")
+
+
 def _limit(context: grpc.ServicerContext, value: int, default: int, most: int = MAX_LIST_LIMIT) -> int:
     if value == 0:
         return default
@@ -390,10 +405,11 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
                      f"must be one of {', '.join(policy_pb2.OverrideKind.keys()[1:])} (got {got})")
         now_s = self._clock.now_s()
         try:
-            stored = self._store.add_override(kind, ttl_s=o.ttl_s, author=o.author, now_s=now_s, value=o.value,
-                                              pool=o.pool, priority_class=o.priority_class, text=o.text,
-                                              reason=o.reason, known_pools=set(self._handle.pool_names()),
-                                              caller=current_caller().identity)
+            with _store_errors(context):
+                stored = self._store.add_override(kind, ttl_s=o.ttl_s, author=o.author, now_s=now_s, value=o.value,
+                                                  pool=o.pool, priority_class=o.priority_class, text=o.text,
+                                                  reason=o.reason, known_pools=set(self._handle.pool_names()),
+                                                  caller=current_caller().identity)
         except InvalidRequestError as exc:
             # "override" itself (too many active) or one of its fields
             _invalid(context, "override" if exc.field == "override" else f"override.{exc.field}", exc.reason)
@@ -430,8 +446,9 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
         if not request.author.strip():
             _invalid(context, "author", "is required: who deletes this override")
         try:
-            deleted = self._store.delete_override(request.id, author=request.author, now_s=self._clock.now_s(),
-                                                  caller=current_caller().identity)
+            with _store_errors(context):
+                deleted = self._store.delete_override(request.id, author=request.author, now_s=self._clock.now_s(),
+                                                      caller=current_caller().identity)
         except InvalidRequestError as exc:
             _invalid(context, exc.field, exc.reason)
         if deleted:
@@ -454,8 +471,14 @@ class _PolicyService(policy_pb2_grpc.PolicyServiceServicer):
             self._handle.set_mode(mode, request.author, request.reason)
         except ValueError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"mode: the daemon refused {mode.value}: {exc}")
-        self._store.set_mode(mode, author=request.author.strip(), reason=request.reason, now_s=self._clock.now_s(),
-                             caller=current_caller().identity)
+        try:
+            with _store_errors(context):  # not persisted (or, under leader election, not replicated): undone
+                self._store.set_mode(mode, author=request.author.strip(), reason=request.reason,
+                                     now_s=self._clock.now_s(), caller=current_caller().identity)
+        except BaseException:
+            self._handle.set_mode(previous if isinstance(previous, Mode) else Mode(str(previous)), "governor",
+                                  "the state store refused the change")
+            raise
         prev = previous.value if isinstance(previous, Mode) else str(previous)
         return policy_pb2.SetModeResponse(previous=MODE_TO_PROTO.get(prev, policy_pb2.MODE_UNSPECIFIED),
                                           mode=MODE_TO_PROTO[mode.value])

@@ -242,6 +242,9 @@ class LeaderElectionSettings(_Strict):
     clock_skew_margin_s: float = Field(default=2.0, ge=0, le=600)
     timeout_s: float = Field(default=5.0, gt=0, le=60)  # one Lease API call
     kubeconfig: str | None = None  # None: the pod's service account (in-cluster)
+    # overrides, mode, profile, the audit trail and the refit verdict in a GovernorState object named after the
+    # Lease (controller/api/kube_store.py), so a failover keeps them; false: each pod's own state_dir (SQLite)
+    shared_state: bool = True
 
     @model_validator(mode="after")
     def _timing(self) -> LeaderElectionSettings:

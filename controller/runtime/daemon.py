@@ -70,7 +70,7 @@ class TickReport:
 
 
 KILL_PHASES = ("read", "step", "persist", "actuate", "record", "learn")
-_STORE_ERRORS = (sqlite3.Error, OSError, StoreError)
+_STORE_ERRORS = (sqlite3.Error, OSError, StoreError)  # StoreError covers the shared state's (api/kube_store.py)
 
 
 def _kill_point() -> tuple[str, int] | None:
@@ -169,11 +169,13 @@ class Daemon:
             raw, fleet_state = self._read(now_s)
             self._phase("read")
             t1 = clock.monotonic_s()
+            leading = self.leadership is None or self.leadership.leading()
+            if getattr(self.store, "replicated", False):
+                self._sync_shared_state(now_s, leading)
             self._store_write("override expiry", lambda: self.store.expire_overrides(now_s))
             overrides = self.store.active_overrides(now_s)
             in_force = self.state.current
-            leading = self.leadership is None or self.leadership.leading()
-            if self.leadership is not None and not leading:
+            if self.leadership is not None and not leading and not getattr(self.store, "replicated", False):
                 self._follow_leader_mode(now_s)
             if self.leadership is not None and leading:
                 floor = self.leadership.generation_floor()
@@ -239,6 +241,30 @@ class Daemon:
         if getattr(self.actuator, "takes_deadline", False):
             return self.actuator.apply(d, deadline_s=t0 + PLAN_SHARE * self.controller.tick_s)
         return self.actuator.apply(d)
+
+    def _sync_shared_state(self, now_s: float, leading: bool) -> None:
+        """Under leader election with the state in the API server (controller/api/kube_store.py): read the
+        shared overrides, audit trail and mode; the leader claims the object for its term and publishes its
+        refit verdict; every replica runs in the shared mode (a takeover keeps the one operators set)."""
+        store = self.store
+        if not self._store_write("shared state", store.sync):
+            return
+        if leading:
+            self._store_write("shared state", lambda: store.claim(now_s))
+            last = self.learning.job.last if self.learning is not None else None
+            shared = store.get_refit()
+            if last is not None and (shared is None or shared.get("at_s", 0.0) < last.at_s):
+                self._store_write("refit verdict",
+                                  lambda: store.set_refit({**last.to_dict(), "by": self._identity()}))
+        stored = store.get_mode()
+        if stored in {m.value for m in Mode} and Mode(stored) is not self.mode:
+            previous, self.mode = self.mode, Mode(stored)
+            self.metrics.set_mode(self.mode)
+            self.log.warning(f"mode {previous.value} → {self.mode.value} (the shared state's)",
+                             extra={"event": "mode", "author": "shared state", "reason": "GovernorState"})
+
+    def _identity(self) -> str:
+        return self.leadership.identity if self.leadership is not None else ""
 
     def _follow_leader_mode(self, now_s: float) -> None:
         """A follower takes the mode the leader publishes, so a takeover keeps the mode operators set."""
@@ -462,6 +488,14 @@ class Daemon:
                 lr = ls["last_refit"]
                 details.append(("models.last_refit",
                                 ", ".join(f"{k}={v}" for k, v in lr.items() if not isinstance(v, (dict, list)))))
+        shared_refit = self.store.get_refit() if getattr(self.store, "replicated", False) else None
+        if shared_refit:  # the leader's last verdict, from the shared state (it survives a failover)
+            details.append(("models.leader_refit", ", ".join(f"{k}={v}" for k, v in sorted(shared_refit.items())
+                                                             if not isinstance(v, (dict, list)))))
+        if getattr(self.store, "replicated", False):
+            who, epoch = self.store.writer
+            details.append(("state.shared", f"GovernorState {self.store.api.namespace}/{self.store.api.name}, "
+                                            f"last written by {who or 'nobody'} (term {epoch})"))
         model = rep.result.diagnostics.get("model") if rep else None
         if isinstance(model, dict) and "planning_model" in model:  # what the MPC planned the last tick with
             used = str(model.get("kind", "?")) + (f" (learned unusable: {model['learned_unusable']})"

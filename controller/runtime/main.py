@@ -19,6 +19,7 @@ from typing import Any
 
 from controller.actuation.keda import KedaScalerServer
 from controller.actuation.shadow import ShadowActuator
+from controller.api.kube_store import GovernorStateApi, KubeStateStore
 from controller.api.server import PolicyServer
 from controller.api.store import StateStore, StoreError
 from controller.clock import Clock, WallClock
@@ -37,6 +38,7 @@ from controller.runtime.leader import (
     ANNOTATION_ADDRESS,
     ANNOTATION_MODE,
     ANNOTATION_TARGETS,
+    EPOCH_SHIFT,
     ElectionTiming,
     KubernetesLeaseStore,
     LeaderElector,
@@ -161,6 +163,24 @@ def leader_annotations(settings: Settings, daemon: Daemon) -> dict[str, str]:
     return out
 
 
+def _state_store(settings: Settings, state_dir: Path) -> StateStore:
+    """SQLite in the state directory; under leader election (shared_state) with the overrides, mode, audit trail
+    and refit verdict replicated in the shard's GovernorState object, read once before anything starts."""
+    path = state_dir / "governor.db"
+    le = settings.leader_election
+    if not (le.enabled and le.shared_state):
+        return StateStore(path, max_overrides=settings.api.max_overrides)
+    lease, _ = le.lease_and_pools(settings.pool_names())
+    api = GovernorStateApi.from_environment(le.namespace, lease, le.kubeconfig, le.timeout_s)
+    store = KubeStateStore(str(path), api, identity=le.resolved_identity(), max_overrides=settings.api.max_overrides)
+    try:
+        store.sync()
+    except StoreError as exc:  # the API server is down: start as a follower on the local copy; ticks retry
+        logging.getLogger("governor").warning(f"shared state not read at start: {exc}",
+                                              extra={"event": "store_error"})
+    return store
+
+
 def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, on_tick=None,
                    lease_store: LeaseStore | None = None) -> Services:
     """Build and start the servers (API, KEDA, metrics); the tick loop is started by the caller.
@@ -170,7 +190,7 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the audit trail and overrides: the daemon's own
     if state_dir.stat().st_mode & 0o077:  # an existing open directory is made private, as the database is
         state_dir.chmod(0o700)
-    store = StateStore(state_dir / "governor.db", max_overrides=settings.api.max_overrides)
+    store = _state_store(settings, state_dir)
     closers: list[Any] = [store.close]
     try:
         fleet = settings.fleet_spec()
@@ -194,6 +214,8 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
                         store=store, metrics=metrics, clock=clock, logger=logger, mode=settings.mode,
                         profile=settings.profile, on_tick=on_tick, learning=learning, leadership=elector, otel=otel)
         if elector is not None:
+            if isinstance(store, KubeStateStore):
+                store.bind(lambda: elector.generation_floor() >> EPOCH_SHIFT)
             elector.set_annotations(lambda: leader_annotations(settings, daemon))
             elector.start()
             closers.append(elector.stop)  # stopped (and the lease released) after the API and KEDA
@@ -389,7 +411,10 @@ def cmd_run(args) -> int:
             log_file.close()
         print(f"governor: cannot start: {exc}", file=sys.stderr)
         return 2
-    if args.mode:
+    if args.mode and getattr(services.store, "replicated", False):
+        logger.warning(f"--mode {args.mode} ignored: the mode is the shard's shared state (GovernorState); set it "
+                       "with `governor mode` on the leader", extra={"event": "mode"})
+    elif args.mode:
         services.daemon.set_mode(Mode(args.mode), author="cli", reason="--mode")
         services.store.set_mode(args.mode, author="cli", now_s=clock.now_s(), reason="--mode on the command line")
     api_addr = f"{_host_port(settings.api.listen)[0]}:{services.api_port}"

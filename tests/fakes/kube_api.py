@@ -7,6 +7,11 @@ merge-patch on pods, equality label selectors on pod lists, the `/scale` subreso
 StatefulSets and LeaderWorkerSets (`status.selector` included), HPA and KEDA ScaledObject lists (the
 latter 404 unless KEDA is "installed").
 
+Any other namespaced object of a group (`/apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]`: Leases, custom
+resources such as GovernorState and InferencePool, EndpointSlices) is served generically: GET (one, or a list
+with an equality `labelSelector`), POST (409 AlreadyExists), PUT (409 Conflict on a stale resourceVersion, 404
+when gone), DELETE; `put_object` seeds or changes one as a controller would (bumping its resourceVersion).
+
 `forbidden` answers 403 for paths containing a fragment, as a missing RBAC rule would.
 A small controller stands in for the ReplicaSet/StatefulSet/LWS controllers: after a scale write it
 creates pods (not ready, no IP) or marks pods terminating (a Deployment removes not-ready pods, then the
@@ -36,6 +41,7 @@ _LWS = r"/apis/leaderworkerset\.x-k8s\.io/v1/namespaces/(?P<ns>[^/]+)/(?P<res>le
 _PODS = r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+))?"
 _HPA = r"/apis/autoscaling/v2/namespaces/(?P<ns>[^/]+)/horizontalpodautoscalers"
 _KEDA = r"/apis/keda\.sh/v1alpha1/namespaces/(?P<ns>[^/]+)/scaledobjects"
+_GENERIC = r"/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?"
 KIND_OF = {"deployments": "Deployment", "statefulsets": "StatefulSet", "leaderworkersets": "LeaderWorkerSet"}
 
 
@@ -267,7 +273,7 @@ class FakeKubeApi:
                     return
                 self._reply(code, out)
 
-            do_GET = do_PUT = do_PATCH = _serve  # noqa: N815 - http.server's method names
+            do_GET = do_PUT = do_PATCH = do_POST = do_DELETE = _serve  # noqa: N815 - http.server's method names
 
         return Handler
 
@@ -285,7 +291,89 @@ class FakeKubeApi:
                         self._interfere[path] -= 1
                         self._bump(m.groupdict())
                     return out
+            m = re.fullmatch(_GENERIC, path)
+            if m:
+                out = self._generic(method, m.groupdict(), query, body)
+                g = m.groupdict()
+                key = (f"{g['group']}/{g['plural']}", g["ns"], g["name"] or "")
+                if method == "GET" and self._interfere.get(path, 0) > 0 and key in self.objects:
+                    self._interfere[path] -= 1
+                    self.objects[key]["metadata"]["resourceVersion"] = str(next(self._rv))
+                return out
         raise ApiFailureError(404, "NotFound", f"the server could not find the requested resource ({path})")
+
+    # ------------------------------------------------------------------ any other namespaced object
+
+    def put_object(self, group: str, plural: str, obj: dict, ns: str = "inference") -> dict:
+        """Create or replace an object as its controller would (no resourceVersion check); returns the stored copy."""
+        with self.lock:
+            name = obj["metadata"]["name"]
+            key = (f"{group}/{plural}", ns, name)
+            old = self.objects.get(key)
+            stored = copy.deepcopy(obj)
+            meta = stored.setdefault("metadata", {})
+            if old is None:
+                meta.update(self._meta(name, ns, **{k: v for k, v in meta.items() if k not in ("name", "namespace")}))
+            else:
+                meta.update({k: old["metadata"][k] for k in ("uid", "creationTimestamp")})
+                meta.update(namespace=ns, resourceVersion=str(next(self._rv)))
+            self.objects[key] = stored
+            return copy.deepcopy(stored)
+
+    def get_object(self, group: str, plural: str, name: str, ns: str = "inference") -> dict | None:
+        with self.lock:
+            obj = self.objects.get((f"{group}/{plural}", ns, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def delete_object(self, group: str, plural: str, name: str, ns: str = "inference") -> None:
+        with self.lock:
+            self.objects.pop((f"{group}/{plural}", ns, name), None)
+
+    def _generic(self, method: str, g: dict, query: dict, body: Any) -> tuple[int, dict]:
+        res, ns, name = f"{g['group']}/{g['plural']}", g["ns"], g["name"]
+        what = f'{g["plural"]}.{g["group"]}'
+        if name is None:
+            if method == "GET":
+                selector = (query.get("labelSelector") or [""])[0]
+                items = [copy.deepcopy(o) for (r, n, _), o in sorted(self.objects.items())
+                         if r == res and n == ns and _matches(o["metadata"].get("labels") or {}, selector)]
+                return 200, {"kind": "List", "apiVersion": f"{g['group']}/{g['version']}",
+                             "metadata": {"resourceVersion": str(next(self._rv))}, "items": items}
+            if method != "POST" or not isinstance(body, dict):
+                raise ApiFailureError(405, "MethodNotAllowed", f"{method} on the {what} collection")
+            name = (body.get("metadata") or {}).get("name")
+            if not name:
+                raise ApiFailureError(422, "Invalid", f"{what}: metadata.name: Required value")
+            if (res, ns, name) in self.objects:
+                raise ApiFailureError(409, "AlreadyExists", f'{what} "{name}" already exists')
+            stored = copy.deepcopy(body)
+            meta = stored.setdefault("metadata", {})
+            meta.pop("resourceVersion", None)
+            meta.update(self._meta(name, ns, **{k: v for k, v in meta.items() if k not in ("name", "namespace")}))
+            self.objects[(res, ns, name)] = stored
+            return 201, copy.deepcopy(stored)
+        obj = self.objects.get((res, ns, name))
+        if obj is None:
+            raise ApiFailureError(404, "NotFound", f'{what} "{name}" not found')
+        if method == "GET":
+            return 200, copy.deepcopy(obj)
+        if method == "DELETE":
+            del self.objects[(res, ns, name)]
+            return 200, _status(200, "", "deleted") | {"status": "Success"}
+        if method != "PUT" or not isinstance(body, dict):
+            raise ApiFailureError(405, "MethodNotAllowed", f"{method} on {what} is not supported here")
+        if (body.get("metadata") or {}).get("name") not in (None, name):
+            raise ApiFailureError(400, "BadRequest", "the name of the object does not match the name on the URL")
+        rv = (body.get("metadata") or {}).get("resourceVersion")
+        if rv is not None and rv != obj["metadata"]["resourceVersion"]:
+            raise ApiFailureError(409, "Conflict", f'Operation cannot be fulfilled on {what} "{name}": the object '
+                                  "has been modified; please apply your changes to the latest version and try again")
+        stored = copy.deepcopy(body)
+        stored["metadata"] = {**stored.get("metadata", {}), **{k: obj["metadata"][k] for k in
+                                                              ("uid", "creationTimestamp", "namespace", "name")},
+                              "resourceVersion": str(next(self._rv))}
+        self.objects[(res, ns, name)] = stored
+        return 200, copy.deepcopy(stored)
 
     def _bump(self, g: dict) -> None:
         key = (g.get("res") or "pods", g["ns"], g.get("name") or "")

@@ -412,7 +412,7 @@ def test_build_services_under_leader_election_governs_its_shard_and_releases_on_
     settings = Settings(pools=two, state_dir=str(tmp_path), api={"listen": "127.0.0.1:0"}, metrics={"listen": None},
                         telemetry={"source": "scrape", "scrape": {"targets": [
                             {"url": "http://127.0.0.1:9/metrics", "kind": "vllm", "pool": "code"}]}},
-                        leader_election={"enabled": True, "identity": "pod-a", "shard": "gov-b",
+                        leader_election={"enabled": True, "identity": "pod-a", "shard": "gov-b", "shared_state": False,
                                          "address": "10.0.0.7:50051",
                                          "shards": [{"lease": "gov-a", "pools": ["chat"]},
                                                     {"lease": "gov-b", "pools": ["code"]}]})
