@@ -128,8 +128,15 @@ class Settings(BaseSettings):
         if not cat_problems:
             p.extend(pool_engines(self.catalogue, self.pools)[1])
         roles: dict[str, set[str]] = {}
-        for pool in self.pools:
+        models: dict[str, tuple[int, str]] = {}  # route group → (first pool, its model)
+        for i, pool in enumerate(self.pools):
             roles.setdefault(pool.group, set()).add(pool.role)
+            first, model = models.setdefault(pool.group, (i, pool.model))
+            if model != pool.model:  # the router would send one model's requests to the other's replicas
+                p.append((("pools", i, "group"),
+                          f"route group {pool.group!r} mixes models: {self.pools[first].name} serves {model!r}, "
+                          f"{pool.name} serves {pool.model!r}; give each model its own group (e.g. group: "
+                          f"{pool.model})"))
         for group, rs in roles.items():
             if ("prefill" in rs) != ("decode" in rs):
                 have, lack = ("prefill", "decode") if "prefill" in rs else ("decode", "prefill")

@@ -89,6 +89,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-client-ca", default=None, metavar="FILE",
                    help="require client certificates signed by this CA (mTLS); --follow verifies the leader with it "
                         "and presents --tls-cert")
+    p.add_argument("--model", action="append", default=[], metavar="POOL=NAME[,NAME...]",
+                   help="model names a pool serves (its served model name, LoRA adapters): requests whose `model` is "
+                        "one of them go to its route group, an unknown model gets 404; the replicas' GET /v1/models "
+                        "adds what they report (repeatable)")
+    p.add_argument("--models-interval", type=float, default=10.0, metavar="SECONDS",
+                   help="how often each replica's /v1/models is read")
+    p.add_argument("--inferencepool", action="append", default=[], metavar="POOL=[NAMESPACE/]NAME",
+                   help="the pool's replicas are the ready endpoints of this InferencePool (inference.networking.k8s.io"
+                        "/v1): the EndpointSlices of the headless Service of the same name, at its target port; its "
+                        "annotation governor.llm-d.ai/models declares model names (repeatable)")
+    p.add_argument("--kubeconfig", default=None, metavar="FILE",
+                   help="for --inferencepool outside a cluster (default: the pod's service account)")
+    p.add_argument("--cold-queue", type=int, default=1024, metavar="N",
+                   help="requests held at most at once for route groups with no ready replica (beyond: 429)")
+    p.add_argument("--cold-wait", action="append", default=[], metavar="CLASS=SECONDS",
+                   help="how long a class waits for a route group's first ready replica (0 = not held: 503 at once; "
+                        "default critical=300, standard=180, sheddable=0; repeatable)")
     p.add_argument("--extproc-port", type=int, default=9002, help="ext_proc gRPC port Envoy connects to (0 = any)")
     p.add_argument("--control-port", type=int, default=9003, help="RouterControl gRPC port Governor calls (0 = any)")
     p.add_argument("--metrics-port", type=int, default=9004, help="Prometheus /metrics port (0 = any)")
@@ -108,13 +125,23 @@ def _split(items: list[str], flag: str) -> dict[str, list[str]]:
 
 def config_from_args(args: argparse.Namespace) -> PickerConfig:
     """The PickerConfig the flags describe; ValueError naming the bad flag."""
+    from controller.dataplane.models import pool_groups_serving_different_models
+    from controller.dataplane.picker import ColdStart
     from controller.dataplane.policy import ClassSettings, PoolSettings, Settings
     from controller.dataplane.server import PickerConfig
     from controller.types import PRIORITY_CLASSES
 
     endpoints = _split(args.pool, "--pool")
+    inferencepools: dict[str, tuple[str, str]] = {}
+    for pool, refs in _split(args.inferencepool, "--inferencepool").items():
+        if len(refs) != 1:
+            raise ValueError(f"--inferencepool {pool}: expected POOL=[NAMESPACE/]NAME")
+        ns, _, name = refs[0].rpartition("/")
+        inferencepools[pool] = (ns or "default", name)
+        endpoints.setdefault(pool, [])
     if not endpoints:
-        raise ValueError("--pool: name at least one pool (POOL=HOST:PORT,... or POOL= with --discovery)")
+        raise ValueError("--pool: name at least one pool (POOL=HOST:PORT,... or POOL= with --discovery, or "
+                         "--inferencepool)")
     dns: dict[str, tuple[str, int]] = {}
     for pool, addrs in endpoints.items():
         for a in addrs:
@@ -143,6 +170,18 @@ def config_from_args(args: argparse.Namespace) -> PickerConfig:
         raise ValueError(f"--default-inflight-cap {args.default_inflight_cap}: must be >= 0")
     defaults = Settings({p: PoolSettings(weights.get(p, 1.0), args.default_inflight_cap, prefix, queue, kv)
                          for p in endpoints}, {c: ClassSettings() for c in PRIORITY_CLASSES})
+    models = _split(args.model, "--model")
+    unknown = sorted(set(models) - set(endpoints))
+    if unknown:
+        raise ValueError(f"--model: pools {unknown} are not --pool or --inferencepool pools")
+    mixed = pool_groups_serving_different_models(groups, {p: set(n) for p, n in models.items()})
+    if mixed:
+        raise ValueError("--model: " + "; ".join(mixed) + " (give each model its own --group)")
+    waits = {c: float(v[0]) for c, v in _split(args.cold_wait, "--cold-wait").items() if v}
+    try:
+        cold = ColdStart(args.cold_queue, {**ColdStart().wait_s, **waits})
+    except ValueError as exc:
+        raise ValueError(f"--cold-queue/--cold-wait: {exc}") from None
     token, tls = control_auth(args)
     return PickerConfig(groups=groups, endpoints={p: a for p, a in endpoints.items() if a and p not in dns}, dns=dns,
                         discovery_url=args.discovery, follow=args.follow, defaults=defaults,
@@ -151,7 +190,8 @@ def config_from_args(args: argparse.Namespace) -> PickerConfig:
                         scrape_interval_s=args.scrape_interval, block_chars=args.block_chars,
                         affinity_blocks=args.affinity_blocks, host=args.host, extproc_port=args.extproc_port,
                         control_port=args.control_port, metrics_port=args.metrics_port, control_token=token,
-                        control_tls=tls)
+                        control_tls=tls, models=models, models_interval_s=args.models_interval,
+                        inferencepools=inferencepools, kubeconfig=args.kubeconfig, cold=cold)
 
 
 def cmd_picker(args: argparse.Namespace) -> int:

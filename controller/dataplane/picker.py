@@ -24,6 +24,12 @@ Per request, in this order (the simulated router's order, controller/sim/router.
      `vllm:num_requests_running + vllm:num_requests_waiting` from its /metrics), min-max
      normalised over the candidates (0 when all are equal); kv_usage: `vllm:kv_cache_usage_perc`.
    Ties go to the first candidate in a rotating order (round robin among equals).
+   A route group none of whose pools has a ready replica (scaled to zero, or starting from zero):
+   the request is held for the group in a bounded queue (`ColdStart`: at most `queue_size` at once;
+   each class waits up to its own `wait_s`, 0 = not held: 503 at once), released critical first, FCFS
+   within a class, as soon as a replica is ready; a full queue answers 429, a wait past the class's
+   bound 503, both with `retry-after`. Held here they count as held for the class (Governor's
+   scale-from-zero signal reads the picker's held requests).
 4. No candidate (every replica at its cap): the request is held for the pool (critical first,
    FCFS within a class) while fewer than its class's `queue_budget` are held (-1 = unlimited);
    beyond that → 503 with `retry-after`. Held requests get a replica as soon as one has room
@@ -92,7 +98,9 @@ class Endpoint:
 
 @dataclass
 class HeldRequest:
-    """A request waiting for room in `pool` (the edge keeps its own handle in `token`)."""
+    """A request waiting for room in `pool` (the edge keeps its own handle in `token`); held for a route group with
+    no ready replica, `pool` is "" until one is ready, and `wait_s` is its class's bound (the edge's hold timeout
+    otherwise)."""
 
     cls: str
     prio: int
@@ -102,6 +110,29 @@ class HeldRequest:
     token: object = None
     endpoint: Endpoint | None = None  # set when dispatched
     done: bool = False
+    group: str = ""
+    wait_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """Holding requests for a route group with no ready replica (scale from zero): how many at once, and how long
+    each class waits (seconds; 0 = that class is not held). The defaults hold critical and standard up to a
+    typical cold start (an engine loading its weights: minutes) and turn sheddable away at once."""
+
+    queue_size: int = 1024
+    wait_s: Mapping[str, float] = field(default_factory=lambda: {"critical": 300.0, "standard": 180.0,
+                                                                 "sheddable": 0.0})
+
+    def __post_init__(self) -> None:
+        if self.queue_size < 0:
+            raise ValueError(f"cold start queue_size: {self.queue_size} must be >= 0")
+        for cls, w in self.wait_s.items():
+            if cls not in PRIORITY_CLASSES or not (math.isfinite(w) and w >= 0):
+                raise ValueError(f"cold start wait_s: {cls}={w!r} (classes {list(PRIORITY_CLASSES)}, seconds >= 0)")
+
+    def wait_of(self, cls: str) -> float:
+        return float(self.wait_s.get(cls, 0.0))
 
 
 @dataclass(frozen=True)
@@ -155,7 +186,7 @@ class Picker:
     """Endpoints, route groups, admission state and held requests. `settings` come with every call."""
 
     def __init__(self, groups: Mapping[str, Sequence[str]], *, block_chars: int = 256, affinity_blocks: int = 4,
-                 default_group: str | None = None) -> None:
+                 default_group: str | None = None, cold: ColdStart | None = None) -> None:
         if not groups or any(not pools for pools in groups.values()):
             raise ValueError("groups: at least one route group, each with at least one pool")
         pools = [p for ps in groups.values() for p in ps]
@@ -176,6 +207,9 @@ class Picker:
         self._rr: dict[str, int] = dict.fromkeys(pools, 0)
         self._held: dict[str, list[deque[HeldRequest]]] = {p: [deque() for _ in PRIORITY_CLASSES] for p in pools}
         self._seq = 0
+        self.cold = cold if cold is not None else ColdStart()
+        self._cold: dict[str, list[deque[HeldRequest]]] = {g: [deque() for _ in PRIORITY_CLASSES] for g in self.groups}
+        self._cold_count = 0
 
     # ------------------------------------------------------------------ membership and readings
 
@@ -222,9 +256,9 @@ class Picker:
             return rejected
         g = self.group_of(group)
         pool = self._choose_pool(g, settings)
-        if pool is None:
-            return self._reject(cls, 503, 1, "no_endpoint")
         key = prefix_key(prompt, self.block_chars, self.affinity_blocks)
+        if pool is None:
+            return self._hold_cold(cls, g, key)
         ep = self._pick(pool, cls, key, settings.pools[pool])
         if ep is not None:
             self._start(ep)
@@ -247,7 +281,7 @@ class Picker:
 
     def dispatch_held(self, settings: Settings, pool: str | None = None) -> list[HeldRequest]:
         """Give held requests a replica where one has room (after a finish, a reading, a policy change)."""
-        out: list[HeldRequest] = []
+        out: list[HeldRequest] = self._dispatch_cold(settings) if pool is None else []
         for p in [pool] if pool is not None else list(self._held):
             ps = settings.pools[p]
             blocked = False
@@ -271,14 +305,67 @@ class Picker:
 
     def abandon(self, h: HeldRequest, reason: str = "hold_timeout") -> bool:
         """The edge gave up on a held request: True if it was still held. `reason` "hold_timeout" counts
-        as a rejection (503); "client_gone" (the client left while it waited) does not."""
+        as a rejection (503; "cold_start_timeout" when it waited for a group with no ready replica);
+        "client_gone" (the client left while it waited) does not."""
         if h.done:
             return False
         h.done = True
         self._classes[h.cls].held -= 1
-        if reason == "hold_timeout":
+        if not h.pool:  # still waiting for its group's first replica
+            self._cold_count -= 1
+            reason = "cold_start_timeout" if reason == "hold_timeout" else reason
+        if reason in ("hold_timeout", "cold_start_timeout"):
             self.counters.rejected[(h.cls, reason)] = self.counters.rejected.get((h.cls, reason), 0) + 1
         return True
+
+    # ------------------------------------------------------------------ a group with no ready replica
+
+    def cold_count(self) -> int:
+        """Requests held for route groups with no ready replica."""
+        return self._cold_count
+
+    def _hold_cold(self, cls: str, group: str, key: int | None) -> Route:
+        """Hold a request for a group that has no ready replica, within the class's wait and the queue's size."""
+        wait = self.cold.wait_of(cls)
+        if wait <= 0:
+            return self._reject(cls, 503, 1, "no_endpoint")
+        if self._cold_count >= self.cold.queue_size:
+            return self._reject(cls, 429, max(1, math.ceil(min(wait, 60.0))), "cold_queue_full")
+        self._seq += 1
+        h = HeldRequest(cls, PRIORITY_CLASSES.index(cls), self._seq, "", key, group=group, wait_s=wait)
+        self._cold[group][h.prio].append(h)
+        self._cold_count += 1
+        self._classes[cls].held += 1
+        self.counters.held[cls] += 1
+        return Route(held=h)
+
+    def _dispatch_cold(self, settings: Settings) -> list[HeldRequest]:
+        """Groups that have a ready replica again: their held requests, critical first, go to a replica, or
+        wait in the chosen pool's queue for room like any request held at the in-flight cap."""
+        out: list[HeldRequest] = []
+        for group, queues in self._cold.items():
+            for q in queues:
+                while q:
+                    h = q[0]
+                    if h.done:
+                        q.popleft()
+                        continue
+                    pool = self._choose_pool(group, settings)
+                    if pool is None:
+                        break
+                    q.popleft()
+                    self._cold_count -= 1
+                    h.pool = pool
+                    ep = self._pick(pool, h.cls, h.key, settings.pools[pool])
+                    if ep is None:
+                        self._held[pool][h.prio].append(h)  # still held (counted), now for room in the pool
+                        continue
+                    self._start(ep)
+                    h.endpoint = ep
+                    h.done = True
+                    self._classes[h.cls].held -= 1
+                    out.append(h)
+        return out
 
     # ------------------------------------------------------------------ parts
 

@@ -57,7 +57,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from controller.dataplane.picker import Endpoint, HeldRequest, Picker
+from controller.dataplane.models import (
+    InferencePoolMembership,
+    ModelNotServedError,
+    ModelRoutes,
+    PoolRef,
+    request_model,
+    served_names,
+)
+from controller.dataplane.picker import ColdStart, Endpoint, HeldRequest, Picker
 from controller.dataplane.policy import PolicyStore, PoolSettings, Settings
 from controller.dataplane.scrape import ScrapeError, fetch, parse_engine_metrics, parse_http_sd
 from controller.gen.governor.v1 import control_pb2 as pb
@@ -79,7 +87,8 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 POOL_HEADER = "x-governor-pool"
 PICK_BUCKETS = (0.000025, 0.00005, 0.000075, 0.0001, 0.0002, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.0015,
                 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
-REJECT_CODES = {"shed": "429", "rate_limit": "429"}  # the others (queue budget, hold timeout, no endpoint): 503
+# the others (queue budget, hold timeout, no endpoint, cold start timeout): 503
+REJECT_CODES = {"shed": "429", "rate_limit": "429", "cold_queue_full": "429", "model_not_found": "404"}
 HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # A RoutingPolicy costs ~60 bytes a pool and ~30 a class: 1 MiB is ~15,000 pools, far beyond any fleet, and keeps
 # one oversized command from costing the picker's loop more than a millisecond or two to parse.
@@ -113,10 +122,18 @@ class PickerConfig:
     # mTLS; beyond loopback one of the two is required (anyone who reaches the port could steer the traffic)
     control_token: str | None = None
     control_tls: TlsConfig | None = None
+    # model-aware routing (models.py): pool → the model names it serves (served model name, LoRA adapters)
+    models: dict[str, list[str]] = field(default_factory=dict)
+    models_interval_s: float = 10.0  # how often each replica's GET /v1/models is read
+    # pool → (namespace, InferencePool name): membership from the InferencePool and its EndpointSlices
+    inferencepools: dict[str, tuple[str, str]] = field(default_factory=dict)
+    kubeconfig: str | None = None  # for inferencepools; None: the pod's service account
+    cold: ColdStart | None = None  # holding requests while a route group has no ready replica (picker.py)
 
     def __post_init__(self) -> None:
         pools = [p for ps in self.groups.values() for p in ps]
-        unknown = sorted((set(self.endpoints) | set(self.dns)) - set(pools))
+        unknown = sorted((set(self.endpoints) | set(self.dns) | set(self.inferencepools) | set(self.models))
+                         - set(pools))
         if unknown:
             raise ValueError(f"endpoints: pools {unknown} are in no route group ({self.groups})")
         if not (math.isfinite(self.hold_timeout_s) and self.hold_timeout_s > 0):
@@ -166,14 +183,23 @@ def resolve(name: str, port: int) -> list[str]:
     return sorted({_hp(str(i[4][0]), port) for i in infos})
 
 
-def prompt_text(body: bytes) -> str:
-    """The text affinity hashes: `prompt` of a completion, the chat messages' `role: content` lines."""
+def body_fields(body: bytes) -> tuple[str, str | None]:
+    """(the prompt text, the `model`) of an OpenAI request body, parsed once."""
     if not body:
-        return ""
+        return "", None
     try:
         req = json.loads(body)
     except (ValueError, RecursionError):  # not JSON (or not UTF-8), or nested deeper than the parser recurses
-        return ""
+        return "", None
+    return _prompt_of(req), request_model(req)
+
+
+def prompt_text(body: bytes) -> str:
+    """The text affinity hashes: `prompt` of a completion, the chat messages' `role: content` lines."""
+    return body_fields(body)[0]
+
+
+def _prompt_of(req: object) -> str:
     if not isinstance(req, dict):
         return ""
     prompt = req.get("prompt")
@@ -193,8 +219,13 @@ def _set_header(key: str, value: str) -> base_pb2.HeaderValueOption:
         append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
 
 
-def immediate(status: int, retry_after_s: int, reason: str) -> ep_pb.ProcessingResponse:
-    body = json.dumps({"error": {"message": f"governor picker: {reason}", "type": reason, "code": status}})
+def immediate(status: int, retry_after_s: int, reason: str, message: str = "") -> ep_pb.ProcessingResponse:
+    if reason == "model_not_found":  # OpenAI's own answer to an unknown model
+        body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": "model",
+                                     "code": "model_not_found"}})
+    else:
+        body = json.dumps({"error": {"message": f"governor picker: {message or reason}", "type": reason,
+                                     "code": status}})
     return ep_pb.ProcessingResponse(immediate_response=ep_pb.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=status),
         headers=ep_pb.HeaderMutation(set_headers=[_set_header("retry-after", str(retry_after_s)),
@@ -208,7 +239,13 @@ class PickerService:
     def __init__(self, cfg: PickerConfig) -> None:
         self.cfg = cfg
         assert cfg.defaults is not None  # set by PickerConfig
-        self.picker = Picker(cfg.groups, block_chars=cfg.block_chars, affinity_blocks=cfg.affinity_blocks)
+        self.picker = Picker(cfg.groups, block_chars=cfg.block_chars, affinity_blocks=cfg.affinity_blocks,
+                             cold=cfg.cold)
+        self.models = ModelRoutes(cfg.groups, declared={p: set(names) for p, names in cfg.models.items()})
+        self.membership = (InferencePoolMembership.from_kubeconfig(
+            {p: PoolRef(ns, name) for p, (ns, name) in cfg.inferencepools.items()}, cfg.kubeconfig)
+            if cfg.inferencepools else None)
+        self._models_read_at: dict[str, float] = {}  # endpoint → when its /v1/models was last read
         self.store = PolicyStore(cfg.defaults)
         for pool, addrs in cfg.endpoints.items():
             self.picker.set_endpoints(pool, addrs)
@@ -245,10 +282,16 @@ class PickerService:
 
     # ------------------------------------------------------------------ requests
 
-    async def decide(self, cls: str, group: str | None,
-                     prompt: str) -> tuple[Endpoint | None, ep_pb.ProcessingResponse]:
+    async def decide(self, cls: str, group: str | None, prompt: str,
+                     model: str | None = None) -> tuple[Endpoint | None, ep_pb.ProcessingResponse]:
         """The endpoint (or None) and the answer for the body (or headers) message of one request."""
         t0 = time.perf_counter()
+        try:
+            group = self.models.group_for(model, group)
+        except ModelNotServedError as exc:
+            c = self.picker.counters
+            c.rejected[(cls, "model_not_found")] = c.rejected.get((cls, "model_not_found"), 0) + 1
+            return None, immediate(404, 0, "model_not_found", str(exc))
         try:
             r = self.picker.route(cls, prompt, self.settings(), time.monotonic(), group)
         except ValueError as exc:
@@ -266,10 +309,13 @@ class PickerService:
         fut: asyncio.Future[Endpoint] = asyncio.get_running_loop().create_future()
         h.token = fut
         t0 = time.monotonic()
+        cold = not h.pool  # held for a route group with no ready replica: its class's bound, not the hold timeout
         try:
-            ep = await asyncio.wait_for(asyncio.shield(fut), self.cfg.hold_timeout_s)
+            ep = await asyncio.wait_for(asyncio.shield(fut), h.wait_s if cold and h.wait_s else self.cfg.hold_timeout_s)
         except TimeoutError:
             if self.picker.abandon(h):
+                if cold:
+                    return None, immediate(503, max(1, min(60, round(h.wait_s or 1))), "cold_start_timeout")
                 return None, immediate(503, 1, "hold_timeout")
             ep = fut.result()  # dispatched in the same instant
         except asyncio.CancelledError:
@@ -352,7 +398,9 @@ class PickerService:
             except OSError as exc:
                 self.scrape_errors += 1
                 log.warning("pool %s: cannot resolve %s: %s (keeping the last membership)", pool, name, exc)
+        await self._read_inferencepools(loop)
         eps = [e for es in self.picker.endpoints.values() for e in es]
+        await self._read_models(loop, [e for e in eps if e.healthy], timeout)
 
         def read(e: Endpoint) -> tuple[Endpoint, tuple[float, float] | None]:
             try:
@@ -369,6 +417,39 @@ class PickerService:
                 e.engine_queue, e.kv_usage = reading
                 e.healthy = True
         self._wake(self.picker.dispatch_held(self.settings()))
+
+    async def _read_inferencepools(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Membership (and declared model names) from each pool's InferencePool and its EndpointSlices."""
+        if self.membership is None:
+            return
+        for pool in self.membership.refs:
+            try:
+                addrs, declared = await loop.run_in_executor(None, self.membership.read, pool)
+            except Exception as exc:  # noqa: BLE001 - an API error keeps the last membership; logged and counted
+                self.scrape_errors += 1
+                log.warning("pool %s: cannot read its InferencePool: %s (keeping the last membership)", pool, exc)
+                continue
+            self.picker.set_endpoints(pool, addrs)
+            if declared:
+                self.models.declared[pool] = set(self.cfg.models.get(pool, ())) | declared
+
+    async def _read_models(self, loop: asyncio.AbstractEventLoop, eps: list[Endpoint], timeout: float) -> None:
+        """Each replica's GET /v1/models (base model and LoRA adapters), every models_interval_s per replica."""
+        now = time.monotonic()
+        due = [e for e in eps if now - self._models_read_at.get(e.address, -math.inf) >= self.cfg.models_interval_s]
+
+        def read(e: Endpoint) -> tuple[Endpoint, set[str]]:
+            try:
+                return e, served_names(fetch(f"http://{e.address}/v1/models", timeout))
+            except ScrapeError:
+                return e, set()
+
+        found: dict[str, set[str]] = {}
+        for e, names in await asyncio.gather(*(loop.run_in_executor(None, read, e) for e in due)):
+            self._models_read_at[e.address] = now
+            found.setdefault(e.pool, set()).update(names)
+        for pool, names in found.items():
+            self.models.report(pool, names)
 
     def stop(self) -> None:
         self._stop.set()
@@ -399,6 +480,9 @@ class _Collector:
         held_total = CounterMetricFamily("governor_picker_held", "Requests held for a replica with room",
                                          labels=["class"])
         held_now = GaugeMetricFamily("governor_picker_held_now", "Requests held right now", labels=["class"])
+        cold = GaugeMetricFamily("governor_picker_cold_held_now",
+                                 "Requests held for a route group with no ready replica (scale from zero)")
+        cold.add_metric([], p.cold_count())
         for cls in PRIORITY_CLASSES:
             arrivals.add_metric([cls], c.arrivals[cls])
             rate.add_metric([cls], c.last_second_rate(cls, now))
@@ -422,7 +506,7 @@ class _Collector:
         fallback.add_metric([], 1.0 if a.fallback else 0.0)
         gen = GaugeMetricFamily("governor_picker_policy_generation", "Generation of the last applied RoutingPolicy")
         gen.add_metric([], a.generation)
-        return [arrivals, rate, held_total, held_now, rejected, inflight, picks, fallback, gen, *epp]
+        return [arrivals, rate, held_total, held_now, cold, rejected, inflight, picks, fallback, gen, *epp]
 
     @staticmethod
     def _epp_families(p: Picker) -> list:
@@ -443,7 +527,8 @@ class _Collector:
             rej = dict.fromkeys(("429", "503"), 0)
             for (k, reason), n in list(c.rejected.items()):
                 if k == cls:
-                    rej[REJECT_CODES.get(reason, "503")] += n
+                    code = REJECT_CODES.get(reason, "503")
+                    rej[code] = rej.get(code, 0) + n
             total.add_metric([cls], c.arrivals[cls])
             shed.add_metric([cls], sum(rej.values()))
             admitted.add_metric([cls], c.arrivals[cls] - sum(rej.values()))
@@ -489,7 +574,8 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):
                         yield ep_pb.ProcessingResponse(request_body=ep_pb.BodyResponse())
                         continue
                     decided = True
-                    ep, resp = await svc.decide(cls, group, prompt_text(msg.request_body.body))
+                    prompt, model = body_fields(msg.request_body.body)
+                    ep, resp = await svc.decide(cls, group, prompt, model)
                     yield resp
                 elif kind == "response_headers":
                     yield ep_pb.ProcessingResponse(response_headers=ep_pb.HeadersResponse())

@@ -57,9 +57,10 @@ telemetry:
   window_s: 30
   stale_after_s: 30
 pools:
-  - {{name: qwen-l40s, model: {model}, sku: l40s, usd_per_gpu_hour: 1.86, min_replicas: 1, max_replicas: 4}}
+  - {{name: qwen-l40s, model: {model}, sku: l40s, usd_per_gpu_hour: 1.86, min_replicas: 1, max_replicas: 4,
+     group: qwen}}
   - {{name: acme, model: acme-13b, sku: acme-gpu, gpus_per_replica: 2, usd_per_gpu_hour: 3.0, min_replicas: 1,
-     max_replicas: 4}}
+     max_replicas: 4, group: acme}}
 {CATALOGUE}
 actuators:
   router: {{address: "{info['router_control']}"}}
