@@ -1,4 +1,5 @@
-"""A tiny OpenAI-like replica on loopback: `/health`, `/v1/models`, `/v1/completions` (non-streaming, JSON).
+"""A tiny OpenAI-like replica on loopback: `/health`, `/v1/models` (with LoRA adapters), `/metrics` (the vLLM
+queue and KV series a picker reads), `/v1/completions` (non-streaming, JSON).
 
 Stands in for an engine behind a real router in the router-adapter tests. It counts the completions it
 served and answers after `delay_s`, so requests are in flight while a router's membership changes.
@@ -21,7 +22,9 @@ class _Server(ThreadingHTTPServer):
 
 
 class OpenAIBackend:
-    def __init__(self, host: str, port: int, *, delay_s: float = 0.01, model: str = "m") -> None:
+    def __init__(self, host: str, port: int, *, delay_s: float = 0.01, model: str = "m",
+                 adapters: tuple[str, ...] = ()) -> None:
+        self.adapters = adapters  # LoRA adapters listed at /v1/models (parent: the model)
         self.served = 0
         self.in_flight = 0
         self._lock = threading.Lock()
@@ -64,7 +67,20 @@ class OpenAIBackend:
                 if self.path.startswith("/health"):
                     self._send(200, {})
                 elif self.path.startswith("/v1/models"):
-                    self._send(200, {"object": "list", "data": [{"id": backend._model, "object": "model"}]})
+                    self._send(200, {"object": "list", "data": [{"id": backend._model, "object": "model"}]
+                                     + [{"id": a, "object": "model", "parent": backend._model}
+                                        for a in backend.adapters]})
+                elif self.path.startswith("/metrics"):  # the vLLM series the picker reads
+                    label = f'{{model_name="{backend._model}"}}'
+                    text = (f"vllm:num_requests_running{label} {backend.in_flight}\n"
+                            f"vllm:num_requests_waiting{label} 0\nvllm:kv_cache_usage_perc{label} 0.1\n").encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(text)))
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(text)
+                    self.close_connection = True
                 else:
                     self._send(404, {"error": f"no route {self.path}"})
 
