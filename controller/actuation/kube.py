@@ -26,7 +26,9 @@ calls) and never deletes a pod itself.
 from __future__ import annotations
 
 import json
+import math
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +72,9 @@ class KubeTarget:
     engine: str = "vllm"
     standby: str | None = None  # name of the unserved standby Deployment, if any
     flags: tuple[str, str] | None = None  # (max_num_seqs flag, max_num_batched_tokens flag); None = by engine
+    # the pool's cold start-up time: a replica asked for and not ready after this long (unschedulable, a quota,
+    # an image that cannot be pulled) is reported as unavailable, not starting
+    startup_s: float = math.inf
 
     def engine_flags(self) -> tuple[str, str]:
         return self.flags or ENGINE_FLAGS[self.engine]
@@ -147,7 +152,7 @@ class KubernetesAutoscaler:
     """Reads and scales the pools' workloads. `targets` by pool; `api` a configured kubernetes ApiClient."""
 
     def __init__(self, targets: Mapping[str, KubeTarget], api: k8s.ApiClient, *, conflict_retries: int = 3,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         for pool, t in targets.items():
             if t.kind not in KINDS:
                 raise ValueError(f"pool {pool!r}: kind {t.kind!r} is not one of {', '.join(KINDS)}")
@@ -162,6 +167,9 @@ class KubernetesAutoscaler:
         self._retries = int(conflict_retries)
         self._timeout = float(timeout_s)
         self._leaving: dict[str, set[str]] = {}  # pool → pod names chosen to go, until they are gone
+        self._clock = clock
+        self._first_seen: dict[str, float] = {}  # pod uid → when this adapter first saw it not ready
+        self._short_since: dict[str, float] = {}  # pool → since when fewer pods exist than its target
 
     # ------------------------------------------------------------------ API calls, errors named
 
@@ -403,16 +411,37 @@ class KubernetesAutoscaler:
     def endpoints(self) -> list[Endpoint]:
         return [e for pool in self.targets for e in self.pool_endpoints(pool)[1]]
 
+    def _not_coming(self, pool: str, target: int, eps: list[Endpoint]) -> int:
+        """Replicas asked for that are not coming: pods not ready past the pool's start-up time (Pending for want
+        of a node or a GPU, an image that cannot be pulled) and, past it too, pods the workload's controller has
+        not created (a quota). Timed on this adapter's own clock from when it first saw each one."""
+        t = self.targets[pool]
+        now = self._clock()
+        starting = [e.id for e in eps if e.phase == STARTING]
+        seen = {f"{pool}/{name}" for name in starting}
+        for key in [k for k in self._first_seen if k.startswith(f"{pool}/") and k not in seen]:
+            del self._first_seen[key]  # ready, or gone
+        stuck = sum(1 for key in seen if now - self._first_seen.setdefault(key, now) >= t.startup_s)
+        missing = max(0, target - sum(1 for e in eps if e.phase in (READY, STARTING)))
+        if missing == 0:
+            self._short_since.pop(pool, None)
+        elif now - self._short_since.setdefault(pool, now) >= t.startup_s:
+            stuck += missing
+        return stuck
+
     def pool_state(self, pool: str) -> tuple[PoolStateView, list[Endpoint]]:
         t = self.targets[pool]
         target, eps = self.pool_endpoints(pool)
         count = {ph: sum(1 for e in eps if e.phase == ph) for ph in (READY, STARTING, DRAINING, STANDBY)}
+        unavailable = self._not_coming(pool, target, eps)
+        stuck_pods = min(unavailable, count[STARTING])
         containers = self._containers(t, self._read_workload(t))
         seq_flag, tok_flag = t.engine_flags()
         args = self._args(containers[0])
-        view = PoolStateView(pool=pool, target_replicas=target, ready=count[READY], starting=count[STARTING],
-                             draining=count[DRAINING], standby=count[STANDBY],
-                             max_num_seqs=get_flag(args, seq_flag), max_num_batched_tokens=get_flag(args, tok_flag))
+        view = PoolStateView(pool=pool, target_replicas=target, ready=count[READY],
+                             starting=count[STARTING] - stuck_pods, draining=count[DRAINING], standby=count[STANDBY],
+                             max_num_seqs=get_flag(args, seq_flag), max_num_batched_tokens=get_flag(args, tok_flag),
+                             unavailable=unavailable)
         return view, eps
 
 

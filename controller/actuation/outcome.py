@@ -86,6 +86,7 @@ class PoolStateView:
     standby: int
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
+    unavailable: int = 0  # asked for and not coming: pending past the pool's start-up time (core/capacity.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from controller.core.breaker import BreakerConfig, BreakerState, advance_breaker, apply_breaker, breaker_reasons
+from controller.core.capacity import CapacityState, advance_capacity, capped_fleet
 from controller.core.estimate import Estimate, estimate
 from controller.core.guards import GuardConfig, GuardState, apply_guards, pool_telemetry_status
 from controller.jsonsafe import json_safe
@@ -54,6 +55,7 @@ class ControllerState:
     guard_state: GuardState = field(default_factory=GuardState)
     estimate: Estimate | None = None  # the last tick's estimate
     breaker: BreakerState = field(default_factory=BreakerState)
+    capacity: CapacityState = field(default_factory=CapacityState)  # pools held for capacity that never came
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +210,8 @@ class Controller:
                 active, "paused: no decision made; actuators keep their settings until they expire", est)
 
         profile = next((o.text for o in reversed(active) if o.kind == "profile" and o.text in PROFILES), tick.profile)
-        fleet = self._effective_fleet(active)
+        capacity, capacity_reasons = advance_capacity(state.capacity, self.fleet, tick.fleet_state, now_s)
+        fleet = capped_fleet(self._effective_fleet(active), capacity)
         current = self._observed_current(obs, state.current) if tick.mode is Mode.SHADOW else state.current
         generation = state.generation + 1
         rng = np.random.default_rng([self.seed, generation])
@@ -221,7 +224,7 @@ class Controller:
             bstate, action, notes = advance_breaker(state.breaker, self.breaker, inp, signals)
             inp = replace(inp, breaker=action)
         policy_state, out = self.policy.decide(state.policy_state, inp, rng)
-        reasons = breaker_reasons(notes, bstate) + tuple(out.reasons)
+        reasons = capacity_reasons + breaker_reasons(notes, bstate) + tuple(out.reasons)
         proposal, admission, held = apply_breaker(action, fleet=fleet, pools=out.pools, admission=out.admission,
                                                   overrides=active, now_s=now_s)
 
@@ -255,7 +258,7 @@ class Controller:
                 "protect_streams": action.protect_streams, "min_shed": dict(action.min_shed)})
         text = explain(decision, current, reasons, adjustments, telemetry, active, guarded.frozen, tick.mode)
         new_state = ControllerState(generation=generation, current=decision, policy_state=policy_state,
-                                    guard_state=guarded.state, estimate=est, breaker=bstate)
+                                    guard_state=guarded.state, estimate=est, breaker=bstate, capacity=capacity)
         return new_state, TickResult(decision, tick.mode, changed, guarded.frozen, reasons, adjustments,
                                      telemetry, diagnostics, active, text, est)
 

@@ -12,6 +12,7 @@ This module only builds objects; it decides nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ def _tls(t: ActuatorSettings) -> ClientTls | None:
 def kube_targets(settings: Settings) -> dict[str, KubeTarget]:
     kube = settings.actuators.kubernetes
     engines = {p.name: p.engine for p in settings.pools}
+    startup = {p.name: p.startup_cold_s for p in settings.pools}  # past it, a replica not ready is not coming
     out = {}
     for w in kube.pools:
         pool = w.pool
@@ -43,7 +45,7 @@ def kube_targets(settings: Settings) -> dict[str, KubeTarget]:
             flags = (w.max_num_seqs_flag or seq, w.max_num_batched_tokens_flag or tok)
         out[pool] = KubeTarget(pool=pool, kind=w.kind, name=w.name, namespace=w.namespace or kube.namespace,
                                container=w.container, port=w.port, engine=engines.get(pool, "vllm"),
-                               standby=w.standby, flags=flags)
+                               standby=w.standby, flags=flags, startup_s=startup.get(pool, math.inf))
     return out
 
 

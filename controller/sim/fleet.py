@@ -212,6 +212,15 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
             p.gen += 1
         self._reconcile(p)
 
+    def set_capacity(self, pool: str, replicas: int | None) -> None:
+        """The GPUs of a pool's SKU run out (or come back, None): at most `replicas` of its replicas can be placed;
+        the rest of its target stays pending (reported as unavailable once past its cold start-up time)."""
+        p = self._pool(pool)
+        if replicas is not None and replicas < 0:
+            raise ValueError(f"set_capacity {pool}: replicas must be >= 0 or None (got {replicas})")
+        p.capacity = replicas
+        self._reconcile(p)
+
     def reset_controls(self) -> None:
         """Routing, admission and pool targets back to the scenario's values."""
         rs = self.scenario.router

@@ -37,6 +37,7 @@ class PoolState:
     standby: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    unavailable: int = 0  # asked for, pending past the cold start-up time: not coming (no GPU)
 
 
 @dataclass(frozen=True)
@@ -177,13 +178,17 @@ class AccountingMixin(FleetBase):
         return out
 
     def pool_states(self) -> dict[str, PoolState]:
+        """Replicas per phase, as an autoscaler reports them: a replica pending for want of a GPU counts as
+        starting until its cold start-up time has passed, then as unavailable (it is not coming)."""
         out = {}
+        now = self.now_s
         for name, p in self.pools.items():
             c = {STANDBY: 0, STARTING: 0, READY: 0, DRAINING: 0}
             for i in p.insts:
                 c[i.phase] += 1
-            out[name] = PoolState(name, p.target, c[READY], c[STARTING], c[DRAINING], c[STANDBY], p.max_num_seqs,
-                                  p.max_batched_tokens)
+            stuck = sum(1 for t in p.pending_since if now - t >= p.spec.startup_cold_s)
+            out[name] = PoolState(name, p.target, c[READY], c[STARTING] + len(p.pending_since) - stuck, c[DRAINING],
+                                  c[STANDBY], p.max_num_seqs, p.max_batched_tokens, unavailable=stuck)
         return out
 
     def replica_phases(self) -> list[tuple[str, str, str, float]]:

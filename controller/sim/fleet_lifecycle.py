@@ -199,9 +199,16 @@ class LifecycleMixin(FleetBase):
         serving = [i for i in p.insts if i.phase in (STARTING, READY) and i is not p.surge]
         n = len(serving)
         if n < p.target:
-            for _ in range(p.target - n):
+            room = p.target - n if p.capacity is None else max(0, min(p.target, p.capacity) - n)
+            for _ in range(room):
                 self._start_one(p)
-        elif n > p.target:
+            n += room
+        # what the target asks beyond the GPUs there are: pending, oldest kept (a scale-down removes the
+        # unscheduled first, as a ReplicaSet does)
+        short = max(0, p.target - n)
+        del p.pending_since[short:]
+        p.pending_since.extend([now] * (short - len(p.pending_since)))
+        if n > p.target:
             excess = n - p.target
             starting = sorted((i for i in serving if i.phase == STARTING),
                               key=lambda i: (i.gen == p.gen, -i.since, -i.seq))

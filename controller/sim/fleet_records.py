@@ -111,6 +111,10 @@ class PoolRT:
         self.nodes: list[Node] = []
         self.next_rep = 0
         self.surge: Inst | None = None
+        # GPUs that run out (Fleet.set_capacity): replicas the pool may place; the rest of its target stays
+        # pending (no GPU, never ready), each with the time it was asked for
+        self.capacity: int | None = None
+        self.pending_since: list[float] = []
         self.gpu_s = 0.0
         self.t_acc = 0.0
         self.billed_gpus = 0
