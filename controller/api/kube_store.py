@@ -154,9 +154,12 @@ class KubeStateStore(StateStore):
         return str(w.get("identity", "")), int(w.get("epoch", 0))
 
     def sync(self) -> bool:
-        """Read the object; when it changed since last seen, make the local copy equal to it. True if it changed."""
-        obj = self.api.get()
+        """Read the object; when it changed since last seen, make the local copy equal to it. True if it changed.
+
+        The read happens under the store's lock, as every mutation's read-write-commit does: a read that
+        left before a mutation's write and answered after it would otherwise put the older object back."""
         with self._lock:
+            obj = self.api.get()
             if obj is None or (self._seen is not None and
                                obj["metadata"]["resourceVersion"] == self._seen["metadata"]["resourceVersion"]):
                 return False

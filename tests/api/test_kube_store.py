@@ -104,3 +104,29 @@ def test_the_refit_verdict_is_shared(fake, tmp_path):
                  "by": "pod-a"})
     b.sync()
     assert b.get_refit() == a.get_refit() and b.get_refit()["reason"].startswith("kept")
+
+
+def test_a_read_that_crosses_a_write_does_not_put_the_older_state_back(fake, tmp_path):
+    """The tick's sync reads the object while an API call writes it: the read must not answer with the object from
+    before the write and then be imported over it (found by the 20-cycle failover run: a leader's audit trail
+    lost its last mode.set until the next sync)."""
+    import threading
+
+    a = _store(fake, tmp_path, "pod-a", [1])
+    a.claim(T0)
+    real_get = a.api.get
+    writer: list[threading.Thread] = []
+
+    def get_crossing_a_write():
+        obj = real_get()  # the object as it is before the write
+        if not writer:
+            writer.append(threading.Thread(target=lambda: a.set_mode("paused", author="alice", now_s=T0 + 1)))
+            writer[0].start()
+            writer[0].join(0.5)  # the write may land now (it must wait for the read's lock)
+        return obj
+
+    a.api.get = get_crossing_a_write  # type: ignore[method-assign]
+    a.sync()
+    writer[0].join(10)
+    assert a.get_mode() == "paused" and a.list_audit(1)[0].action == "mode.set"
+    assert fake.get_object(GROUP, PLURAL, "governor")["spec"]["mode"] == "paused"
