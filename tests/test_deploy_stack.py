@@ -122,3 +122,28 @@ def test_envoys_bootstrap_is_the_shipped_one_and_the_scaler_role_the_adapters(do
     adapter = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "kubernetes-adapter.yaml").read_text())
                if d and d["kind"] == "Role"]
     assert _of(docs, "Role")["governor-scaler"]["rules"] == adapter[0]["rules"]
+
+
+def test_no_manifest_in_deploy_names_a_placeholder_image(tmp_path):
+    found = {}
+    for path in sorted((ROOT / "deploy").rglob("*.yaml")):
+        for m in re.finditer(r"^\s*image:\s*(\S+)", path.read_text(), re.M):
+            found[f"{path.relative_to(ROOT)}:{m.group(1)}"] = m.group(1)
+    assert found
+    bad = [k for k, image in found.items() if re.search(r"your|placeholder|replace|latest", image, re.I)
+           or not re.search(r":v?\d+\.\d+\.\d+$", image)]
+    assert not bad, bad
+    # the sidecar's router is the picker, with flags its own parser takes
+    sidecar = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "sidecar.yaml").read_text()) if d]
+    (dep,) = [d for d in sidecar if d["kind"] == "Deployment"]
+    (router,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "router"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    token = tmp_path / "token"
+    token.write_text("a-token-of-the-api-secret\n")
+    args = [f"--control-token-file={token}" if a.startswith("--control-token-file=") else a for a in router["args"]]
+    cfg = config_from_args(parser.parse_args(args[1:]))
+    assert args[0] == "picker" and cfg.control_token == "a-token-of-the-api-secret" and cfg.host == "0.0.0.0"
+    mounted = {m["mountPath"] for m in router["volumeMounts"]}
+    assert any(a.startswith("--control-token-file=") and str(Path(a.split("=", 1)[1]).parent) in mounted
+               for a in router["args"])
