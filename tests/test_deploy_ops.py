@@ -183,9 +183,8 @@ def _render(path: Path) -> list[dict]:
 def _validate(docs: list[dict], where: str) -> set[str]:
     """Every built-in object against the Kubernetes API schemas (strict: unknown fields fail); returns
     the kinds that have no schema."""
-    import kubernetes_validate
-
     import jsonschema
+    import kubernetes_validate
 
     version = kubernetes_validate.latest_version()
     unknown = set()

@@ -60,6 +60,7 @@ def test_governor_is_wired_to_the_picker_and_the_workloads(docs):
     assert s.mode.value == "shadow" and s.leader_election.enabled and s.leader_election.shared_state
     assert not s.actuators.keda.enabled and s.actuators.kubernetes.enabled
     services = _of(docs, "Service")
+    assert s.actuators.router.address is not None
     host, port = s.actuators.router.address.rsplit(":", 1)
     name, ns = host.split(".")[:2]
     picker_ports = {p["name"]: p["port"] for p in services[name]["spec"]["ports"]}

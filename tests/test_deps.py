@@ -6,6 +6,7 @@ wheel at the ranges' floors (tools/deps.py lowest) and runs the demo (its figure
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,10 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import deps  # noqa: E402 - tools/ is not a package
+_spec = importlib.util.spec_from_file_location("deps", ROOT / "tools" / "deps.py")  # tools/ is not a package
+assert _spec is not None and _spec.loader is not None
+deps = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(deps)
 
 
 def test_every_dependency_is_a_range_with_a_floor_and_pinned_inside_it():

@@ -257,24 +257,24 @@ class KubeStateStore(StateStore):
 
     # ------------------------------------------------------------------ the mutations, replicated
 
-    def add_override(self, kind: str, **kwargs: Any):  # type: ignore[override]
+    def add_override(self, kind: str, **kwargs: Any):
         return self._mutate(lambda: StateStore.add_override(self, kind, **kwargs))
 
-    def delete_override(self, override_id: str, **kwargs: Any) -> bool:  # type: ignore[override]
+    def delete_override(self, override_id: str, **kwargs: Any) -> bool:
         return self._mutate(lambda: StateStore.delete_override(self, override_id, **kwargs))
 
-    def set_mode(self, mode, **kwargs: Any):  # type: ignore[override]
+    def set_mode(self, mode, **kwargs: Any):
         return self._mutate(lambda: StateStore.set_mode(self, mode, **kwargs))
 
-    def set_profile(self, profile: str, **kwargs: Any):  # type: ignore[override]
+    def set_profile(self, profile: str, **kwargs: Any):
         return self._mutate(lambda: StateStore.set_profile(self, profile, **kwargs))
 
-    def add_audit(self, author: str, action: str, detail: str, **kwargs: Any) -> None:  # type: ignore[override]
+    def add_audit(self, author: str, action: str, detail: str, **kwargs: Any) -> None:
         if self._writing:  # already inside a mutation (claim)
             return StateStore.add_audit(self, author, action, detail, **kwargs)
         return self._mutate(lambda: StateStore.add_audit(self, author, action, detail, **kwargs))
 
-    def expire_overrides(self, now_s: float):  # type: ignore[override]
+    def expire_overrides(self, now_s: float):
         """The leader audits expiries (and the object keeps them); a follower only reads."""
         if self._epoch() <= 0:
             return []

@@ -81,7 +81,8 @@ def test_a_follower_and_a_deposed_leader_cannot_write_and_nothing_is_half_applie
     assert fake.get_object(GROUP, PLURAL, "governor") == before
     assert a.get_mode() != "paused" and a.list_audit(1)[0].action == "leader.claim"  # a now holds b's copy
     b.set_mode("shadow", author="carol", now_s=T0 + 5)
-    assert fake.get_object(GROUP, PLURAL, "governor")["spec"]["mode"] == "shadow"
+    obj = fake.get_object(GROUP, PLURAL, "governor")
+    assert obj is not None and obj["spec"]["mode"] == "shadow"
 
 
 def test_a_concurrent_write_is_retried_on_the_new_object_without_duplicates(fake, tmp_path):
@@ -103,7 +104,8 @@ def test_the_refit_verdict_is_shared(fake, tmp_path):
     a.set_refit({"at_s": T0, "coupling_swapped": False, "reason": "kept: candidate 0.31 >= current 0.29",
                  "by": "pod-a"})
     b.sync()
-    assert b.get_refit() == a.get_refit() and b.get_refit()["reason"].startswith("kept")
+    shared = b.get_refit()
+    assert shared is not None and shared == a.get_refit() and shared["reason"].startswith("kept")
 
 
 def test_a_read_that_crosses_a_write_does_not_put_the_older_state_back(fake, tmp_path):
@@ -129,4 +131,5 @@ def test_a_read_that_crosses_a_write_does_not_put_the_older_state_back(fake, tmp
     a.sync()
     writer[0].join(10)
     assert a.get_mode() == "paused" and a.list_audit(1)[0].action == "mode.set"
-    assert fake.get_object(GROUP, PLURAL, "governor")["spec"]["mode"] == "paused"
+    obj = fake.get_object(GROUP, PLURAL, "governor")
+    assert obj is not None and obj["spec"]["mode"] == "paused"

@@ -17,7 +17,7 @@ from controller.sim.fleet import Fleet
 from controller.sim.fleet_accounting import PoolState
 from controller.sim.fleetspec import fleet_spec_from_scenario
 from controller.sim.scenario import load_scenario
-from controller.types import FleetSpec, PoolSpec, SloSpec
+from controller.types import FleetSpec, PoolSpec, Reason, SloSpec
 from tests.fakes.kube_api import FakeKubeApi
 
 DEMO = PROJECT_ROOT / "controller" / "sim" / "demo" / "demo.yaml"
@@ -79,7 +79,8 @@ def test_a_hold_caps_the_pool_and_backs_off_doubling_until_the_pool_gets_what_it
     assert reasons == () and H100 not in st.next_backoff_s  # more than it was held at: the GPUs came, reset
 
 
-def _run(capacity: int | None, until_s: float = 300.0) -> tuple[dict[str, list[int]], list, Fleet]:
+def _run(capacity: int | None, until_s: float = 300.0) -> tuple[dict[str, list[int]], list[tuple[float, Reason]],
+                                                                  Fleet]:
     scenario = load_scenario(DEMO)
     fleet = Fleet(scenario, seed=3)
     observer = SimObserver(fleet, window_s=60.0)
@@ -90,7 +91,7 @@ def _run(capacity: int | None, until_s: float = 300.0) -> tuple[dict[str, list[i
     if capacity is not None:
         fleet.set_capacity(H100, capacity)  # the H100s run out: no H100 replica beyond what runs now
     replicas: dict[str, list[int]] = {H100: [], A100: []}
-    reasons = []
+    reasons: list[tuple[float, Reason]] = []
     t = 0.0
     for k in range(1, int(until_s // 15) + 1):
         t = k * 15.0
