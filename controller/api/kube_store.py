@@ -66,17 +66,11 @@ class GovernorStateApi:
     def from_environment(cls, namespace: str, name: str, kubeconfig: str | None,
                          timeout_s: float) -> GovernorStateApi:
         """In-cluster service account config, or a kubeconfig file when one is named."""
-        from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
+        from kubernetes import client
 
-        try:
-            if kubeconfig:
-                api_client = config.new_client_from_config(config_file=kubeconfig)
-            else:
-                config.load_incluster_config()
-                api_client = client.ApiClient()
-        except ConfigException as exc:
-            raise ValueError(f"leader_election: cannot configure the Kubernetes client: {exc}") from None
+        from controller.kubeclient import api_client_for
+
+        api_client = api_client_for(kubeconfig, "leader_election")
         return cls(namespace, name, client.CustomObjectsApi(api_client), timeout_s=timeout_s)
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -101,19 +101,11 @@ class KubernetesLeaseStore:
     @classmethod
     def from_environment(cls, namespace: str, kubeconfig: str | None, timeout_s: float) -> KubernetesLeaseStore:
         """In-cluster service account config, or a kubeconfig file when one is named."""
-        from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
+        from kubernetes import client
 
-        try:
-            if kubeconfig:
-                api_client = config.new_client_from_config(config_file=kubeconfig)
-            else:
-                config.load_incluster_config()
-                api_client = client.ApiClient()
-        except ConfigException as exc:
-            where = f"kubeconfig {kubeconfig!r}" if kubeconfig else "the pod's service account (in-cluster)"
-            raise ValueError(f"leader_election: cannot configure the Kubernetes client from {where}: {exc} "
-                             "(outside a pod, set leader_election.kubeconfig)") from None
+        from controller.kubeclient import api_client_for
+
+        api_client = api_client_for(kubeconfig, "leader_election")
         return cls(namespace, client.CoordinationV1Api(api_client), timeout_s=timeout_s)
 
     def _record(self, lease: Any) -> LeaseRecord:

@@ -20,38 +20,17 @@ import pytest
 from controller.cli import main
 from controller.preflight import file_problems, preflight, state_problems
 from tests.fixtures.tls import make_pki
-from tests.reliability.test_input_config import BASE
+from tests.reliability.test_input_config import BASE, _both, restore_logging  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
-@pytest.fixture
-def restore_logging():
-    import logging
-
-    yield
-    for name in ("governor", "controller", "apscheduler"):
-        lg = logging.getLogger(name)
-        lg.handlers.clear()
-        lg.propagate = True
-        lg.setLevel(logging.NOTSET)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     d = tmp_path_factory.mktemp("pki")
     return make_pki(d / "one"), make_pki(d / "two")
-
-
-def _both(tmp_path, capsys, text: str) -> tuple[str, str]:
-    path = tmp_path / "g.yaml"
-    path.write_text(text)
-    assert main(["config", "validate", str(path)]) == 2
-    validate_err = capsys.readouterr().err
-    assert main(["run", "--config", str(path), "--once", "--headless"]) == 2
-    return validate_err, capsys.readouterr().err
 
 
 CASES = ["prometheus_password_missing", "prometheus_token_empty", "prometheus_ca_not_pem",
