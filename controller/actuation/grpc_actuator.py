@@ -117,7 +117,7 @@ def fleet_state_view(msg: control_pb2.FleetState) -> FleetStateView:
         p.pool: PoolStateView(
             pool=p.pool, target_replicas=p.target_replicas, ready=p.ready, starting=p.starting,
             draining=p.draining, standby=p.standby, max_num_seqs=p.max_num_seqs,
-            max_num_batched_tokens=p.max_num_batched_tokens,
+            max_num_batched_tokens=p.max_num_batched_tokens, unavailable=p.unavailable,
         )
         for p in msg.pools
     }

@@ -315,7 +315,7 @@ class ControlPlane:
             for name, st in self.fleet.pool_states().items():
                 out.pools.add(pool=name, target_replicas=st.target_replicas, ready=st.ready, starting=st.starting,
                               draining=st.draining, standby=st.standby, max_num_seqs=st.max_num_seqs,
-                              max_num_batched_tokens=st.max_num_batched_tokens)
+                              max_num_batched_tokens=st.max_num_batched_tokens, unavailable=st.unavailable)
             for rid, pool, phase, since_s in self.fleet.replica_phases():
                 out.replicas.add(id=rid, pool=pool, phase=phase, phase_since_unix_s=self.sim_to_unix(since_s))
             return out

@@ -128,3 +128,23 @@ def test_one_sku_runs_out_and_the_planner_scales_the_other_and_retries_with_back
     fleet.run_until(fleet.now_s + 21.0)  # the demo's cold start-up is 20 s
     st = fleet.pool_states()[H100]
     assert (st.ready, st.starting, st.unavailable) == (2, 0, 2)
+
+
+def test_the_simulators_control_plane_carries_unavailable_replicas_to_the_grpc_actuator():
+    """AutoscalerControl.GetFleetState (protos/governor/v1/control.proto PoolState.unavailable) from the simulator's
+    control plane, read back the way Governor's gRPC actuator reads it."""
+    import threading
+
+    from controller.actuation.grpc_actuator import fleet_state_view
+    from controller.clock import VirtualClock
+    from controller.gen.governor.v1 import control_pb2 as pb
+    from controller.sim.control_plane import ControlPlane
+
+    fleet = Fleet(load_scenario(DEMO), seed=3)
+    fleet.set_capacity(H100, 2)
+    fleet.set_pool_target(H100, replicas=5)
+    fleet.run_until(21.0)  # past the demo's 20 s cold start-up
+    plane = ControlPlane(fleet, threading.RLock(), VirtualClock(), sim_to_unix=lambda t: t)
+    msg = plane.fleet_state()
+    view = fleet_state_view(pb.FleetState.FromString(msg.SerializeToString())).pools[H100]
+    assert (view.target_replicas, view.ready + view.starting, view.unavailable) == (5, 2, 3)

@@ -37,6 +37,7 @@ class FakePoolState:
     standby: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    unavailable: int = 0
 
 
 class FakeFleet:

@@ -130,7 +130,7 @@ class ReplicaState(_message.Message):
     def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., phase: _Optional[str] = ..., phase_since_unix_s: _Optional[float] = ...) -> None: ...
 
 class PoolState(_message.Message):
-    __slots__ = ("pool", "target_replicas", "ready", "starting", "draining", "standby", "max_num_seqs", "max_num_batched_tokens")
+    __slots__ = ("pool", "target_replicas", "ready", "starting", "draining", "standby", "max_num_seqs", "max_num_batched_tokens", "unavailable")
     POOL_FIELD_NUMBER: _ClassVar[int]
     TARGET_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class PoolState(_message.Message):
     STANDBY_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     pool: str
     target_replicas: int
     ready: int
@@ -147,7 +148,8 @@ class PoolState(_message.Message):
     standby: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    def __init__(self, pool: _Optional[str] = ..., target_replicas: _Optional[int] = ..., ready: _Optional[int] = ..., starting: _Optional[int] = ..., draining: _Optional[int] = ..., standby: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ...) -> None: ...
+    unavailable: int
+    def __init__(self, pool: _Optional[str] = ..., target_replicas: _Optional[int] = ..., ready: _Optional[int] = ..., starting: _Optional[int] = ..., draining: _Optional[int] = ..., standby: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., unavailable: _Optional[int] = ...) -> None: ...
 
 class FleetState(_message.Message):
     __slots__ = ("applied_generation", "applied_decision_id", "fallback_active", "pools", "replicas")
