@@ -68,7 +68,7 @@ class GovernorStateApi:
         """In-cluster service account config, or a kubeconfig file when one is named."""
         from kubernetes import client
 
-        from controller.kubeclient import api_client_for
+        from controller.rpc.kubeclient import api_client_for
 
         api_client = api_client_for(kubeconfig, "leader_election")
         return cls(namespace, name, client.CustomObjectsApi(api_client), timeout_s=timeout_s)

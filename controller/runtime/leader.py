@@ -103,7 +103,7 @@ class KubernetesLeaseStore:
         """In-cluster service account config, or a kubeconfig file when one is named."""
         from kubernetes import client
 
-        from controller.kubeclient import api_client_for
+        from controller.rpc.kubeclient import api_client_for
 
         api_client = api_client_for(kubeconfig, "leader_election")
         return cls(namespace, client.CoordinationV1Api(api_client), timeout_s=timeout_s)

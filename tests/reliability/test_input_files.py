@@ -1,7 +1,7 @@
 """Validate = run for every file and secret the config names (issue 34, part 1).
 
 Each refusal names the config key and the path, and `governor config validate` and `governor run` refuse
-with the same line (controller/preflight.py `file_problems`, `state_problems`): Prometheus' token,
+with the same line (controller/runtime/preflight.py `file_problems`, `state_problems`): Prometheus' token,
 password, CA, certificate and key files; the TLS material of the API, the KEDA scaler and the router
 actuator (certificates checked as PEM and against their key); kubeconfigs and the in-cluster service
 account; the state directory's owner and permissions. The shipped example config names a Prometheus
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from controller.cli import main
-from controller.preflight import file_problems, preflight, state_problems
+from controller.runtime.preflight import file_problems, preflight, state_problems
 from tests.fixtures.tls import make_pki
 from tests.reliability.test_input_config import BASE, _both, restore_logging  # noqa: F401 - a fixture
 
@@ -113,7 +113,7 @@ def test_a_state_directory_the_daemon_cannot_make_private_is_refused(tmp_path, m
     state = tmp_path / "state"
     state.mkdir(mode=0o755)
     state.chmod(0o755)
-    monkeypatch.setattr("controller.preflight.os.geteuid", lambda: state.stat().st_uid + 4242)
+    monkeypatch.setattr("controller.runtime.preflight.os.geteuid", lambda: state.stat().st_uid + 4242)
     problems = state_problems(str(state))
     assert len(problems) == 1 and problems[0].startswith(f"state_dir: '{state}' is mode 0755 and owned by uid "), \
         problems

@@ -1,5 +1,6 @@
-"""An ApiClient of the official `kubernetes` client for leader election and the shared state: from a kubeconfig
-file when one is named, else from the pod's service account (in-cluster). Errors name the setting to fix."""
+"""The wire to the Kubernetes API: an ApiClient of the official `kubernetes` client for leader election and the
+shared state, from a kubeconfig file when one is named, else from the pod's service account (in-cluster).
+Errors name the setting to fix."""
 
 from __future__ import annotations
 
