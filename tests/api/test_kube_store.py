@@ -133,3 +133,15 @@ def test_a_read_that_crosses_a_write_does_not_put_the_older_state_back(fake, tmp
     assert a.get_mode() == "paused" and a.list_audit(1)[0].action == "mode.set"
     obj = fake.get_object(GROUP, PLURAL, "governor")
     assert obj is not None and obj["spec"]["mode"] == "paused"
+
+
+def test_the_crd_accepts_exactly_the_modes_profiles_and_override_kinds_governor_has():
+    from controller.api.store import OVERRIDE_KINDS
+    from controller.names import PROFILES
+    from controller.types import Mode
+
+    spec = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    props = spec["properties"]
+    assert props["mode"]["enum"] == [m.value for m in Mode]
+    assert props["profile"]["enum"] == list(PROFILES)
+    assert props["overrides"]["items"]["properties"]["kind"]["enum"] == list(OVERRIDE_KINDS)
