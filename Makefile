@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench loadtest models protos check-protos clean dashboards perf-tables demo-trace lock lowest
+.PHONY: run test lint bench benchmarks-doc loadtest models protos check-protos clean dashboards perf-tables demo-trace lock lowest
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -78,6 +78,13 @@ test: lint
 
 bench: $(STAMP)
 	$(VENV)/bin/governor bench all
+
+# Reruns every bench docs/BENCHMARKS.md's tables (and README's figures) are rendered from, saves each one's JSON
+# in docs/bench/ with its command and commit, then rewrites the tables and plots. Slow: about 90 minutes on 2 cores
+# (`governor bench report --list` gives each; `--run NAME` reruns one). `governor bench report --check`, run by a
+# test, says whether the doc matches the saved results.
+benchmarks-doc: $(STAMP)
+	$(VENV)/bin/governor bench report --run all
 
 # The API under load while the daemon ticks, the picker beside it (docs/RELIABILITY.md, "Load"); one JSON object.
 loadtest: $(STAMP)

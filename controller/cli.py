@@ -251,6 +251,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.robustness:cmd_bench_robustness"))
+    b = bsub.add_parser("report", help="rewrite docs/BENCHMARKS.md's tables and plots from the saved results in "
+                                       "docs/bench/ (--check: are they current? --run: rerun benches first)",
+                        description="Each table of docs/BENCHMARKS.md (and README's figures) sits between "
+                        "<!-- bench:NAME begin/end --> markers and is rendered from docs/bench/*.json, the saved "
+                        "--json output of a bench command with the commit it ran at. Without options: rewrite "
+                        "them and the plots. make benchmarks-doc = --run all (slow: every bench).")
+    b.add_argument("--check", action="store_true",
+                   help="change nothing; exit 1 if a generated region differs from what the saved results render")
+    b.add_argument("--run", default=None, metavar="LIST",
+                   help="rerun these results' commands first and save them (comma-separated names from --list, or "
+                        "all: about 90 minutes on 2 cores)")
+    b.add_argument("--import", dest="import_name", default=None, metavar="NAME",
+                   help="save the output of NAME's command that was run elsewhere (--file, --commit)")
+    b.add_argument("--file", default=None, help="with --import: the file holding the command's stdout")
+    b.add_argument("--commit", default=None, help="with --import: the commit the command ran at")
+    b.add_argument("--wall-s", type=float, default=None, help="with --import: how long it ran, s (optional)")
+    b.add_argument("--list", action="store_true", help="list the saved results, their commands and commits")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
+    b.set_defaults(func=_handler("controller.bench.benchdoc.command:cmd_bench_report"))
     b = bsub.add_parser("all", help="every shipped scenario: sim speed and policies")
     b.add_argument("--out", default=None, help="directory for each scenario's JSON and PNG (default bench-out/)")
     b.add_argument("--json", action="store_true", help=JSON_HELP)

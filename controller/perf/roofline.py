@@ -21,6 +21,7 @@ Pure arithmetic on catalogue values: must not read files, the clock or randomnes
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -238,7 +239,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m controller.perf.roofline",
                                  description="the roofline prior's capacity vs the calibrated model's")
     ap.add_argument("--tpot-slo", type=float, default=0.1, help="TPOT the batch must meet, s (default 0.1)")
+    ap.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     args = ap.parse_args(argv)
+    if args.json:
+        rows = [{**r, "prompt_tokens": WORKLOADS[str(r["workload"])][0],
+                 "output_tokens": WORKLOADS[str(r["workload"])][1]} for r in compare(args.tpot_slo)]
+        print(json.dumps({"tpot_slo_s": args.tpot_slo, "rows": rows}, sort_keys=True))
+        return 0
     print("| engine | workload (in/out tokens) | calibrated req/s | roofline req/s | vs calibrated | "
           "roofline, generic host terms | vs calibrated |")
     print("|---|---|---:|---:|---:|---:|---:|")
