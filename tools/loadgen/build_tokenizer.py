@@ -10,7 +10,7 @@ It is not the served model's tokenizer: token counts a load generator reports wi
 approximate (the simulated replicas count their own pseudo-tokens, controller/sim/openai_api.py).
 
 Run it with a Python that has `tokenizers` and `transformers` (the load generator's venv, see
-docs/BENCHMARKS.md, "Data plane"), not the project's:
+tools/loadgen/README.md), not the project's:
 
     /tmp/lg-venv/bin/python tools/loadgen/build_tokenizer.py /tmp/lg-tokenizer --hf-home /tmp/lg-hf
 

@@ -12,7 +12,8 @@ replicas count them, the engines' TTFT / inter-token latency quantiles, the pick
 rejections, holds and pick latency, Envoy's responses by status class.
 
 For a third-party load generator (aiperf, inference-perf) with a tokenizer built locally; see
-docs/BENCHMARKS.md, "Data plane". Run it with the project's Python from the repository root:
+tools/loadgen/README.md (the figures: docs/BENCHMARKS.md, "Data plane"). Run it with the project's
+Python from the repository root:
 
     PYTHONPATH=$PWD .venv/bin/python tools/loadgen/with_dataplane.py --out run.json -- \
         /tmp/lg-venv/bin/aiperf profile --url {url} --model {model} ...
