@@ -267,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--file", default=None, help="with --import: the file holding the command's stdout")
     b.add_argument("--commit", default=None, help="with --import: the commit the command ran at")
     b.add_argument("--wall-s", type=float, default=None, help="with --import: how long it ran, s (optional)")
+    b.add_argument("--ran-as", default=None, metavar="COMMAND",
+                   help="with --import: the command line as typed, if it differs only in its --out folder")
     b.add_argument("--list", action="store_true", help="list the saved results, their commands and commits")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.benchdoc.command:cmd_bench_report"))

@@ -108,7 +108,8 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
             src = sources.by_name().get(args.import_name)
             if src is None:
                 raise ReportError(f"unknown result {args.import_name!r}; known: {', '.join(sources.by_name())}")
-            sources.import_output(src, Path(args.file), commit=args.commit, wall_s=args.wall_s, folder=folder)
+            sources.import_output(src, Path(args.file), commit=args.commit, wall_s=args.wall_s,
+                                  ran_as=args.ran_as, folder=folder)
             ran.append(src.name)
         if args.run:
             for src in sources.select(args.run):

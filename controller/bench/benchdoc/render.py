@@ -68,6 +68,10 @@ def provenance(env: Mapping[str, Any]) -> str:
     if _finite(env.get("wall_s")):
         bits.append(f"{env['wall_s']:,.0f} s wall")
     how = f" ({'; '.join(bits)})" if bits else ""
+    if env.get("recorded"):  # figures measured once and transcribed, not a saved output
+        note = f" {env['note']}" if env.get("note") else ""
+        return (f"`{env['command']}` at {commit}, {env.get('recorded_on', '?')}{how}: measured then and "
+                f"transcribed, not rerun by `make benchmarks-doc`.{note}")
     return f"`{env['command']}` at {commit}, {env.get('recorded_on', '?')}{how}."
 
 
@@ -158,6 +162,9 @@ def all_matrix(results: Results) -> str:
             v = f"**{v}**" if meets_bar(e) else v
             cells.append(v + (" †" if p == at_slo else ""))
         rows.append(cells)
+    ran = {p: [r["policies"][p] for _, r in shipped_rows(results) if p in r["policies"]] for p in names}
+    rows.append(["at the bar (of those run)"] + [f"{sum(1 for e in ran[p] if meets_bar(e))} of {len(ran[p])}"
+                                                  for p in names])
     return provenance(env) + "\n\n" + table(["scenario", *names], rows)
 
 
@@ -383,7 +390,7 @@ FORECAST_LABELS = {
 
 def models_forecast(results: Results) -> str:
     f = results["models"]["result"]["forecast"]
-    rows = [[FORECAST_LABELS.get(k, k), num(v.get("ratio"), 3), pct(v.get("coverage_p90")), str(v.get("n", "–"))]
+    rows = [[FORECAST_LABELS.get(k, k), num(v.get("ratio"), 3), pct(v.get("coverage_p90")), num(v.get("n"), 0)]
             for k, v in f.items()]
     return table(["series", "MAE ÷ seasonal-naive MAE", "p90 coverage", "points"], rows)
 
@@ -414,7 +421,7 @@ def api_load(results: Results) -> str:
     p50 = [v.get("p50_ms") for v in reads if _finite(v.get("p50_ms"))]
     p99 = [v.get("p99_ms") for v in reads if _finite(v.get("p99_ms"))]
     lat = (f"{num(min(p50))}-{num(max(p50))} / {num(min(p99))}-{num(max(p99))}" if p50 and p99 else "–")
-    picker = (f"{pk.get('errors', '–')} of {pk.get('requests', '–'):,}" if pk else "no picker")
+    picker = (f"{num(pk.get('errors'), 0)} of {num(pk.get('requests'), 0)}" if pk else "no picker")
     pick = (f"{num(pk.get('pick_latency_p50_ms'), 3)} / {num(pk.get('pick_latency_p99_ms'), 2)}" if pk else "–")
     rows = [[f"{r['target_rps']:,.0f} + {r['target_write_rps']:,.0f}", num(r["read_rps"]), f"{r['not_sent']:,}",
              str(r["errors"]), lat, f"{r['ticks']} / {r['tick_overruns']} / {r['skipped_ticks']}", picker, pick]]
@@ -432,9 +439,23 @@ def aiperf(results: Results) -> str:
              f"{x['latency_ms'][0]:,.0f} / {x['latency_ms'][1]:,.0f}"] for x in r["runs"]]
     head = ["run", "endpoint", "concurrency", "requests", "errors", "req/s", "out tok/s", "TTFT p50 / p99 ms",
             "ITL p50 / p99 ms", "inter-chunk p50 / p99 ms", "latency p50 / p99 ms"]
-    note = (f"Measured by hand at `{short(env['commit'])}` ({env.get('recorded_on', '?')}) and transcribed: "
-            f"{r['note']}")
-    return note + "\n\n" + table(head, rows, [False, False] + [True] * 9)
+    return f"{provenance(env)} {r['note']}\n\n" + table(head, rows, [False, False] + [True] * 9)
+
+
+def aiperf_governor(results: Results) -> str:
+    """What Governor's side counted in the same aiperf runs (`with_dataplane.py`'s output)."""
+    rows = []
+    for x in results["aiperf"]["result"]["governor_side"]:
+        pools = " / ".join(f"{v:,}" for v in x["served_by_pool"].values())
+        rows.append([str(x["run"]), f"{x['served']:,} ({pools})", " / ".join(f"{v:,}" for v in x["envoy"]),
+                     " / ".join(f"{v:,}" for v in x["picker"]),
+                     f"{x['prompt_tokens']:,} / {x['generation_tokens']:,}",
+                     *(f"{num(a)} / {num(b)}" for a, b in (x["engine_ttft_ms"], x["engine_itl_ms"])),
+                     f"{num(x['pick_ms'][0], 2)} / {num(x['pick_ms'][1], 2)}"])
+    head = ["run", "served at replicas (a100 / h100 pool)", "Envoy 2xx / 4xx / 5xx", "picker arrivals / held / "
+            "rejected", "prompt / generation tokens", "engine TTFT p50 / p99 ms", "engine ITL p50 / p99 ms",
+            "pick p50 / p99 ms"]
+    return table(head, rows)
 
 
 # --------------------------------------------------------------------------- simulator, roofline, demo
@@ -465,36 +486,48 @@ def roofline(results: Results) -> str:
     return provenance(env) + "\n\n" + table(head, rows, [False, False] + [True] * 5)
 
 
-def _demo(results: Results, name: str) -> Mapping[str, Any]:
-    return results[name]["result"]
-
-
 def demo_live(results: Results) -> str:
+    """The live demo: the runs transcribed when the MPC became its policy, and today's runs."""
+    rec = results["demo-live-recorded"]
     rows = []
-    provs = []
-    for name, label in (("demo-live-mpc", "mpc (the demo's)"), ("demo-live-slo-feedback", "slo-feedback")):
+    for x in rec["result"]["runs"]:
+        att = x["slo_attainment"]
+        rows.append([f"{x['policy']}, at `{short(rec['commit'])}` (transcribed)", pct(att.get("critical")),
+                     pct(att.get("standard")), "–", f"{x['usd_per_1k_successful_tasks']:.3f}", "–",
+                     f"{x['failed']:,}", f"{x['shed']:,}"])
+    provs = [provenance(rec)]
+    for name, label in (("demo-live-mpc", "mpc"), ("demo-live-slo-feedback", "slo-feedback")):
         env = results[name]
         r = env["result"]
         provs.append(provenance(env))
         att = r.get("slo_attainment") or {}
-        rows.append([label, pct(att.get("critical")), pct(att.get("standard")), pct(att.get("sheddable")),
+        load = (env.get("machine") or {}).get("load_average_1m")
+        rows.append([f"{label}, at `{short(env['commit'])}`" + (f", load average {load:.0f}" if _finite(load) else ""),
+                     pct(att.get("critical")), pct(att.get("standard")), pct(att.get("sheddable")),
                      per_k(r.get(COST)), f"{r.get('tasks_resolved', 0):,}", f"{r.get('failed', 0):,}",
                      f"{r.get('shed', 0):,}"])
-    head = ["policy", "critical", "standard", "sheddable", "$ / 1,000 successful tasks", "tasks resolved",
-            "failed", "shed"]
+    head = ["run", "critical", "standard", "sheddable", "$ / 1,000 successful tasks", "tasks resolved", "failed",
+            "shed"]
     return "<br>".join(provs) + "\n\n" + table(head, rows)
 
 
 def demo_live_inline(results: Results) -> str:
-    m, s = _demo(results, "demo-live-mpc"), _demo(results, "demo-live-slo-feedback")
-    ma, sa = m.get("slo_attainment") or {}, s.get("slo_attainment") or {}
+    """README's sentence: the transcribed runs (today's, on a loaded machine, are in the table)."""
+    m, s = results["demo-live-recorded"]["result"]["runs"]
+    ma, sa = m["slo_attainment"], s["slo_attainment"]
     return (f"{pct(ma.get('critical'))} of critical and {pct(ma.get('standard'))} of standard tasks within their "
             f"SLOs under the MPC, {pct(sa.get('critical'))} and {pct(sa.get('standard'))} under slo-feedback, at "
-            f"{ratio(m.get(COST), s.get(COST))}× its cost per successful task")
+            f"{ratio(m['usd_per_1k_successful_tasks'], s['usd_per_1k_successful_tasks'])}× its cost per successful "
+            f"task (at `{short(results['demo-live-recorded']['commit'])}`)")
 
 
 def tick_inline(results: Results) -> str:
-    return f"{num(results['tick-prometheus']['result']['tick_p99_ms'])} ms p99"
+    """The tick's p99 through Prometheus with the rules, and the load it was measured under."""
+    env = results["tick-prometheus"]
+    load = (env.get("machine") or {}).get("load_average_1m")
+    cpus = (env.get("machine") or {}).get("cpus")
+    under = f" at load average {load:.1f} on {cpus} CPUs" if _finite(load) and cpus else ""
+    return f"{num(env['result']['tick_p99_ms'])} ms p99{under}"
 
 
 REGIONS: dict[str, Renderer] = {
@@ -520,10 +553,11 @@ REGIONS: dict[str, Renderer] = {
     "dataplane": Renderer(("dataplane",), dataplane),
     "api-load": Renderer(("api-load",), api_load),
     "aiperf": Renderer(("aiperf",), aiperf),
+    "aiperf-governor": Renderer(("aiperf",), aiperf_governor),
     "sim-speed": Renderer(("sim-speed-azure-conv-rate1", "sim-speed-mooncake-conv", "sim-speed-azure-conv"),
                           sim_speed),
     "roofline": Renderer(("roofline",), roofline),
-    "demo-live": Renderer(("demo-live-mpc", "demo-live-slo-feedback"), demo_live),
-    "demo-live-figures": Renderer(("demo-live-mpc", "demo-live-slo-feedback"), demo_live_inline),
+    "demo-live": Renderer(("demo-live-recorded", "demo-live-mpc", "demo-live-slo-feedback"), demo_live),
+    "demo-live-figures": Renderer(("demo-live-recorded",), demo_live_inline),
 }
 
