@@ -1,9 +1,12 @@
-"""Every doc the code and the docs cite is in the repository, and so is every numbered section cited.
+"""Every doc the code and the docs cite is in the repository, and so is every section cited.
 
 A citation is a Markdown file name in capitals, bare or with its folder (`DESIGN.md`, `docs/TELEMETRY.md`,
-`deploy/README.md`), optionally followed by section numbers (`§6`, `§1, §4, §5.2`). A bare name is looked up
-in docs/ and then at the root. When the cited doc numbers its headings (`## 7. Planning`, `### 1.2 ...`),
-each cited section must be one of them.
+`deploy/README.md`), optionally followed by section numbers (`§6`, `§1, §4, §5.2`) or a section's name in
+quotes (`docs/BENCHMARKS.md, "Data plane"`, `docs/BENCHMARKS.md ("The demo, live")`). A bare name is looked
+up in docs/ and then at the root. When the cited doc numbers its headings (`## 7. Planning`, `### 1.2 ...`),
+each cited section must be one of them; a quoted name must begin one of the doc's headings (or a
+paragraph's bold lead). A decision record (`docs/decisions/0014-stream-guard.md`) is cited by its path
+and must exist.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ OUTSIDE_PREFIXES = ("shared/", "../")
 CITATION = re.compile(r"(?<![\w./-])((?:\.\./)*(?:[\w.-]+/)*[A-Z][A-Z0-9_]*\.md)`?"  # the file
                       r"((?:[ ,]*(?:and )?§ ?\d+(?:\.\d+)*)*)")  # then its sections
 SECTION = re.compile(r"§ ?(\d+(?:\.\d+)*)")
+# A section's name right after the citation: `DOC.md, "Name"`, `DOC.md ("Name")` or `DOC.md` ("Name").
+NAMED = re.compile(r"((?:\.\./)*(?:[\w.-]+/)*[A-Z][A-Z0-9_]*\.md)`?(?:,| \(|`? \()\s*\"([^\"]+)\"")
+HEADING_TEXT = re.compile(r"^#{1,6}\s+(?:\d+(?:\.\d+)*\.?\s+)?(.+?)\s*$", re.M)
+RUN_IN_HEADING = re.compile(r"^\*\*([^*]+)\*\*", re.M)  # a paragraph's bold lead: **KEDA over mTLS.** Two ...
+DECISION = re.compile(r"docs/decisions/\d{4}-[\w.-]+\.md")
 HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.M)
 
 
@@ -63,21 +71,33 @@ def numbered_sections(doc: Path) -> set[str]:
     return set(HEADING.findall(doc.read_text()))
 
 
-def _all_citations() -> list[tuple[str, int, str, tuple[str, ...]]]:
-    found = []
+def _lines():
+    """(file relative to the root, line number, line) for every scanned file's lines."""
     for path in _files():
         try:
             text = path.read_text()
         except UnicodeDecodeError:
             continue
         for lineno, line in enumerate(text.splitlines(), 1):
-            for cited, sections in citations(line):
-                if cited not in NOT_CITATIONS:
-                    found.append((str(path.relative_to(ROOT)), lineno, cited, sections))
-    return found
+            yield str(path.relative_to(ROOT)), lineno, line
+
+
+def _all_citations() -> list[tuple[str, int, str, tuple[str, ...]]]:
+    return [(where, lineno, cited, sections) for where, lineno, line in _lines()
+            for cited, sections in citations(line) if cited not in NOT_CITATIONS]
 
 
 CITED = _all_citations()
+
+
+def headings(doc: Path) -> list[str]:
+    """Each heading's text, without its #s and number, and each paragraph's bold lead."""
+    text = doc.read_text()
+    return HEADING_TEXT.findall(text) + RUN_IN_HEADING.findall(text)
+
+
+def _scan(pattern: re.Pattern[str]) -> list[tuple[str, int, re.Match[str]]]:
+    return [(where, lineno, m) for where, lineno, line in _lines() for m in pattern.finditer(line)]
 
 
 def test_the_scan_finds_the_citations_the_code_relies_on():
@@ -102,6 +122,26 @@ def test_every_cited_section_exists():
         bad += [f"{where}:{line}: {cited} §{s} (sections: {', '.join(sorted(have))})"
                 for s in sections if have and s not in have]
     assert not bad, "cited sections that do not exist:\n" + "\n".join(bad)
+
+
+def test_every_cited_section_name_begins_a_heading():
+    named = _scan(NAMED)
+    assert any(m.group(1) == "docs/BENCHMARKS.md" for _, _, m in named)
+    bad = []
+    for where, line, m in named:
+        doc = resolve(m.group(1))
+        if doc is None or not doc.is_file():
+            continue
+        names = headings(doc)
+        if not any(h.startswith(m.group(2)) for h in names):
+            bad.append(f"{where}:{line}: {m.group(1)}, \"{m.group(2)}\" (headings: {'; '.join(names[:40])})")
+    assert not bad, "cited section names that begin no heading:\n" + "\n".join(bad)
+
+
+def test_every_cited_decision_record_exists():
+    cited = _scan(DECISION)
+    missing = [f"{where}:{line}: {m.group(0)}" for where, line, m in cited if not (ROOT / m.group(0)).is_file()]
+    assert not missing, "cited decision records that do not exist:\n" + "\n".join(missing)
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -285,8 +285,8 @@ def demo_settings(scenario, listening: dict[str, Any], state_dir: str) -> Settin
               "max_num_batched_tokens": p.max_num_batched_tokens} for p in spec.pools]
     return Settings(
         # The demo runs the MPC: its surge rises faster than a replica starts, and the planner's stream
-        # guard keeps critical's streams on pace while the replicas it orders start (docs/BENCHMARKS.md,
-        # "The demo's surge is faster than any controller"); `--policy` picks another.
+        # guard keeps critical's streams on pace while the replicas it orders start (docs/decisions/
+        # 0014-stream-guard.md; docs/BENCHMARKS.md, "The demo, live"); `--policy` picks another.
         mode="active", policy="mpc", tick_interval_s=3.0, state_dir=state_dir,
         # Timeouts sized to the 3 s tick (controller/config/tick_budget.py): a 1.5 s read round (0.5 s × 2 + 0.5 s)
         # plus 1.1 s of actuation (2 attempts of 0.5 s and a 0.1 s backoff) fit 90 % of it on loopback.

@@ -84,7 +84,7 @@ def router_affinity(prefix_weight: np.ndarray, load_weight: np.ndarray) -> np.nd
     to the mean load weight (queue_weight + kv_weight) / 2, so `load_weight` is their sum. Example:
     the defaults (3, 2 + 2) → 1 − e^(−1.5) = 0.78; no prefix weight → 0. The simulated router,
     replaying Mooncake conversations on 4 replicas, sent 0.78 of requests to a best-prefix replica
-    beyond chance at the defaults (docs/BENCHMARKS.md, "One affinity formula").
+    beyond chance at the defaults (docs/decisions/0021-generated-step-time-table-and-one-affinity-formula.md).
     """
     res: np.ndarray = 1.0 - np.exp(-np.maximum(prefix_weight, 0.0) / np.maximum(0.5 * load_weight, 0.1))
     return res

@@ -37,7 +37,7 @@ class MpcConfig:
     step_s: float = 30.0
     # Budget without a timer: candidate plans × pools scored per tick, sized so a 10-pool fleet
     # (400 plans) plans within a tick's CPU share on one core (`governor bench planner` measures it;
-    # docs/BENCHMARKS.md); a single pool gets 4,000 plans, far more than its search needs.
+    # docs/decisions/0003-planner-time-budget.md); a single pool gets 4,000 plans, far more than its search needs.
     max_evaluations: int = 4000
     # With a timer: the whole tick (from `started_s`, see solve) ends within time_budget_s. A batch
     # is cut to the candidates that fit at what batches have cost so far (`_BatchCost`); the search

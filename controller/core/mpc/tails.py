@@ -20,7 +20,7 @@ from controller.core.mpc_model import compiled_kernel
 TTFT_TAIL_SIGMA = PROMPT_LOG_SIGMA
 # log-spread of a request's TPOT beyond its p95: a request's TPOT averages the steps of its whole
 # life, so its tail is thin whatever widens the p50→p95 (bursts, corrections); 0.5 is the widest
-# spread beyond the p95 the simulated workloads show (docs/BENCHMARKS.md).
+# spread beyond the p95 the simulated workloads show (docs/decisions/0007-latency-tails-and-corrections.md).
 TPOT_TAIL_SIGMA = 0.5
 
 

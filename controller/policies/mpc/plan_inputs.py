@@ -226,7 +226,7 @@ def stream_guards(prior: QueueingPrior, fleet: FleetSpec, mem: Mapping[str, MpcP
     design's order (sheddable before standard before critical) then holds for delay as it does for
     shedding. The planner still chooses the cap below the ceiling. What it costs: throughput in a
     burst (a smaller batch serves fewer requests per second), paid in standard's TTFT where the
-    replicas are short; measured in docs/BENCHMARKS.md ("The stream guard")."""
+    replicas are short; measured in docs/decisions/0014-stream-guard.md."""
     out: dict[str, int] = {}
     for j, spec in enumerate(fleet.pools):
         tpot = guard_tpot_s(fleet, spec)
@@ -252,7 +252,7 @@ def seen_safe_batch(po: PoolObservation | None, ready: int, tpot_slo: float) -> 
     at the router, and a protected class's TTFT goes over its SLO for nothing. Seen on generated
     traffic (seed 1, case 38): after a crash the model's safe batch was 8 while the survivor ran 43
     streams at a p95 TPOT of 0.08 s (SLO 0.1 s), and standard requests waited 7-16 s behind the cap.
-    Measured on seeds 1-3 in docs/BENCHMARKS.md ("Two fixes from reading the misses")."""
+    Measured on seeds 1-3 in docs/decisions/0010-seen-safe-batch-and-router-queue-gauge.md."""
     if po is None or ready < 1:
         return 0
     tpot, running = value(po.request_tpot_p95_s), value(po.running)
@@ -271,7 +271,7 @@ def redundancy_floor(spec: PoolSpec, po: PoolObservation | None, min_serving: in
     can steer around it. With two, the router moves the load to the survivor, which at a load one
     replica carries, carries it. This is the availability minimum of any replicated service (the
     Kubernetes guidance for a Deployment behind a PodDisruptionBudget), not a figure fitted to a
-    trace; measured on generated cases of seeds 1-3 (docs/BENCHMARKS.md, "The redundancy floor").
+    trace; measured on generated cases of seeds 1-3 (docs/decisions/0013-redundancy-floor.md).
 
     Per pool, not per route group: a group's traffic is split over its pools by weight (the
     planner sets the weights once a tick), so between ticks the other pool does not take over the
