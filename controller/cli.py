@@ -337,9 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
     _api_client_args(p)
     osub = p.add_subparsers(dest="override_command", metavar="ACTION", required=True)
     o = osub.add_parser("set", help="set an override with a TTL")
-    o.add_argument("kind", choices=["pin", "min", "max", "freeze", "admission", "slo-ttft", "slo-tpot", "profile"],
+    o.add_argument("kind", choices=["pin", "min", "max", "freeze", "admission", "slo-ttft", "slo-tpot", "profile",
+                                    "reliability"],
                    help="pin/min/max: a pool's replicas; freeze: a pool as it is; admission: a class's shed "
-                        "fraction; slo-ttft/slo-tpot: a class's SLO in seconds; profile: the objective's profile")
+                        "fraction; slo-ttft/slo-tpot: a class's SLO in seconds; profile: the objective's profile; "
+                        "reliability: the MPC's dial, the probability (0.5-0.99) that demand through the longest "
+                        "start-up stays within the capacity it plans (higher buys more replicas)")
     o.add_argument("--pool", default="", help="the pool (pin, min, max, freeze)")
     o.add_argument("--class", dest="priority_class", default="",
                    help="the priority class (admission, slo-ttft, slo-tpot)")

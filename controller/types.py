@@ -250,7 +250,8 @@ class Override:
     """An operator override, active while created_s <= now < expires_s."""
 
     override_id: str
-    kind: str  # pin_replicas | min_replicas | max_replicas | freeze | admission | slo_ttft | slo_tpot | profile
+    # pin_replicas | min_replicas | max_replicas | freeze | admission | slo_ttft | slo_tpot | profile | reliability
+    kind: str
     value: float = 0.0
     pool: str = ""
     priority_class: str = ""
@@ -301,6 +302,8 @@ class PolicyInput:
     profile: str = "balanced"
     tick_s: float = 15.0
     breaker: BreakerAction = field(default_factory=BreakerAction)  # the breaker's constraints this tick
+    # the newest active `reliability` override (the MPC's dial, controller/core/objective.py); None: none set
+    reliability: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,7 @@ CLI_KIND: dict[str, policy_pb2.OverrideKind] = {
     "slo-ttft": policy_pb2.OVERRIDE_KIND_SLO_TTFT,
     "slo-tpot": policy_pb2.OVERRIDE_KIND_SLO_TPOT,
     "profile": policy_pb2.OVERRIDE_KIND_PROFILE,
+    "reliability": policy_pb2.OVERRIDE_KIND_RELIABILITY,
 }
 CLI_MODE = {"active": policy_pb2.MODE_ACTIVE, "shadow": policy_pb2.MODE_SHADOW, "paused": policy_pb2.MODE_PAUSED}
 

@@ -74,6 +74,7 @@ KIND_TO_PROTO: Mapping[str, policy_pb2.OverrideKind] = {
     "slo_ttft": policy_pb2.OVERRIDE_KIND_SLO_TTFT,
     "slo_tpot": policy_pb2.OVERRIDE_KIND_SLO_TPOT,
     "profile": policy_pb2.OVERRIDE_KIND_PROFILE,
+    "reliability": policy_pb2.OVERRIDE_KIND_RELIABILITY,
 }
 PROTO_TO_KIND: Mapping[policy_pb2.OverrideKind, str] = {v: k for k, v in KIND_TO_PROTO.items()}
 

@@ -33,6 +33,7 @@ from controller.api.limits import (
     shown,
     text_problem,
 )
+from controller.core.objective import RELIABILITY_MAX, RELIABILITY_MIN
 from controller.names import PROFILES
 from controller.types import PRIORITY_CLASSES, Mode, Override
 
@@ -44,6 +45,7 @@ MAX_TEXT = MAX_REASON  # characters in reason (author: MAX_AUTHOR, names and tex
 
 OVERRIDE_KINDS: tuple[str, ...] = (
     "pin_replicas", "min_replicas", "max_replicas", "freeze", "admission", "slo_ttft", "slo_tpot", "profile",
+    "reliability",
 )
 POOL_KINDS = frozenset({"pin_replicas", "min_replicas", "max_replicas", "freeze"})
 CLASS_KINDS = frozenset({"admission", "slo_ttft", "slo_tpot"})
@@ -141,7 +143,8 @@ def validate_override(kind: str, *, ttl_s: float, author: str, value: float = 0.
     Rules: kind one of OVERRIDE_KINDS; 0 < ttl_s <= 7 days; author required; replica kinds and freeze need a
     pool (known to the fleet), replica values are whole numbers >= 0; admission and SLO kinds need a
     priority class; admission value (shed fraction) in 0..1; SLO value in seconds, > 0; profile text one of
-    PROFILES.
+    PROFILES; reliability value a probability in RELIABILITY_MIN..RELIABILITY_MAX (the MPC's dial,
+    controller/core/objective.py).
     """
     if kind not in OVERRIDE_KINDS:
         raise InvalidRequestError("kind", f"must be one of {', '.join(OVERRIDE_KINDS)} (got {shown(kind)})")
@@ -183,9 +186,13 @@ def validate_override(kind: str, *, ttl_s: float, author: str, value: float = 0.
     elif kind in ("slo_ttft", "slo_tpot"):
         if not 0.0 < v <= MAX_SLO_S:
             raise InvalidRequestError("value", f"SLO seconds must be > 0 and <= {MAX_SLO_S:.0f} (got {shown(value)})")
-    elif kind == "profile":  # noqa: SIM102 - one branch per kind, each with its own check
+    elif kind == "profile":
         if text not in PROFILES:
             raise InvalidRequestError("text", f"profile must be one of {', '.join(PROFILES)} (got {shown(text)})")
+    elif kind == "reliability":  # noqa: SIM102 - one branch per kind, each with its own check
+        if not RELIABILITY_MIN <= v <= RELIABILITY_MAX:
+            raise InvalidRequestError("value", f"reliability must be a probability in "
+                                               f"{RELIABILITY_MIN}..{RELIABILITY_MAX} (got {shown(value)})")
 
 
 def describe_override(o: Override) -> str:

@@ -14,7 +14,7 @@ critical requests late pays ×(1 + 40 × 0.01 × share_critical); with a 20 % cr
 share that is ×1.08, i.e. worth $0.00032 per success of extra GPUs to avoid.
 
 On top of the ratio, a chance constraint per class: the share of its requests predicted
-late *or shed* under the planned load quantile (balanced: p60) may exceed `risk_tolerance[k]` only at
+late *or shed* under the planned load quantile (the reliability dial, below) may exceed `risk_tolerance[k]` only at
 a steep price (`risk_weight` × `risk_priority[k]` × cost per success per point of excess), per class
 and not weighted by the class's traffic share (each class has its own attainment target). This is
 what holds each class to its attainment target where the ratio alone would trade a few late
@@ -24,10 +24,26 @@ Workflow context: a request of a class whose tasks have `steps_per_task[k]` step
 average carries the work already sunk in its earlier steps, so losing it (late or shed)
 costs (1 + steps_per_task[k]) / 2 requests' worth — late steps are shed last.
 
+The reliability dial (`reliability`, the MPC's one operator-facing setting of how much capacity
+to buy): the probability that the demand the fleet meets through the longest start-up the planner
+must wait for stays within what the plan provisions for. The chance constraint is checked at that
+quantile of the load forecast, whose spread is the forecaster's own measured error over that horizon
+(controller/policies/mpc/forecasting.py widens the p90 to it; plan_inputs.py interpolates between
+the p50 and the p90 assuming a normal error). Example: p50 30 req/s, p90 36 req/s through a 300 s
+cold start; reliability 0.6 plans for 30 + 0.198 × 6 = 31.2 req/s, 0.9 for 36, 0.99 for 40.9. A
+higher setting buys more capacity (more replicas, earlier), so more SLO passes at more cost: the
+load planned for is non-decreasing in it and nothing else in the problem moves with it
+(tests/policies/test_mpc_reliability.py pins the replicas planned on a fixed case). Each
+profile carries its default setting (0.6; `latency` 0.9); the MPC's `reliability` parameter or a
+live `reliability` override (PolicyService, `governor override set reliability`) replaces it. It is
+not an objective weight: `resolve_weights` refuses it among the explicit weights, so it is set in
+one place.
+
 Profiles (the operator's point on the latency–cost–throughput triangle):
   cost        cheapest plan that still meets the chance constraints (looser tolerance)
   balanced    the default
-  latency     more headroom: tighter tolerances, higher violation weights, p95 planned well below the SLO
+  latency     more headroom: tighter tolerances, higher violation weights, p95 planned well below the SLO,
+              reliability 0.9
   throughput  maximise successful tasks: shedding is expensive, late requests cheaper than lost ones
 
 This module must not do I/O, read the clock or import anything outside controller.types.
@@ -43,6 +59,21 @@ from typing import Any
 from controller.names import PROFILES as PROFILE_NAMES
 from controller.types import PRIORITY_CLASSES
 
+# The reliability dial's range: at 0.5 the plan meets the median forecast; past 0.99 the normal
+# extrapolation of the forecaster's p50-p90 spread (z = 2.33 at 0.99, 1.82 × the p90's distance) says
+# more about the normal assumption than about the traffic's tail.
+RELIABILITY_MIN = 0.5
+RELIABILITY_MAX = 0.99
+
+
+def check_reliability(value: object, where: str = "reliability") -> float:
+    """`value` as a reliability setting, or ValueError naming `where` and the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not RELIABILITY_MIN <= value <= RELIABILITY_MAX:
+        raise ValueError(f"{where} must be a probability in [{RELIABILITY_MIN}, {RELIABILITY_MAX}] "
+                         f"(got {value!r})")
+    return float(value)
+
 
 def _per_class(crit: float, std: float, shed: float) -> Mapping[str, float]:
     return {"critical": crit, "standard": std, "sheddable": shed}
@@ -56,7 +87,7 @@ class ObjectiveWeights:
     violation_weight: Mapping[str, float] = field(default_factory=lambda: _per_class(60.0, 15.0, 3.0))
     # E[requests of class k finally rejected] / E[requests] × this (× cost per success).
     shed_weight: Mapping[str, float] = field(default_factory=lambda: _per_class(400.0, 40.0, 3.0))
-    # Chance constraint: allowed violation fraction per class under the planned load quantile (plan_quantile).
+    # Chance constraint: allowed violation fraction per class under the planned load quantile (reliability).
     # Critical and standard both at ≥ 99 % (the acceptance target) with a margin for model error:
     # 0.6 % and 0.8 %; a tighter tolerance buys replicas the target does not need.
     risk_tolerance: Mapping[str, float] = field(default_factory=lambda: _per_class(0.006, 0.008, 0.03))
@@ -68,11 +99,12 @@ class ObjectiveWeights:
     change_weight: float = 0.3
     # Penalty per routing/cap change (fraction of one replica-step's price), keeps levers steady.
     lever_change_weight: float = 0.05
-    # Forecast quantile the chance constraint is checked at (0.5 … 0.95; the policy interpolates
-    # between the forecaster's p50 and p90 assuming a normal spread: q = 0.6 → p50 + 0.2 × (p90 − p50)).
-    # Balanced plans at 0.6: the p95 corrections already carry the model's error, and the
-    # scale-down window keeps what a burst needed; a higher quantile counts that margin twice.
-    plan_quantile: float = 0.6
+    # The reliability dial (module docstring): the forecast quantile the chance constraint is checked
+    # at (0.5 … 0.99; the policy interpolates between the forecaster's p50 and p90 assuming a normal
+    # spread: 0.6 → p50 + 0.2 × (p90 − p50)). Balanced plans at 0.6: the p95 corrections already carry
+    # the model's error, and the scale-down window keeps what a burst needed; a higher quantile counts
+    # that margin twice (docs/decisions/0004-plan-quantile-and-risk.md).
+    reliability: float = 0.6
     # Mean steps per task of each class (workflow context); 1 = single requests.
     steps_per_task: Mapping[str, float] = field(default_factory=lambda: _per_class(1.0, 1.0, 1.0))
     # Plan p95 latency against SLO × this (latency profile plans below the SLO).
@@ -97,8 +129,7 @@ class ObjectiveWeights:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"objective.{name} must be a finite number >= 0 (got {v!r})")
-        if not (isinstance(self.plan_quantile, (int, float)) and 0.5 <= self.plan_quantile <= 0.95):
-            raise ValueError(f"objective.plan_quantile must be in [0.5, 0.95] (got {self.plan_quantile!r})")
+        check_reliability(self.reliability, "objective.reliability")
         if not (isinstance(self.slo_margin, (int, float)) and 0.3 <= self.slo_margin <= 1.0):
             raise ValueError(f"objective.slo_margin must be in [0.3, 1] (got {self.slo_margin!r})")
 
@@ -118,7 +149,7 @@ PROFILES: Mapping[str, ObjectiveWeights] = {
                              shed_weight=_per_class(300.0, 40.0, 4.0),
                              risk_tolerance=_per_class(0.006, 0.008, 0.05), risk_weight=60.0,
                              change_weight=0.2),
-    "latency": ObjectiveWeights(plan_quantile=0.9, violation_weight=_per_class(80.0, 40.0, 10.0),
+    "latency": ObjectiveWeights(reliability=0.9, violation_weight=_per_class(80.0, 40.0, 10.0),
                                 shed_weight=_per_class(600.0, 120.0, 12.0),
                                 risk_tolerance=_per_class(0.002, 0.003, 0.01), risk_weight=200.0,
                                 change_weight=0.3, slo_margin=0.8),
@@ -134,14 +165,20 @@ def resolve_weights(profile: str, explicit: Mapping[str, Any] | None = None) -> 
 
     Per-class mappings are merged key by key: {"violation_weight": {"critical": 100}}
     keeps the profile's standard and sheddable weights. Raises ValueError naming an
-    unknown profile or field, or a bad value.
+    unknown profile or field, or a bad value. The reliability dial is not a weight (module
+    docstring): `reliability` (or its old name `plan_quantile`) among them is refused, naming
+    where it is set.
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown objective profile {profile!r}; profiles: {list(PROFILE_NAMES)}")
     base = PROFILES[profile]
     if not explicit:
         return base
-    valid = {f.name for f in fields(ObjectiveWeights)}
+    dial = sorted({"reliability", "plan_quantile"} & set(explicit))
+    if dial:
+        raise ValueError(f"objective weights: {dial[0]} is the MPC's reliability dial, not a weight: set the "
+                         "policy parameter `reliability` (policy_params) or a live `reliability` override")
+    valid = {f.name for f in fields(ObjectiveWeights)} - {"reliability"}
     unknown = sorted(set(explicit) - valid)
     if unknown:
         raise ValueError(f"objective weights: unknown field(s) {unknown}; valid: {sorted(valid)}")

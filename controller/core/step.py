@@ -6,7 +6,7 @@ is `tick_input.now_s`) and draws randomness only from a Generator seeded by
 (seed, generation), so a replay with the same inputs gives the same decisions.
 
 A tick: estimate the fleet (core/estimate.py: the autoscaler's replica phases
-join the telemetry) → apply SLO/profile overrides to what the policy sees →
+join the telemetry) → apply SLO/profile/reliability overrides to what the policy sees →
 advance the cascading-failure breaker (core/breaker.py; its constraints go to
 the policy) → run the policy → hold the proposal to the breaker's constraints,
 then apply the guardrails (core/guards.py) → number the decision (generation,
@@ -210,13 +210,15 @@ class Controller:
                 active, "paused: no decision made; actuators keep their settings until they expire", est)
 
         profile = next((o.text for o in reversed(active) if o.kind == "profile" and o.text in PROFILES), tick.profile)
+        # the MPC's reliability dial, set live (policies that have no dial ignore it)
+        reliability = next((o.value for o in reversed(active) if o.kind == "reliability"), None)
         capacity, capacity_reasons = advance_capacity(state.capacity, self.fleet, tick.fleet_state, now_s)
         fleet = capped_fleet(self._effective_fleet(active), capacity)
         current = self._observed_current(obs, state.current) if tick.mode is Mode.SHADOW else state.current
         generation = state.generation + 1
         rng = np.random.default_rng([self.seed, generation])
         inp = PolicyInput(now_s=now_s, observation=obs, fleet=fleet, current=current,
-                          overrides=active, profile=profile, tick_s=self.tick_s)
+                          overrides=active, profile=profile, tick_s=self.tick_s, reliability=reliability)
         bstate, action = state.breaker, BreakerAction()
         notes: list[str] = []
         if self.breaker is not None:

@@ -501,6 +501,9 @@ class Daemon:
             used = str(model.get("kind", "?")) + (f" (learned unusable: {model['learned_unusable']})"
                                                   if model.get("learned_unusable") else "")
             details.append(("planner.model", f"{model['planning_model']}: {used}"))
+        dial = rep.result.diagnostics.get("reliability") if rep else None
+        if isinstance(dial, dict):  # the MPC's reliability dial in force (policies/mpc/dial.py)
+            details.append(("planner.reliability", dial_detail(dial)))
         guard = rep.result.diagnostics.get("stream_guard") if rep else None
         if isinstance(guard, dict):  # the MPC's standing in-flight ceilings (policies/mpc/plan_inputs.py stream_guards)
             for pool, ceiling in sorted(guard.items()):
@@ -522,6 +525,18 @@ class Daemon:
             generation=self.state.generation, components=tuple(components), pools=tuple(pools),
             telemetry_frozen=bool(rep and rep.result.frozen), details=tuple(details),
         )
+
+
+def dial_detail(d: dict) -> str:
+    """One line of `governor status` for the MPC's reliability dial (its diagnostics["reliability"]), e.g.
+    '0.9 (override): plans for 36 req/s at the 300 s start-up where the median forecast is 30 (+20%)'."""
+    head = f"{d.get('value')} ({d.get('source', '?')})"
+    if not isinstance(d.get("planned_rps"), (int, float)) or not isinstance(d.get("median_rps"), (int, float)):
+        return head
+    frac = d.get("margin_frac")
+    extra = f" ({frac:+.0%})" if isinstance(frac, (int, float)) else ""
+    return (f"{head}: plans for {d['planned_rps']:.4g} req/s at the {d.get('lead_s', 0):g} s lead (the longest "
+            f"start-up) where the median forecast is {d['median_rps']:.4g}{extra}")
 
 
 def memory_detail(h: dict) -> str:

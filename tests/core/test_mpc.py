@@ -444,7 +444,8 @@ def test_profiles_and_explicit_weights():
     assert w.risk_weight == 5.0
     cases: list[tuple[dict[str, Any], str]] = [
         ({"nope": 1}, "unknown field"), ({"risk_tolerance": {"gold": 0.1}}, "unknown class"),
-        ({"plan_quantile": 0.3}, "plan_quantile"), ({"risk_weight": "x"}, "must be a number")]
+        ({"plan_quantile": 0.7}, "reliability dial, not a weight"),
+        ({"reliability": 0.7}, "policy parameter `reliability`"), ({"risk_weight": "x"}, "must be a number")]
     for bad, msg in cases:
         with pytest.raises(ValueError, match=msg):
             resolve_weights("balanced", bad)

@@ -386,7 +386,8 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
             batch_review=batch_review_s > 0 and now - m.caps_changed_s >= batch_review_s
             and ready_n > 0 and steady and m.burst >= 0.2, eligible=spec.eligible))
     classes: list[ClassInput] = []
-    z = float(ndtri(weights.plan_quantile)) / float(ndtri(0.9))  # 0.75 → 0.53 of the way to p90
+    # the reliability dial: that quantile of the forecast, its p90 being the measured error's (forecasting.py)
+    z = float(ndtri(weights.reliability)) / float(ndtri(0.9))  # 0.75 → 0.53 of the way to p90
     plan_q = fc.p50 + z * (fc.p90 - fc.p50)
     for c in PRIORITY_CLASSES:
         if c not in fleet.slos:

@@ -27,7 +27,11 @@ SLO-safe in-flight cap, shed floors).
 
 Profiles: the objective's weights come from `PolicyInput.profile` (cost / balanced /
 latency / throughput, changeable at run time through PolicyService) merged with the
-explicit `weights` parameter. Engine figures come from `engine_figures` (per pool) or the
+explicit `weights` parameter. The reliability dial (controller/core/objective.py: the probability
+that demand through the longest start-up stays within what the plan provisions for) is, first
+found: a live `reliability` override (`PolicyInput.reliability`), the `reliability` parameter,
+the profile's own setting (dial.py); diagnostics["reliability"] says which, and what it bought.
+Engine figures come from `engine_figures` (per pool) or the
 built-in profiled table; `capacity` (per-pool ReplicaCapacity, as the bench profiles it for
 the SLA planner) only seeds the correction factors. `timer` is a monotonic clock for a wall-time
 budget; without a timer the budget is a count of scored candidates.
@@ -58,11 +62,12 @@ from controller.core.breaker import BreakerConfig
 from controller.core.forecast import LearnedForecaster, PriorForecaster
 from controller.core.mpc import MpcConfig, plan_steps, solve
 from controller.core.mpc_model import LearnedPlanModel, PlanModel, QueueingPrior
-from controller.core.objective import resolve_weights
+from controller.core.objective import check_reliability, resolve_weights
 from controller.names import PROFILES
 from controller.perf.engine_figures import EngineFigures
 from controller.policies.common import check_positive, reason
 from controller.policies.mpc.corrections import confidence, learn, seed_from_capacity
+from controller.policies.mpc.dial import dial_diagnostics, dial_in_force
 from controller.policies.mpc.feedback import measure
 from controller.policies.mpc.first_step import down_window_s, first_step
 from controller.policies.mpc.forecasting import forecast
@@ -122,6 +127,7 @@ class MpcPolicy:
                  correction_alpha: float = 0.15, client_retries: int = 2, standby_cost_frac: float = 1.0,
                  warmup_s: float = 60.0, min_history_s: float = 300.0, planner: Mapping[str, Any] | None = None,
                  protect_streams: bool = True, stream_guard: bool = True, min_serving_replicas: int = 2,
+                 reliability: float | None = None,
                  planning_model: str = "prior", coupling_source: Callable[[], Any] | None = None,
                  forecast_source: Callable[[], Any] | None = None,
                  models: PlanModel | None = None, timer: Callable[[], float] | None = None) -> None:
@@ -139,6 +145,7 @@ class MpcPolicy:
                                    **extra})
         resolve_weights("balanced", weights)  # validate now: a bad weight fails at build time
         self.weights = dict(weights or {})
+        self.reliability = None if reliability is None else check_reliability(reliability, "mpc.reliability")
         self.engine_figures = {k: EngineFigures.of(v) for k, v in (engine_figures or {}).items()}
         self.capacity = {str(k): ReplicaCapacity.of(v) for k, v in (capacity or {}).items()}
         self.down_window_s = check_positive("mpc.scale_down_stabilization_s", scale_down_stabilization_s,
@@ -246,7 +253,9 @@ class MpcPolicy:
         now = inp.now_s
         fleet = inp.fleet
         cfg = self.config
-        weights = resolve_weights(inp.profile if inp.profile in PROFILES else "balanced", self.weights)
+        profile = inp.profile if inp.profile in PROFILES else "balanced"
+        weights, dial_source = dial_in_force(resolve_weights(profile, self.weights), profile, self.reliability,
+                                             inp.reliability)
         prior = self._prior(fleet)
         reasons: list[Reason] = []
 
@@ -319,6 +328,7 @@ class MpcPolicy:
             reasons.append(reason("low_confidence", None, f"model confidence {conf:.2f}: predictions are uncertain",
                                   confidence=conf))
         diag = diagnostics(result, fc, class_share, model, corr_diag, problem, headroom)
+        diag["reliability"] = dial_diagnostics(weights.reliability, dial_source, problem, fc, startup)
         diag["model"]["planning_model"] = self.planning_model
         diag["stream_guard"] = dict(guards)
         diag["forecast"]["validation"] = board.to_dict(fc_method)

@@ -26,6 +26,7 @@ class OverrideKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OVERRIDE_KIND_SLO_TTFT: _ClassVar[OverrideKind]
     OVERRIDE_KIND_SLO_TPOT: _ClassVar[OverrideKind]
     OVERRIDE_KIND_PROFILE: _ClassVar[OverrideKind]
+    OVERRIDE_KIND_RELIABILITY: _ClassVar[OverrideKind]
 MODE_UNSPECIFIED: Mode
 MODE_ACTIVE: Mode
 MODE_SHADOW: Mode
@@ -39,6 +40,7 @@ OVERRIDE_KIND_ADMISSION: OverrideKind
 OVERRIDE_KIND_SLO_TTFT: OverrideKind
 OVERRIDE_KIND_SLO_TPOT: OverrideKind
 OVERRIDE_KIND_PROFILE: OverrideKind
+OVERRIDE_KIND_RELIABILITY: OverrideKind
 
 class ComponentHealth(_message.Message):
     __slots__ = ("name", "healthy", "detail", "last_ok_unix_s")
