@@ -40,6 +40,7 @@ from controller.actuation.outcome import (
 )
 from controller.clock import Clock
 from controller.gen.governor.v1 import control_pb2, control_pb2_grpc
+from controller.rpc import lever_wire
 from controller.rpc.transport import ClientTls, bearer_metadata, make_channel
 from controller.types import PRIORITY_CLASSES, ClassAdmission, Decision
 
@@ -78,37 +79,17 @@ def _admission_classes(decision: Decision) -> list[str]:
 
 
 def routing_policy_for(decision: Decision, issuer: str) -> control_pb2.RoutingPolicy:
-    """RoutingPolicy: one PoolRouting per pool of the decision, one ClassAdmission per priority class."""
-    pools = [
-        control_pb2.PoolRouting(
-            pool=name,
-            traffic_weight=pd.traffic_weight,
-            inflight_cap=pd.inflight_cap,
-            weights=control_pb2.ScorerWeights(prefix=pd.prefix_weight, queue=pd.queue_weight, kv_usage=pd.kv_weight),
-        )
-        for name, pd in decision.pools.items()
-    ]
-    admission = []
-    for cls in _admission_classes(decision):
-        a = decision.admission.get(cls, ClassAdmission())
-        admission.append(control_pb2.ClassAdmission(
-            priority_class=cls, rate_limit_rps=a.rate_limit_rps, queue_budget=a.queue_budget, shed_fraction=a.shed_frac,
-        ))
+    """RoutingPolicy: one PoolRouting per pool of the decision, one ClassAdmission per priority class
+    (each with every lever its message carries, controller/levers.py)."""
+    pools = [lever_wire.build("PoolRouting", {"pool": name}, pd) for name, pd in decision.pools.items()]
+    admission = [lever_wire.build("ClassAdmission", {"priority_class": c}, decision.admission.get(c, ClassAdmission()))
+                 for c in _admission_classes(decision)]
     return control_pb2.RoutingPolicy(meta=command_meta(decision, issuer), pools=pools, admission=admission)
 
 
 def scaling_plan_for(decision: Decision, issuer: str) -> control_pb2.ScalingPlan:
     """ScalingPlan: one PoolScaling per pool of the decision."""
-    pools = [
-        control_pb2.PoolScaling(
-            pool=name,
-            replicas=pd.replicas,
-            warm_standby=pd.warm_standby,
-            max_num_seqs=pd.max_num_seqs,
-            max_num_batched_tokens=pd.max_num_batched_tokens,
-        )
-        for name, pd in decision.pools.items()
-    ]
+    pools = [lever_wire.build("PoolScaling", {"pool": name}, pd) for name, pd in decision.pools.items()]
     return control_pb2.ScalingPlan(meta=command_meta(decision, issuer), pools=pools)
 
 

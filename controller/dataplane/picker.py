@@ -375,8 +375,8 @@ class Picker:
 
     def _admit(self, cls: str, a: ClassSettings, now_s: float) -> Route | None:
         st = self._classes[cls]
-        if a.shed_fraction > 0.0:
-            st.shed_acc += a.shed_fraction
+        if a.shed_frac > 0.0:
+            st.shed_acc += a.shed_frac
             if st.shed_acc >= 1.0 - 1e-9:
                 st.shed_acc -= 1.0
                 return self._reject(cls, 429, 1, "shed")

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from controller.gen.governor.v1 import control_pb2 as pb
+from controller.rpc import lever_wire
 from controller.rpc.command_rules import CommandInvalidError, check_meta, validate_routing
 from controller.types import PRIORITY_CLASSES
 
@@ -45,7 +46,7 @@ class PoolSettings:
 class ClassSettings:
     rate_limit_rps: float = 0.0  # 0 = unlimited
     queue_budget: int = -1  # requests of the class held at once; -1 = unlimited
-    shed_fraction: float = 0.0  # of arrivals rejected at once (429)
+    shed_frac: float = 0.0  # of arrivals rejected at once (429)
 
 
 @dataclass(frozen=True)
@@ -97,13 +98,8 @@ class PolicyStore:
         base = self.settings(now_unix_s).settings
         pools = dict(base.pools)
         for p in msg.pools:
-            s = replace(pools[p.pool], traffic_weight=p.traffic_weight, inflight_cap=p.inflight_cap)
-            if p.HasField("weights"):
-                s = replace(s, prefix_weight=p.weights.prefix, queue_weight=p.weights.queue,
-                            kv_weight=p.weights.kv_usage)
-            pools[p.pool] = s
-        admission = {a.priority_class: ClassSettings(a.rate_limit_rps, a.queue_budget, a.shed_fraction)
-                     for a in msg.admission}
+            pools[p.pool] = replace(pools[p.pool], **lever_wire.values(p, "PoolRouting"))
+        admission = {a.priority_class: ClassSettings(**lever_wire.values(a, "ClassAdmission")) for a in msg.admission}
         self._commanded = Settings(pools, admission)
         self.generation = m.generation
         self.decision_id = m.decision_id
@@ -120,11 +116,8 @@ class PolicyStore:
         if self.meta is not None:
             out.meta.CopyFrom(self.meta)
         for name, s in a.settings.pools.items():
-            out.pools.add(pool=name, traffic_weight=s.traffic_weight, inflight_cap=s.inflight_cap,
-                          weights=pb.ScorerWeights(prefix=s.prefix_weight, queue=s.queue_weight,
-                                                   kv_usage=s.kv_weight))
+            out.pools.append(lever_wire.build("PoolRouting", {"pool": name}, s))
         for cls in PRIORITY_CLASSES:
             c = a.settings.admission_of(cls)
-            out.admission.add(priority_class=cls, rate_limit_rps=c.rate_limit_rps, queue_budget=c.queue_budget,
-                              shed_fraction=c.shed_fraction)
+            out.admission.append(lever_wire.build("ClassAdmission", {"priority_class": cls}, c))
         return out

@@ -20,6 +20,7 @@ from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 from controller.gen.governor.v1 import control_pb2 as pb
+from controller.rpc.lever_wire import get, wire_levers
 from controller.types import PRIORITY_CLASSES
 
 # Lengths a command's strings may have. A pool name is a Kubernetes name (a DNS-1123 subdomain: at most 253
@@ -110,15 +111,7 @@ def validate_routing(msg: pb.RoutingPolicy, pools: Collection[str], *, known_as:
     `rate_limit_note` is appended to the rate_limit_rps message.
     """
     for where, p in each_pool(msg.pools, pools, known_as=known_as):
-        if not finite_nonneg(p.traffic_weight):
-            raise CommandInvalidError(f"{where}.traffic_weight: {p.traffic_weight!r} must be a finite number >= 0")
-        if p.inflight_cap < 0:
-            raise CommandInvalidError(f"{where}.inflight_cap: {p.inflight_cap} must be >= 0 (0 = no cap)")
-        if p.HasField("weights"):
-            for fname in ("prefix", "queue", "kv_usage"):
-                v = getattr(p.weights, fname)
-                if not finite_nonneg(v):
-                    raise CommandInvalidError(f"{where}.weights.{fname}: {v!r} must be a finite number >= 0")
+        _check_levers(p, "PoolRouting", where, "")
     if len(msg.admission) > len(PRIORITY_CLASSES):
         raise CommandInvalidError(f"admission: {len(msg.admission)} entries, but there are {len(PRIORITY_CLASSES)} "
                                   f"classes {list(PRIORITY_CLASSES)}; each appears at most once")
@@ -132,10 +125,17 @@ def validate_routing(msg: pb.RoutingPolicy, pools: Collection[str], *, known_as:
             raise CommandInvalidError(f"{where}.priority_class: class {show(a.priority_class)} appears more than "
                                       "once")
         seen.add(a.priority_class)
-        if not finite_nonneg(a.rate_limit_rps):
-            raise CommandInvalidError(f"{where}.rate_limit_rps: {a.rate_limit_rps!r} must be a finite number >= 0"
-                                      f"{rate_limit_note}")
-        if a.queue_budget < -1:
-            raise CommandInvalidError(f"{where}.queue_budget: {a.queue_budget} must be >= -1 (-1 = unlimited)")
-        if not (math.isfinite(a.shed_fraction) and 0.0 <= a.shed_fraction <= 1.0):
-            raise CommandInvalidError(f"{where}.shed_fraction: {a.shed_fraction!r} is outside [0, 1]")
+        _check_levers(a, "ClassAdmission", where, rate_limit_note)
+
+
+def _check_levers(msg: Any, message: str, where: str, unset_note: str) -> None:
+    """Each lever `msg` carries against its bounds (controller/levers.py), in the message's field order;
+    `unset_note` is appended where a float lever's 0 means "no limit"."""
+    for lv in wire_levers(message):
+        v = get(msg, lv)
+        if v is None:
+            continue
+        bad = lv.problem(v)
+        if bad is not None:
+            note = unset_note if lv.kind is float and lv.unset is not None else ""
+            raise CommandInvalidError(f"{where}.{'.'.join(lv.path)}: {v!r} {bad}{note}")

@@ -26,9 +26,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from controller.clock import Clock
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
-from controller.rpc import command_rules
+from controller.levers import admission_levers, lever
+from controller.rpc import command_rules, lever_wire
 from controller.rpc.command_rules import CommandInvalidError, check_meta, each_pool
 from controller.rpc.transport import CheckedRequestsInterceptor
+from controller.sim.fleet_lifecycle import route_defaults
 from controller.sim.http_endpoint import host_port
 from controller.sim.scenario import (
     MAX_NUM_BATCHED_TOKENS_RANGE,
@@ -134,13 +136,11 @@ class ControlPlane:
     # ------------------------------------------------------------------ defaults
 
     def _default_routing(self, pool: str) -> dict[str, float]:
-        r = self.scenario.router
-        return {"traffic_weight": self.pools[pool].traffic_weight, "inflight_cap": r.inflight_cap,
-                "prefix_weight": r.prefix_weight, "queue_weight": r.queue_weight, "kv_weight": r.kv_weight}
+        return route_defaults(self.scenario, self.pools[pool])
 
     def _default_admission(self, cls: str) -> dict[str, float]:
         a = self.scenario.router.admission.get(cls, AdmissionSpec())
-        return {"rate_limit_rps": a.rate_limit_rps, "queue_budget": a.queue_budget, "shed_frac": a.shed_frac}
+        return {lv.name: getattr(a, lv.name) for lv in admission_levers()}
 
     def _default_scaling(self, pool: str) -> dict[str, int]:
         p = self.pools[pool]
@@ -198,12 +198,9 @@ class ControlPlane:
     def _apply_routing_settings(self, routing: dict[str, dict[str, float]],
                                 admission: dict[str, dict[str, float]]) -> None:
         for pool, s in routing.items():
-            self.fleet.set_pool_routing(pool, traffic_weight=s["traffic_weight"], inflight_cap=int(s["inflight_cap"]),
-                                        prefix_weight=s["prefix_weight"], queue_weight=s["queue_weight"],
-                                        kv_weight=s["kv_weight"])
+            self.fleet.set_pool_routing(pool, **{k: lever(k).kind(v) for k, v in s.items()})
         for cls, a in admission.items():
-            self.fleet.set_admission(cls, rate_limit_rps=a["rate_limit_rps"], queue_budget=int(a["queue_budget"]),
-                                     shed_frac=a["shed_frac"])
+            self.fleet.set_admission(cls, **{k: lever(k).kind(v) for k, v in a.items()})
 
     def _command(self, ch: _Channel, msg, validate: Callable[[Any], None], apply: Callable[[Any], str]) -> pb.Ack:
         """One command, all or nothing: deadlines, generation rules, validation, then apply."""
@@ -228,14 +225,9 @@ class ControlPlane:
         routing: dict[str, dict[str, float]] = {}
         for p in msg.pools:
             s = dict(self.views.routing[p.pool])
-            s["traffic_weight"] = p.traffic_weight
-            s["inflight_cap"] = p.inflight_cap
-            if p.HasField("weights"):
-                s.update(prefix_weight=p.weights.prefix, queue_weight=p.weights.queue,
-                         kv_weight=p.weights.kv_usage)
+            s.update(lever_wire.values(p, "PoolRouting"))  # the scorer weights only when the command sets them
             routing[p.pool] = s
-        admission = {a.priority_class: {"rate_limit_rps": a.rate_limit_rps, "queue_budget": a.queue_budget,
-                                        "shed_frac": a.shed_fraction} for a in msg.admission}
+        admission = {a.priority_class: lever_wire.values(a, "ClassAdmission") for a in msg.admission}
 
         def pool_step(p: str) -> _Step:
             return (lambda: self._apply_routing_settings({p: routing[p]}, {}),
@@ -265,12 +257,9 @@ class ControlPlane:
             if self.router.meta is not None:
                 out.meta.CopyFrom(self.router.meta)
             for pool, s in self.views.routing.items():
-                out.pools.add(pool=pool, traffic_weight=s["traffic_weight"], inflight_cap=int(s["inflight_cap"]),
-                              weights=pb.ScorerWeights(prefix=s["prefix_weight"], queue=s["queue_weight"],
-                                                       kv_usage=s["kv_weight"]))
+                out.pools.append(lever_wire.build("PoolRouting", {"pool": pool}, s))
             for cls, a in self.views.admission.items():
-                out.admission.add(priority_class=cls, rate_limit_rps=a["rate_limit_rps"],
-                                  queue_budget=int(a["queue_budget"]), shed_fraction=a["shed_frac"])
+                out.admission.append(lever_wire.build("ClassAdmission", {"priority_class": cls}, a))
             return out
 
     def _apply_scaling_settings(self, scaling: dict[str, dict[str, int]]) -> None:

@@ -70,14 +70,16 @@ Must not: read the wall clock, use unseeded randomness, or keep module-level sta
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
+from controller.levers import admission_levers, check_levers, lever, routing_levers
 from controller.sim.fleet_accounting import AccountingMixin, SimSummary
 from controller.sim.fleet_clients import ClientsMixin
 from controller.sim.fleet_events import EventsMixin
 from controller.sim.fleet_faults import FaultsMixin
-from controller.sim.fleet_lifecycle import LifecycleMixin
+from controller.sim.fleet_lifecycle import LifecycleMixin, route_defaults
 from controller.sim.fleet_records import INF, PoolRT
 from controller.sim.router import Router
 from controller.sim.scenario import MAX_NUM_BATCHED_TOKENS_RANGE, MAX_NUM_SEQS_RANGE, AdmissionSpec, Scenario
@@ -147,41 +149,27 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
 
     # ------------------------------------------------------------------ controls
 
-    def set_pool_routing(self, pool: str, *, traffic_weight: float | None = None, inflight_cap: int | None = None,
-                         prefix_weight: float | None = None, queue_weight: float | None = None,
-                         kv_weight: float | None = None) -> None:
+    def set_pool_routing(self, pool: str, **levers: float) -> None:
+        """Set routing levers of `pool` by name (the table's levers that act at once, controller/levers.py:
+        traffic_weight, inflight_cap, prefix_weight, queue_weight, kv_weight); the others keep their value."""
         p = self._pool(pool)
-        for name, v in (("traffic_weight", traffic_weight), ("prefix_weight", prefix_weight),
-                        ("queue_weight", queue_weight), ("kv_weight", kv_weight)):
-            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"set_pool_routing({pool!r}): {name} = {v!r} must be a finite number >= 0")
-        if inflight_cap is not None and (isinstance(inflight_cap, bool) or not isinstance(inflight_cap, int)
-                                         or inflight_cap < 0):
-            raise ValueError(f"set_pool_routing({pool!r}): inflight_cap = {inflight_cap!r} must be an int >= 0 "
-                             "(0 = no cap)")
+        check_levers(f"set_pool_routing({pool!r})", routing_levers(), levers)
         r = p.route
-        if traffic_weight is not None:
-            r.traffic_weight = float(traffic_weight)
-        if inflight_cap is not None:
-            r.inflight_cap = int(inflight_cap)
-        if prefix_weight is not None:
-            r.prefix_weight = float(prefix_weight)
-        if queue_weight is not None:
-            r.queue_weight = float(queue_weight)
-        if kv_weight is not None:
-            r.kv_weight = float(kv_weight)
+        for name, v in levers.items():
+            setattr(r, name, lever(name).kind(v))
         self._dispatch_held(p)
 
-    def set_admission(self, priority_class: str, *, rate_limit_rps: float, queue_budget: int, shed_frac: float) -> None:
+    def set_admission(self, priority_class: str, **levers: float) -> None:
+        """Set admission levers of one class by name (rate_limit_rps, queue_budget, shed_frac; the others
+        keep their value)."""
         k = self._class_index(priority_class)
-        self._check_admission(priority_class, rate_limit_rps, queue_budget, shed_frac)
+        self._check_admission(priority_class, levers)
         a = self.router.classes[k]
         a.take_token(self.now_s)  # settle the bucket at the old rate first
-        a.rate_limit_rps = float(rate_limit_rps)
+        for name, v in levers.items():
+            setattr(a, name, lever(name).kind(v))
         cap = a.rate_limit_rps if a.rate_limit_rps > 1.0 else 1.0
         a.tokens = min(a.tokens, cap)
-        a.queue_budget = int(queue_budget)
-        a.shed_frac = float(shed_frac)
 
     def set_tenant_quota(self, tenant: str, *, rate_rps: float) -> None:
         """Change a tenant's quota (0 = none); the bucket keeps its tokens, capped at the new burst."""
@@ -223,10 +211,8 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
 
     def reset_controls(self) -> None:
         """Routing, admission and pool targets back to the scenario's values."""
-        rs = self.scenario.router
         for p in self.pools.values():
-            self.set_pool_routing(p.name, traffic_weight=p.spec.traffic_weight, inflight_cap=rs.inflight_cap,
-                                  prefix_weight=rs.prefix_weight, queue_weight=rs.queue_weight, kv_weight=rs.kv_weight)
+            self.set_pool_routing(p.name, **route_defaults(self.scenario, p.spec))
         self._reset_admission()
         for p in self.pools.values():
             e = p.spec.engine
@@ -262,15 +248,8 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
         return PRIORITY_CLASSES.index(c)
 
     @staticmethod
-    def _check_admission(c: str, rate_limit_rps: float, queue_budget: int, shed_frac: float) -> None:
-        if not (isinstance(rate_limit_rps, (int, float)) and math.isfinite(rate_limit_rps) and rate_limit_rps >= 0):
-            raise ValueError(f"set_admission({c!r}): rate_limit_rps = {rate_limit_rps!r} must be a finite number >= 0 "
-                             "(0 = unlimited)")
-        if isinstance(queue_budget, bool) or not isinstance(queue_budget, int) or queue_budget < -1:
-            raise ValueError(f"set_admission({c!r}): queue_budget = {queue_budget!r} must be an int >= -1 "
-                             "(-1 = unlimited)")
-        if not (isinstance(shed_frac, (int, float)) and 0.0 <= shed_frac <= 1.0):
-            raise ValueError(f"set_admission({c!r}): shed_frac = {shed_frac!r} must be in [0, 1]")
+    def _check_admission(c: str, levers: Mapping[str, float]) -> None:
+        check_levers(f"set_admission({c!r})", admission_levers(), levers)
 
     @staticmethod
     def _check_target(p: PoolRT, replicas: int, warm_standby: int | None, max_num_seqs: int | None,
@@ -304,7 +283,6 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
         for k, c in enumerate(PRIORITY_CLASSES):
             a = spec.get(c, AdmissionSpec())
             st = self.router.classes[k]
-            st.rate_limit_rps = a.rate_limit_rps
-            st.queue_budget = a.queue_budget
-            st.shed_frac = a.shed_frac
+            for lv in admission_levers():
+                setattr(st, lv.name, getattr(a, lv.name))
             st.reset_bucket(self.now_s)

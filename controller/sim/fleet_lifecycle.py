@@ -12,6 +12,7 @@ held ones to a replica that became ready (that is fleet_clients).
 
 from __future__ import annotations
 
+from controller.levers import routing_levers
 from controller.sim.engine import Replica
 from controller.sim.engine_records import ReplicaBase
 from controller.sim.fleet_events import EV_READY
@@ -30,7 +31,7 @@ from controller.sim.fleet_records import (
     Slot,
 )
 from controller.sim.router import PoolRoute
-from controller.sim.scenario import Scenario
+from controller.sim.scenario import PoolSpecModel, Scenario
 from controller.sim.stats import NodeStats, ReplicaStats
 
 # Weights stay on a node this long after its replica left (the cluster autoscaler's default
@@ -38,11 +39,17 @@ from controller.sim.stats import NodeStats, ReplicaStats
 WARM_NODE_TTL_S = 600.0
 
 
+def route_defaults(scenario: Scenario, spec: PoolSpecModel) -> dict[str, float]:
+    """A pool's routing levers as the scenario sets them: the pool's own (traffic_weight), else the
+    router's (cap, scorer weights), else the lever table's default (controller/levers.py)."""
+    return {lv.name: lv.kind(getattr(spec, lv.name, getattr(scenario.router, lv.name, lv.default)))
+            for lv in routing_levers()}
+
+
 class LifecycleMixin(FleetBase):
     """Pools and replicas of a Fleet (state: `pools`, `_pool_of_route`, `_groups`)."""
 
     def _init_pools(self, scenario: Scenario) -> None:
-        rs = scenario.router
         catalogue = scenario.engine_catalogue()
         self.pools: dict[str, PoolRT] = {}
         for spec in scenario.pools:
@@ -50,8 +57,7 @@ class LifecycleMixin(FleetBase):
             if e.max_num_batched_tokens < e.max_num_seqs:
                 raise ValueError(f"pools[{spec.name}].engine: max_num_batched_tokens ({e.max_num_batched_tokens}) must "
                                  f"be >= max_num_seqs ({e.max_num_seqs}), as vLLM requires")
-            route = PoolRoute(spec.name, spec.traffic_weight, rs.inflight_cap, rs.prefix_weight, rs.queue_weight,
-                              rs.kv_weight)
+            route = PoolRoute(spec.name, route_defaults(scenario, spec))
             self.router.pools[spec.name] = route
             self.pools[spec.name] = PoolRT(spec, route, catalogue)
         self._pool_of_route = {p.route: p for p in self.pools.values()}

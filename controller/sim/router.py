@@ -46,6 +46,7 @@ Must not: simulate engines, decide retries, or read the wall clock.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,19 +143,23 @@ class TenantQuotaState:
 
 
 class PoolRoute:
-    """Routing settings of one pool, its candidate replicas and the requests held for it."""
+    """Routing settings of one pool, its candidate replicas and the requests held for it.
 
-    __slots__ = ("name", "traffic_weight", "inflight_cap", "prefix_weight", "queue_weight", "kv_weight",
-                 "candidates", "held", "held_by_prio", "_rr")
+    Its routing levers are attributes named as in the lever table (controller/levers.py: the pool
+    levers that act at once): traffic_weight, inflight_cap, prefix_weight, queue_weight, kv_weight.
+    No __slots__, so a lever added to the table is carried here with no change."""
 
-    def __init__(self, name: str, traffic_weight: float, inflight_cap: int, prefix_weight: float,
-                 queue_weight: float, kv_weight: float) -> None:
+    # the levers this router's physics reads (`pick`, `choose`); set from the table by the fleet
+    traffic_weight: float
+    inflight_cap: int
+    prefix_weight: float
+    queue_weight: float
+    kv_weight: float
+
+    def __init__(self, name: str, levers: Mapping[str, float]) -> None:
         self.name = name
-        self.traffic_weight = traffic_weight
-        self.inflight_cap = inflight_cap
-        self.prefix_weight = prefix_weight
-        self.queue_weight = queue_weight
-        self.kv_weight = kv_weight
+        for k, v in levers.items():
+            setattr(self, k, v)
         self.candidates: list[Replica] = []  # ready, not draining
         # held requests per class; entries are (request, attempt); stale ones are skipped on pop
         self.held: tuple[deque[tuple[Req, int]], ...] = tuple(deque() for _ in range(N_CLASSES))

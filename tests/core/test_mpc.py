@@ -592,7 +592,7 @@ def test_applied_router_weights_rescale_for_the_replicas_serving():
     from controller.core.mpc import Plan, PoolPlan
 
     def pp(n: int, w: float) -> PoolPlan:
-        return PoolPlan(replicas=(n,) * 3, standby=0, prefix_weight=3.0, inflight_cap=0, traffic_weight=w,
+        return PoolPlan(replicas=(n,) * 3, warm_standby=0, prefix_weight=3.0, inflight_cap=0, traffic_weight=w,
                         max_num_seqs=256, max_num_batched_tokens=8192)
 
     prob = PlanProblem(pools=(pool("a", 0, ready=2, target=2), pool("b", 1, ready=4, target=4),

@@ -165,7 +165,7 @@ def test_a_follower_picker_obeys_the_policy_governor_sends_to_its_leader():
         def followed():
             a = fol.svc.store.settings(time.time())
             return (a.generation, a.decision_id, a.fallback, a.settings.pools["a"].inflight_cap,
-                    a.settings.admission_of("sheddable").shed_fraction)
+                    a.settings.admission_of("sheddable").shed_frac)
 
         wait_for(lambda: follower.call(followed) == (7, "d-7", False, 3, 0.5), 5, "the follower to copy the policy")
         # the leader's deadline holds for the follower too: both fall back to their defaults

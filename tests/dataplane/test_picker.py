@@ -137,7 +137,7 @@ def test_queue_budget_rejects_beyond_it_and_abandon_frees_the_budget():
 
 def test_shed_fraction_is_exact_and_per_class():
     p = _picker()
-    s = _settings(sheddable=ClassSettings(shed_fraction=0.25))
+    s = _settings(sheddable=ClassSettings(shed_frac=0.25))
     codes: collections.Counter[int] = collections.Counter()
     for i in range(100):
         r = p.route("sheddable", "x", s, float(i))
@@ -203,7 +203,7 @@ def test_policy_store_generations_replay_stale_invalid_and_deadline():
     assert not live.fallback
     assert live.settings.pools["a"] == PoolSettings(3.0, 4, 1.0, 0.5, 0.25)
     assert live.settings.pools["b"] == PoolSettings()  # left out: keeps what was in force
-    assert live.settings.admission_of("sheddable").shed_fraction == 0.5
+    assert live.settings.admission_of("sheddable").shed_frac == 0.5
     assert st.apply(_policy(1, "d1", 100.0, a=3.0), 20.0).status == pb.ACK_STATUS_REPLAY
     assert st.apply(_policy(1, "other", 100.0, a=3.0), 20.0).status == pb.ACK_STATUS_STALE_GENERATION
     assert st.apply(_policy(0, "d0", 100.0, a=3.0), 20.0).status == pb.ACK_STATUS_INVALID

@@ -10,6 +10,10 @@ from controller.sim.router import ClassAdmissionState, PoolRoute, Router
 from tests.fakes.sim_engine import Driver, make_replica
 
 
+def _levers(traffic_weight: float) -> dict[str, float]:
+    return dict(traffic_weight=traffic_weight, inflight_cap=0, prefix_weight=3, queue_weight=2, kv_weight=2)
+
+
 def _replicas(n: int, **kw):
     drv = Driver()
     return [make_replica(drv, unit_tokens=64, **kw) for _ in range(n)]
@@ -27,7 +31,8 @@ def _cache_units(rep, units) -> None:
 
 
 def _route(cands, **w) -> PoolRoute:
-    r = PoolRoute("p", 1.0, w.pop("cap", 0), w.pop("prefix", 3.0), w.pop("queue", 2.0), w.pop("kv", 2.0))
+    r = PoolRoute("p", dict(traffic_weight=1.0, inflight_cap=w.pop("cap", 0), prefix_weight=w.pop("prefix", 3.0),
+                           queue_weight=w.pop("queue", 2.0), kv_weight=w.pop("kv", 2.0)))
     r.candidates = list(cands)
     return r
 
@@ -118,8 +123,8 @@ def test_shed_frac_is_seeded_and_per_class():
 
 def test_pool_choice_follows_traffic_weight():
     router = Router(np.random.default_rng(1))
-    a = PoolRoute("a", 3.0, 0, 3, 2, 2)
-    b = PoolRoute("b", 1.0, 0, 3, 2, 2)
+    a = PoolRoute("a", _levers(3.0))
+    b = PoolRoute("b", _levers(1.0))
     picks = [router.choose([a, b]) for _ in range(20_000)]
     assert abs(sum(p is a for p in picks) / len(picks) - 0.75) < 0.015
     b.traffic_weight = 0.0
@@ -132,7 +137,7 @@ def test_pool_choice_follows_traffic_weight():
 def test_pool_choice_skips_pools_without_a_ready_replica():
     """As governor picker skips a pool with no healthy endpoint: its share goes to the others at once."""
     router = Router(np.random.default_rng(2))
-    a = PoolRoute("a", 0.9, 0, 3, 2, 2)  # every replica crashed: no candidate
+    a = PoolRoute("a", _levers(0.9))  # every replica crashed: no candidate
     b, c = _route(_replicas(1)), _route(_replicas(2))
     b.traffic_weight, c.traffic_weight = 0.1, 0.0
     assert all(router.choose([a, b, c]) is b for _ in range(200))  # weight 0 keeps no share while b has one
@@ -147,7 +152,7 @@ def test_pool_choice_skips_pools_without_a_ready_replica():
 
 
 def test_held_requests_leave_by_priority_then_fcfs_and_skip_stale():
-    route = PoolRoute("p", 1.0, 0, 3, 2, 2)
+    route = PoolRoute("p", _levers(1.0))
     reqs = [Req(i, prio, i, 0, 10, 1) for i, prio in enumerate([2, 1, 0, 1, 0, 2])]
     for r in reqs:
         route.hold(r)

@@ -16,6 +16,10 @@ import numpy as np
 
 from controller.core.mpc.candidates import Candidates
 from controller.core.mpc.problem import ClassInput, MpcConfig, PlanProblem, hop
+from controller.levers import LEVERS
+
+# a candidate array's lever (controller/levers.py's `array` column): "pw" → prefix_weight, "cap" → inflight_cap, ...
+_BY_ARRAY = {lv.array: lv for lv in LEVERS if lv.array}
 
 
 def continuous_bounds(prob: PlanProblem, cfg: MpcConfig) -> tuple[np.ndarray, np.ndarray, list[tuple[str, int]]]:
@@ -84,17 +88,12 @@ def lever_order(shed: np.ndarray) -> np.ndarray:
 
 def apply_vec(base: Candidates, X: np.ndarray, names: list[tuple[str, int]],
               classes: Sequence[ClassInput]) -> Candidates:
-    c = base.tile(X.shape[0])
-    c.pw, c.cap, c.tw, c.shed = c.pw.copy(), c.cap.copy(), c.tw.copy(), c.shed.copy()
+    c = base.tile(X.shape[0])  # fresh arrays (take copies)
     for col, (kind, j) in enumerate(names):
-        if kind == "pw":
-            c.pw[:, j] = X[:, col]
-        elif kind == "cap":
-            c.cap[:, j] = np.round(X[:, col])
-        elif kind == "tw":
-            c.tw[:, j] = X[:, col]
-        else:
+        if kind == "delay":
             c.shed = delay_ladder(X[:, col], classes)
+        else:  # a lever's candidate array: an integer lever's value is rounded
+            getattr(c, kind)[:, j] = np.round(X[:, col]) if _BY_ARRAY[kind].kind is int else X[:, col]
     c.shed = lever_order(c.shed)
     return c
 
@@ -102,6 +101,6 @@ def apply_vec(base: Candidates, X: np.ndarray, names: list[tuple[str, int]],
 def to_vec(c: Candidates, names: list[tuple[str, int]]) -> np.ndarray:
     out = np.empty(len(names))
     for col, (kind, j) in enumerate(names):
-        out[col] = ladder_level(c.shed[0]) if kind == "delay" else {"pw": c.pw, "cap": c.cap, "tw": c.tw}[kind][0, j]
+        out[col] = ladder_level(c.shed[0]) if kind == "delay" else getattr(c, kind)[0, j]
     return out
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.core.objective import ObjectiveWeights
+from controller.levers import plan_groups
 
 Timer = Callable[[], float]
 
@@ -26,7 +27,9 @@ Timer = Callable[[], float]
 # replica of the hop gets the same share, as a plain balancer gives), warm standby, engine batch caps,
 # and admission (planned shedding; the breaker's and the feedback layer's shed floors, which are
 # safety rules, still apply).
-LEVERS = ("affinity", "inflight_cap", "traffic_split", "standby", "batch_caps", "admission")
+# The names come from the lever table (controller/levers.py, its `plan` column):
+# ("affinity", "inflight_cap", "traffic_split", "standby", "batch_caps", "admission").
+LEVERS = plan_groups()
 
 # --------------------------------------------------------------------------- configuration
 
@@ -236,7 +239,7 @@ def applied_router_weights(problem: PlanProblem, plan: Plan, applied: Mapping[st
 @dataclass(frozen=True)
 class PoolPlan:
     replicas: tuple[int, ...]  # per horizon step (the first is applied)
-    standby: int
+    warm_standby: int
     prefix_weight: float
     inflight_cap: int  # 0 = none
     traffic_weight: float  # absolute router weight now (weight per replica × replicas serving in the first step)

@@ -27,9 +27,12 @@ from controller.core.mpc.problem import MpcConfig, PlanProblem, plan_steps
 from controller.core.mpc.risk import Risk
 from controller.core.mpc.traffic import Flow, Traffic
 from controller.core.mpc_model import PlanModel
+from controller.levers import LEVERS, Lever, plan_groups
 
-# the candidate arrays each lever of `MpcConfig.fixed_levers` owns (admission owns `shed`)
-_LEVER_FIELDS = {"affinity": ("pw",), "inflight_cap": ("cap",), "standby": ("standby",), "batch_caps": ("mbt", "mns")}
+# the candidate arrays each lever of `MpcConfig.fixed_levers` owns (the lever table's `plan` and `array` columns)
+_LEVER_FIELDS = {g: tuple(lv.array for lv in LEVERS if lv.plan == g and lv.array) for g in plan_groups()}
+# the levers whose moves the change penalty counts, in table order (a move: beyond the lever's threshold)
+_PRICED = tuple(lv for lv in LEVERS if lv.scope == "pool" and lv.threshold is not None and lv.array)
 
 
 class Evaluator:
@@ -109,6 +112,17 @@ class Evaluator:
                 for f in _LEVER_FIELDS[lever]:
                     getattr(cand, f)[:] = getattr(cur, f)[0][None, :]
 
+    def _moved(self, cand: Candidates, lv: Lever) -> np.ndarray:
+        """(C, P): where the candidate moves the lever beyond its threshold from what is in force. The
+        traffic split is judged on each pool's share of its hop (what a weight change moves), not the weight."""
+        name, thr = str(lv.array), float(lv.threshold or 0.0)
+        if name == "tw":
+            now, was = self.traffic.shares(cand.tw * self.traffic.ready_step0), self.share_now
+        else:
+            now, was = getattr(cand, name), getattr(self.cur, name)
+        moved: np.ndarray = np.abs(now - was) > thr
+        return moved
+
     def _objective(self, cand: Candidates, ready: np.ndarray, billed: np.ndarray, flow: Flow, pl: PoolLatencies,
                    v: np.ndarray, detail: bool) -> tuple[np.ndarray, dict[str, Any] | None]:
         prob, dt = self.prob, self.dt
@@ -148,9 +162,7 @@ class Evaluator:
         cur = self.cur
         d_repl = np.abs(cand.repl[:, :, 0] - cur.repl[:, :, 0])
         change = prob.weights.change_weight * (d_repl * step_price).sum(axis=1)
-        lever = ((np.abs(cand.pw - cur.pw) > 0.25).astype(float) + (np.abs(cand.cap - cur.cap) > 0.5)
-                 + (np.abs(self.traffic.shares(cand.tw * self.traffic.ready_step0) - self.share_now) > 0.02)
-                 + (cand.standby != cur.standby))
+        lever = sum((self._moved(cand, lv) for lv in _PRICED[1:]), self._moved(cand, _PRICED[0]).astype(float))
         change += prob.weights.lever_change_weight * (lever * step_price).sum(axis=1)
         # a rolling restart (`restart`, from the latency stage's hit rate) runs one surge replica per
         # replica for its warm start; counted twice, as a margin for what the model does not see (the

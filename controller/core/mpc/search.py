@@ -23,8 +23,10 @@ from controller.core.mpc.levers import apply_vec, continuous_bounds, delay_ladde
 from controller.core.mpc.problem import MpcConfig, Timer
 from controller.core.mpc.score import Evaluator
 from controller.core.mpc.trajectories import replica_templates
+from controller.levers import LEVERS
 
-SETTLE_FIELDS = ("pw", "cap", "tw", "standby")  # the continuous levers `settle` puts back one by one
+# the levers `settle` puts back one by one: the planned pool levers whose moves are priced (pw, cap, tw, standby)
+SETTLE_FIELDS = tuple(lv.array for lv in LEVERS if lv.scope == "pool" and lv.threshold is not None and lv.array)
 
 
 class Search:

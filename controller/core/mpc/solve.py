@@ -43,7 +43,7 @@ def _to_plan(ev: Evaluator, c: Candidates) -> Plan:
     for j, p in enumerate(ev.prob.pools):
         cap = int(round(c.cap[0, j]))
         pools[p.name] = PoolPlan(
-            replicas=tuple(int(x) for x in c.repl[0, j]), standby=int(c.standby[0, j]),
+            replicas=tuple(int(x) for x in c.repl[0, j]), warm_standby=int(c.standby[0, j]),
             prefix_weight=float(round(c.pw[0, j], 3)), inflight_cap=0 if cap >= p.max_num_seqs else cap,
             traffic_weight=float(round(absolute[j], 4)) if ev.traffic.hop_size[j] > 1 else p.traffic_weight,
             max_num_seqs=int(c.mns[0, j]),
@@ -67,7 +67,7 @@ def _from_plan(ev: Evaluator, plan: Plan, shift: int) -> Candidates | None:
         c.repl[0, j] = np.clip(r, p.lo, p.hi)
         if p.frozen:
             continue
-        c.standby[0, j] = pp.standby
+        c.standby[0, j] = pp.warm_standby
         if not p.levers_fixed:
             c.pw[0, j] = (min(pp.prefix_weight, p.max_prefix_weight) if p.max_prefix_weight is not None
                           else pp.prefix_weight)

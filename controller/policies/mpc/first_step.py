@@ -106,7 +106,7 @@ def first_step(fleet: FleetSpec, problem: PlanProblem, result: PlanResult, mem: 
             rollout_left = m.serving if m.serving is not None else int(final)
             rollout_seen_s = now
         pools_out[spec.name] = PoolDecision(
-            replicas=int(final), warm_standby=int(pp.standby), inflight_cap=int(pp.inflight_cap),
+            replicas=int(final), warm_standby=int(pp.warm_standby), inflight_cap=int(pp.inflight_cap),
             traffic_weight=float(pp.traffic_weight), prefix_weight=float(pp.prefix_weight),
             queue_weight=cur_pd.queue_weight if cur_pd else 2.0, kv_weight=cur_pd.kv_weight if cur_pd else 2.0,
             max_num_seqs=int(new_caps[0]) if new_caps != (spec.max_num_seqs, spec.max_num_batched_tokens) else 0,

@@ -21,11 +21,14 @@ from typing import Any
 from controller.core.forecast import LoadForecast
 from controller.core.mpc import PlanProblem, PlanResult, PoolInput, PoolPlan
 from controller.core.mpc_model import PlanModel
+from controller.levers import LEVERS
 from controller.policies.common import reason, value
 from controller.policies.mpc.feedback import Feedback
 from controller.policies.mpc.plan_inputs import FB_MARGIN_GIB, MemoryHeadroom
 from controller.types import PRIORITY_CLASSES, BreakerAction, FleetObservation, PoolDecision, PoolSpec, Reason
 
+# the pool levers a move of which pool_reasons explains (the lever table's `reason` column)
+_EXPLAINED = tuple(lv for lv in LEVERS if lv.scope == "pool" and lv.reason and lv.threshold is not None)
 
 def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolPlan, cur_pd: PoolDecision | None,
                  result: PlanResult, step_s: float) -> list[Reason]:
@@ -68,21 +71,16 @@ def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolP
     if pin.lo == pin.hi and not pin.frozen and pin.lo != spec.min_replicas:
         out.append(reason("binding_pin", spec.name, f"pinned to {pin.lo} by an override: planning around it"))
     if cur_pd is not None:
-        if abs(pp.prefix_weight - cur_pd.prefix_weight) > 0.25:
-            out.append(reason("lever_avoid", spec.name,
-                              f"cache-affinity weight {cur_pd.prefix_weight:g}→{pp.prefix_weight:g}"
-                              f" (predicted hit rate {t['hit_rate'][min(2, len(t['hit_rate']) - 1)]:.2f})",
-                              before=cur_pd.prefix_weight, after=pp.prefix_weight))
-        if pp.inflight_cap != cur_pd.inflight_cap:
-            out.append(reason("lever_share", spec.name,
-                              f"in-flight cap per replica {cur_pd.inflight_cap or 'none'}→{pp.inflight_cap or 'none'}",
-                              before=cur_pd.inflight_cap, after=pp.inflight_cap))
-        if abs(pp.traffic_weight - cur_pd.traffic_weight) > 0.02:
-            out.append(reason("lever_move", spec.name,
-                              f"traffic weight {cur_pd.traffic_weight:g}→{pp.traffic_weight:g}",
-                              before=cur_pd.traffic_weight, after=pp.traffic_weight))
-        if pp.standby != cur_pd.warm_standby:
-            out.append(reason("lever_standby", spec.name, f"warm standby {cur_pd.warm_standby}→{pp.standby}"))
+        # every planned pool lever whose move is priced, in table order (controller/levers.py): prefix weight
+        # (lever_avoid), in-flight cap (lever_share), traffic weight (lever_move), warm standby (lever_standby)
+        for lv in _EXPLAINED:
+            before, after = getattr(cur_pd, lv.field), getattr(pp, lv.field)
+            if abs(after - before) > (lv.threshold or 0.0):
+                # affinity: what it buys, the hit rate the plan predicts a few steps on
+                extra = (f" (predicted hit rate {t['hit_rate'][min(2, len(t['hit_rate']) - 1)]:.2f})"
+                         if lv.array == "pw" else "")
+                out.append(reason(lv.reason or "", spec.name, f"{lv.label} {lv.show(before)}→{lv.show(after)}{extra}",
+                                  before=before, after=after))
     if (pp.max_num_seqs, pp.max_num_batched_tokens) != (pin.max_num_seqs, pin.max_num_batched_tokens):
         out.append(reason("lever_share", spec.name,
                           f"engine batch caps → max_num_seqs {pp.max_num_seqs}, max_num_batched_tokens "
@@ -208,7 +206,7 @@ def diagnostics(result: PlanResult, fc: LoadForecast, class_share: Mapping[str, 
         "forecast": {"lead_s": [float(x) for x in fc.lead_s], "p50_rps": [round(float(x), 3) for x in fc.p50],
                      "p90_rps": [round(float(x), 3) for x in fc.p90], "level_rps": round(fc.level, 3),
                      "trend_rps_per_s": round(fc.trend_per_s, 5), "class_share": dict(class_share)},
-        "plan": {p: {"replicas": list(pp.replicas), "standby": pp.standby, "prefix_weight": pp.prefix_weight,
+        "plan": {p: {"replicas": list(pp.replicas), "standby": pp.warm_standby, "prefix_weight": pp.prefix_weight,
                      "inflight_cap": pp.inflight_cap, "traffic_weight": pp.traffic_weight,
                      "max_num_seqs": pp.max_num_seqs, "max_num_batched_tokens": pp.max_num_batched_tokens}
                  for p, pp in result.plan.pools.items()},
