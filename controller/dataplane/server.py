@@ -629,13 +629,16 @@ class _Collector:
                                     "under way's) and outcome (ok, failed, rejected)", labels=["kind", "outcome"])
         for (kind, outcome), n in sorted(c.steps.items()):
             steps.add_metric([kind, outcome], n)
+        unlabelled = CounterMetricFamily("governor_picker_unlabelled_requests", "Admitted requests without a task "
+                                         "id (each counted as a task of one step)")
+        unlabelled.add_metric([], c.unlabelled)
         tracked = GaugeMetricFamily("governor_picker_tasks_tracked", "Tasks in the picker's book (bounded)")
         tracked.add_metric([], len(book))
         tin = GaugeMetricFamily("governor_picker_tenant_inflight", "Requests of the tenant in flight or held",
                                 labels=["tenant"])
         for tenant, st in sorted(book.tenants.items()):
             tin.add_metric([tenant], st.inflight)
-        return [tasks, tokens, steps, tracked, tin]
+        return [tasks, tokens, steps, unlabelled, tracked, tin]
 
     @staticmethod
     def _epp_families(p: Picker) -> list:

@@ -180,6 +180,7 @@ class TaskCounters:
     tasks: dict[tuple[str, str, str], int] = field(default_factory=dict)
     tokens: dict[str, float] = field(default_factory=dict)  # outcome → estimated tokens of those tasks
     steps: dict[tuple[str, str], int] = field(default_factory=dict)  # (step kind first/later, outcome)
+    unlabelled: int = 0  # admitted requests without a task id (each a task of one step)
 
     def add(self, cls: str, tenant: str, outcome: str, n: int = 1) -> None:
         k = (cls, tenant, outcome)
@@ -254,6 +255,7 @@ class TaskBook:
         """An admitted step (sent to a replica or held): opens or refreshes its task; its ticket closes it."""
         if task_id is None:
             self.counters.add(cls, tenant, "started")
+            self.counters.unlabelled += 1
             return StepTicket(None, tenant, cls, tokens, 0, True)
         key = (tenant, task_id)
         t = self._book.get(key)
