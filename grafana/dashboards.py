@@ -309,6 +309,31 @@ def control_loop() -> dict:
             "and error.", [(f"60 * sum by (result) (rate(governor_ticks_total[{RATE}]))", "{{result}}")],
             unit="short", min_=0, stacked=True)))
 
+    d = d.with_row(Row("Cost per successful task"))
+    d = (d.with_panel(ts(
+            "Spend per pool", "What each pool's ready and starting replicas cost per hour (the config's price per "
+            "GPU-hour × GPUs per replica × replicas).",
+            [('max by (pool) (governor_spend_usd_per_hour{pool=~"$pool"})', "{{pool}}")], unit="currencyUSD",
+            min_=0, stacked=True))
+         .with_panel(ts(
+            "Cost per successful task", "Spend over tasks completed: over the rate window (the daemon's spend and "
+            "the pickers' governor_picker_tasks_total), and since the daemon started (basis=requests when no "
+            "request carried x-governor-task-id: each request is then a task).",
+            [(f"sum(rate(governor_spend_usd_total[{RATE}])) / "
+              f"sum(rate(governor_picker_tasks_total{{outcome=\"completed\"}}[{RATE}]))", "over the window"),
+             ("max by (basis) (governor_cost_per_successful_task_usd)", "since start ({{basis}})")],
+            unit="currencyUSD", min_=0))
+         .with_panel(ts(
+            "Tasks by outcome", "Tasks per minute the pickers settled: started, completed, failed (a step failed "
+            "or a later step was refused), abandoned, evicted.",
+            [(f"60 * sum by (outcome) (rate(governor_picker_tasks_total[{RATE}]))", "{{outcome}}")],
+            unit="short", min_=0))
+         .with_panel(ts(
+            "Steps refused or failed", "Steps per minute by kind (first: a new task's; later: a task under way's) "
+            "and outcome; step-aware admission refuses first steps before later ones.",
+            [(f"60 * sum by (kind, outcome) (rate(governor_picker_steps_total{{outcome!=\"ok\"}}[{RATE}]))",
+              "{{kind}} {{outcome}}")], unit="short", min_=0)))
+
     d = d.with_row(Row("Tick timing"))
     d = (d.with_panel(ts(
             "Tick duration by phase (p95)", "Time per tick phase: read (telemetry), step (decide), actuate.",

@@ -298,10 +298,29 @@ def name_problems(exprs, known: dict[str, frozenset[str]]) -> list[str]:
     return problems
 
 
+def picker_series() -> dict[str, frozenset[str]]:
+    """Series name → label names of `governor picker`'s own governor_picker_* families, from a real picker that
+    routed a labelled task step (its collector names labels only on the samples it has)."""
+    from controller.dataplane.server import PickerConfig, PickerService
+    from controller.dataplane.tasks import Identity
+
+    svc = PickerService(PickerConfig(groups={"g": ["a"]}, endpoints={"a": ["10.0.0.1:8000"]}))
+    s = svc.settings()
+    r = svc.picker.route("standard", "", s, 0.0, ident=Identity("acme", "t", 0, 1), tokens=1.0)
+    assert r.endpoint is not None
+    svc.picker.finish(r.endpoint, s, r.ticket, ok=True)
+    out: dict[str, set[str]] = {}
+    for family in svc.registry.collect():
+        for sample in family.samples:
+            if sample.name.startswith("governor_picker_"):
+                out.setdefault(sample.name, {"job", "instance"}).update(sample.labels)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
 def known_series() -> dict[str, frozenset[str]]:
-    fleet, gov = fleet_series(), governor_series()
-    assert not set(fleet) & set(gov)
-    return {**fleet, **gov}
+    fleet, gov, picker = fleet_series(), governor_series(), picker_series()
+    assert not set(fleet) & set(gov) and not set(gov) & set(picker)
+    return {**fleet, **gov, **picker}
 
 
 # --------------------------------------------------------------------------- the dashboards
@@ -459,7 +478,10 @@ def test_known_series_include_both_sides():
 # Series that exist only once something happened (a skipped or failed tick, a guardrail firing, a
 # router error); an empty answer from these panels is correct on a calm fleet.
 MAY_BE_EMPTY = ('result="skipped"', 'result="error"', "governor_guard_adjustments_total",
-                "llm_d_epp_request_error_total", "governor_leader")  # governor_leader*: with leader election only
+                "llm_d_epp_request_error_total", "governor_leader",  # governor_leader*: with leader election only
+                # the live fleet's router is the simulator's, not `governor picker`: no task counters, so no cost
+                # per successful task either (tests/runtime/test_task_cost.py and the demo with Envoy cover them)
+                "governor_picker_", "governor_cost_per_successful_task_usd")
 GRAFANA_VARS_E2E = {"$__rate_interval": "10s", "$__range": "1h"}  # $pool: the fleet's pool, set below
 
 

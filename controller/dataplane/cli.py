@@ -106,6 +106,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cold-wait", action="append", default=[], metavar="CLASS=SECONDS",
                    help="how long a class waits for a route group's first ready replica (0 = not held: 503 at once; "
                         "default critical=300, standard=180, sheddable=0; repeatable)")
+    p.add_argument("--tenant", action="append", default=[], metavar="TENANT=RPS,INFLIGHT,WEIGHT",
+                   help="a tenant's limits (the x-gateway-inference-fairness-id header names it; * = every tenant "
+                        "not named): requests per second (0 = none), requests in flight or held (0 = none), weight "
+                        "in the token-weighted fair share of held requests (default 1); repeatable")
+    p.add_argument("--step-blind", action="store_true",
+                   help="admit by class only: do not hold or shed new tasks' first steps before later steps of "
+                        "tasks under way (the default is step-aware; docs/OPERATING.md)")
+    p.add_argument("--max-tasks", type=int, default=100_000, metavar="N",
+                   help="tasks the picker keeps at most (an LRU: older ones are pushed out and counted evicted)")
+    p.add_argument("--task-ttl", type=float, default=600.0, metavar="SECONDS",
+                   help="a task idle this long is settled (completed when its step count is unknown, else "
+                        "abandoned)")
+    p.add_argument("--max-tenants", type=int, default=64, metavar="N",
+                   help="distinct tenants kept in state and metrics; later ones share the tenant _other")
     p.add_argument("--extproc-port", type=int, default=9002, help="ext_proc gRPC port Envoy connects to (0 = any)")
     p.add_argument("--control-port", type=int, default=9003, help="RouterControl gRPC port Governor calls (0 = any)")
     p.add_argument("--metrics-port", type=int, default=9004, help="Prometheus /metrics port (0 = any)")
@@ -183,6 +197,8 @@ def config_from_args(args: argparse.Namespace) -> PickerConfig:
     except ValueError as exc:
         raise ValueError(f"--cold-queue/--cold-wait: {exc}") from None
     token, tls = control_auth(args)
+    tenants = tenants_from_args(args.tenant)
+    defaults = Settings(defaults.pools, defaults.admission, tenants=tenants, step_aware=not args.step_blind)
     return PickerConfig(groups=groups, endpoints={p: a for p, a in endpoints.items() if a and p not in dns}, dns=dns,
                         discovery_url=args.discovery, follow=args.follow, defaults=defaults,
                         class_header=args.class_header.lower(),
@@ -191,7 +207,25 @@ def config_from_args(args: argparse.Namespace) -> PickerConfig:
                         affinity_blocks=args.affinity_blocks, host=args.host, extproc_port=args.extproc_port,
                         control_port=args.control_port, metrics_port=args.metrics_port, control_token=token,
                         control_tls=tls, models=models, models_interval_s=args.models_interval,
-                        inferencepools=inferencepools, kubeconfig=args.kubeconfig, cold=cold)
+                        inferencepools=inferencepools, kubeconfig=args.kubeconfig, cold=cold, tenants=tenants,
+                        step_aware=not args.step_blind, max_tasks=args.max_tasks, task_ttl_s=args.task_ttl,
+                        max_tenants=args.max_tenants)
+
+
+def tenants_from_args(items: list[str]) -> dict:
+    """--tenant TENANT=RPS,INFLIGHT,WEIGHT → tenant → TenantSettings; ValueError naming the item."""
+    from controller.dataplane.tasks import TenantSettings
+
+    out = {}
+    for name, vals in _split(items, "--tenant").items():
+        try:
+            if not 1 <= len(vals) <= 3:
+                raise ValueError(f"{len(vals)} values")
+            rps, inflight, weight = vals + ["0", "0", "1"][len(vals):]  # the ones left out: no limit, weight 1
+            out[name] = TenantSettings(float(rps), int(inflight), float(weight))
+        except ValueError as exc:
+            raise ValueError(f"--tenant {name}={','.join(vals)}: expected RPS,INFLIGHT,WEIGHT ({exc})") from None
+    return out
 
 
 def cmd_picker(args: argparse.Namespace) -> int:

@@ -2,6 +2,12 @@
 
 Per request, in this order (the simulated router's order, controller/sim/router.py):
 
+0. Its tenant's limits (tasks.py, `Settings.tenants`): requests in flight or held → 429 `tenant_concurrency`,
+   a token bucket like the class's below → 429 `tenant_rate_limit`. Step-aware (`Settings.step_aware`, the
+   default), a later step of a task under way is favoured at every stage of pressure below: the class's shed
+   share is taken from first steps only, a later step may borrow one second of a bucket's rate, the queue budget
+   refuses first steps before later ones, and held later steps go before held first steps; among tenants, held
+   requests go by the token-weighted fair share (`HeldQueue`).
 1. Admission of its priority class: `shed_fraction` rejects that fraction of arrivals at once
    (429; deterministic: a running sum sheds the request that carries it past the next whole
    one, so 0.25 sheds exactly every 4th); then the rate limit, a token bucket refilled at
@@ -50,6 +56,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controller.dataplane.policy import ClassSettings, PoolSettings, Settings
+from controller.dataplane.tasks import Identity, StepTicket, TaskBook
 from controller.rpc.command_rules import show
 from controller.types import PRIORITY_CLASSES
 
@@ -112,6 +119,9 @@ class HeldRequest:
     done: bool = False
     group: str = ""
     wait_s: float | None = None
+    later: bool = False  # a later step of a task under way (held ahead of first steps of its class)
+    tenant: str = ""
+    ticket: StepTicket | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +154,7 @@ class Route:
     status: int = 0
     retry_after_s: int = 0
     reason: str = ""
+    ticket: StepTicket | None = None  # the admitted step's accounting: hand it back to `finish` with its outcome
 
 
 @dataclass
@@ -152,6 +163,38 @@ class _ClassState:
     t_last: float = -math.inf
     shed_acc: float = 0.0
     held: int = 0
+    held_later: int = 0  # of which later steps of tasks under way
+
+
+class HeldQueue:
+    """One class's held requests in one pool: later steps of tasks under way before first steps (step-aware), then
+    the tenant furthest below its token-weighted fair share (least virtual time: tokens dispatched / weight), FCFS
+    within a tenant. At most two queues a tenant, and the tenants are bounded (tasks.TaskBook.max_tenants)."""
+
+    def __init__(self) -> None:
+        self._q: dict[tuple[bool, str], deque[HeldRequest]] = {}
+
+    def append(self, h: HeldRequest) -> None:
+        self._q.setdefault((not h.later, h.tenant), deque()).append(h)
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._q.values())
+
+    def head(self, book: TaskBook) -> deque[HeldRequest] | None:
+        """The queue whose first request goes next (requests already done are dropped on the way), or None."""
+        best: deque[HeldRequest] | None = None
+        best_key: tuple[bool, float, int] | None = None
+        for k, q in list(self._q.items()):
+            while q and q[0].done:
+                q.popleft()
+            if not q:
+                del self._q[k]
+                continue
+            st = book.tenants.get(k[1])
+            key = (k[0], st.vtime if st is not None else 0.0, q[0].seq)
+            if best_key is None or key < best_key:
+                best, best_key = q, key
+        return best
 
 
 @dataclass
@@ -182,11 +225,28 @@ class Counters:
         return 0
 
 
+# A later step pushes the shed sum past one; held at two, the first steps that follow pay at most one request of
+# debt beyond their own share, so a run of later steps never turns into a run of new tasks shed back to back.
+SHED_DEBT = 2.0
+
+
+def _bucket(tokens: float, t_last: float, rate: float, now_s: float, borrow: bool) -> tuple[float, float, float]:
+    """A token bucket refilled at `rate` holding one second of tokens (at least 1): (tokens, t_last, wait). A
+    request takes a token (wait 0) or is refused (wait: seconds until the next one). With `borrow` it may take
+    the bucket down to minus one second of tokens: those requests pass, and the others wait for the debt."""
+    cap = rate if rate > 1.0 else 1.0
+    tokens = cap if t_last == -math.inf else min(cap, tokens + (now_s - t_last) * rate)
+    floor = 1.0 - cap if borrow else 1.0
+    if tokens < floor:
+        return tokens, now_s, (1.0 - tokens) / rate
+    return tokens - 1.0, now_s, 0.0
+
+
 class Picker:
     """Endpoints, route groups, admission state and held requests. `settings` come with every call."""
 
     def __init__(self, groups: Mapping[str, Sequence[str]], *, block_chars: int = 256, affinity_blocks: int = 4,
-                 default_group: str | None = None, cold: ColdStart | None = None) -> None:
+                 default_group: str | None = None, cold: ColdStart | None = None, book: TaskBook | None = None) -> None:
         if not groups or any(not pools for pools in groups.values()):
             raise ValueError("groups: at least one route group, each with at least one pool")
         pools = [p for ps in groups.values() for p in ps]
@@ -205,11 +265,12 @@ class Picker:
         self._classes = {c: _ClassState() for c in PRIORITY_CLASSES}
         self._swrr: dict[str, dict[str, float]] = {g: dict.fromkeys(ps, 0.0) for g, ps in self.groups.items()}
         self._rr: dict[str, int] = dict.fromkeys(pools, 0)
-        self._held: dict[str, list[deque[HeldRequest]]] = {p: [deque() for _ in PRIORITY_CLASSES] for p in pools}
+        self._held: dict[str, list[HeldQueue]] = {p: [HeldQueue() for _ in PRIORITY_CLASSES] for p in pools}
         self._seq = 0
         self.cold = cold if cold is not None else ColdStart()
         self._cold: dict[str, list[deque[HeldRequest]]] = {g: [deque() for _ in PRIORITY_CLASSES] for g in self.groups}
         self._cold_count = 0
+        self.book = book if book is not None else TaskBook()
 
     # ------------------------------------------------------------------ membership and readings
 
@@ -246,38 +307,81 @@ class Picker:
             raise ValueError(f"unknown route group {show(group)}; this picker routes {sorted(self.groups)}")
         return group
 
-    def route(self, cls: str, prompt: str, settings: Settings, now_s: float, group: str | None = None) -> Route:
-        """Admit, choose a pool and a replica, or hold. `now_s`: any monotonic seconds (rate limits, counters)."""
+    def route(self, cls: str, prompt: str, settings: Settings, now_s: float, group: str | None = None,
+              ident: Identity | None = None, tokens: float = 0.0) -> Route:
+        """Admit, choose a pool and a replica, or hold. `now_s`: any monotonic seconds (rate limits, counters, the
+        task book's expiry). `ident`: the request's tenant and task (tasks.py; None: tenant "default", no task);
+        `tokens`: its estimated tokens (prompt and output), which the tenants' fair share weighs."""
         if cls not in self._classes:
             raise ValueError(f"unknown priority class {cls!r}; allowed: {list(PRIORITY_CLASSES)}")
         self.counters.arrive(cls, now_s)
-        rejected = self._admit(cls, settings.admission_of(cls), now_s)
-        if rejected is not None:
+        book = self.book
+        book.advance(now_s)
+        ident = ident if ident is not None else Identity()
+        tenant = book.tenant_of(ident.tenant, settings.tenants)
+        under_way = book.is_later_step(tenant, ident.step, ident.task_id)
+        later = settings.step_aware and under_way
+        rejected = (self._admit_tenant(cls, tenant, settings, now_s, later)
+                    or self._admit(cls, settings.admission_of(cls), now_s, later))
+        if rejected is None:
+            rejected = self._place(cls, prompt, settings, group, later, tenant)
+        if rejected.endpoint is None and rejected.held is None:
+            book.rejected(tenant, cls, ident.task_id, under_way)
             return rejected
+        ticket = book.admit(tenant, cls, ident.task_id, ident.step, ident.steps, tokens)
+        book.state(tenant).inflight += 1
+        if rejected.held is not None:
+            rejected.held.ticket = ticket
+            return rejected
+        assert rejected.endpoint is not None
+        self._charge(tenant, tokens, settings)
+        return Route(endpoint=rejected.endpoint, ticket=ticket)
+
+    def _place(self, cls: str, prompt: str, settings: Settings, group: str | None, later: bool,
+               tenant: str) -> Route:
+        """A replica, a hold, or the rejection of the queue budget / the cold-start queue."""
         g = self.group_of(group)
         pool = self._choose_pool(g, settings)
         key = prefix_key(prompt, self.block_chars, self.affinity_blocks)
         if pool is None:
-            return self._hold_cold(cls, g, key)
+            return self._hold_cold(cls, g, key, later, tenant)
         ep = self._pick(pool, cls, key, settings.pools[pool])
         if ep is not None:
             self._start(ep)
             return Route(endpoint=ep)
         budget = settings.admission_of(cls).queue_budget
         st = self._classes[cls]
-        if budget >= 0 and st.held >= budget:
+        # the budget bounds what a class holds; step-aware, first steps count everything held and later steps only
+        # the later steps held, so new tasks cannot take the room of the tasks under way
+        if budget >= 0 and (st.held_later if later else st.held) >= budget:
             return self._reject(cls, 503, 1, "queue_budget")
         self._seq += 1
-        h = HeldRequest(cls, PRIORITY_CLASSES.index(cls), self._seq, pool, key)
+        h = HeldRequest(cls, PRIORITY_CLASSES.index(cls), self._seq, pool, key, later=later, tenant=tenant)
         self._held[pool][h.prio].append(h)
-        st.held += 1
-        self.counters.held[cls] += 1
+        self._hold(h)
         return Route(held=h)
 
-    def finish(self, ep: Endpoint, settings: Settings) -> list[HeldRequest]:
-        """A request on `ep` finished: free its slot and dispatch what the pool's held requests now can."""
+    def finish(self, ep: Endpoint, settings: Settings, ticket: StepTicket | None = None,
+               ok: bool | None = True) -> list[HeldRequest]:
+        """A request on `ep` finished: free its slot and its tenant's, settle its step (`ok`: it succeeded; False:
+        an error or its stream cut; None: not known yet, `settle` later), and dispatch what the pool's held
+        requests now can."""
         ep.inflight = max(0, ep.inflight - 1)
+        self._release(ticket, ok)
         return self.dispatch_held(settings, ep.pool)
+
+    def settle(self, ticket: StepTicket, ok: bool) -> None:
+        """The outcome of a step whose slot `finish` freed with ok=None."""
+        self.book.finished(ticket, ok)
+
+    def _release(self, ticket: StepTicket | None, ok: bool | None) -> None:
+        if ticket is None:
+            return
+        st = self.book.tenants.get(ticket.tenant)
+        if st is not None:
+            st.inflight = max(0, st.inflight - 1)
+        if ok is not None:
+            self.book.finished(ticket, ok)
 
     def dispatch_held(self, settings: Settings, pool: str | None = None) -> list[HeldRequest]:
         """Give held requests a replica where one has room (after a finish, a reading, a policy change)."""
@@ -285,21 +389,18 @@ class Picker:
         for p in [pool] if pool is not None else list(self._held):
             ps = settings.pools[p]
             blocked = False
-            for q in self._held[p]:  # critical first, FCFS within a class
-                while q and not blocked:
+            for hq in self._held[p]:  # critical first; within a class HeldQueue's order
+                while not blocked:
+                    q = hq.head(self.book)
+                    if q is None:
+                        break
                     h = q[0]
-                    if h.done:
-                        q.popleft()
-                        continue
                     ep = self._pick(p, h.cls, h.key, ps)
                     if ep is None:
                         blocked = True  # no room for this class: none for the classes behind it either
                         break
                     q.popleft()
-                    self._start(ep)
-                    h.endpoint = ep
-                    h.done = True
-                    self._classes[h.cls].held -= 1
+                    self._dispatched(h, ep, settings)
                     out.append(h)
         return out
 
@@ -310,7 +411,8 @@ class Picker:
         if h.done:
             return False
         h.done = True
-        self._classes[h.cls].held -= 1
+        self._unhold(h)
+        self._release(h.ticket, ok=False)
         if not h.pool:  # still waiting for its group's first replica
             self._cold_count -= 1
             reason = "cold_start_timeout" if reason == "hold_timeout" else reason
@@ -324,7 +426,7 @@ class Picker:
         """Requests held for route groups with no ready replica."""
         return self._cold_count
 
-    def _hold_cold(self, cls: str, group: str, key: int | None) -> Route:
+    def _hold_cold(self, cls: str, group: str, key: int | None, later: bool = False, tenant: str = "") -> Route:
         """Hold a request for a group that has no ready replica, within the class's wait and the queue's size."""
         wait = self.cold.wait_of(cls)
         if wait <= 0:
@@ -332,11 +434,11 @@ class Picker:
         if self._cold_count >= self.cold.queue_size:
             return self._reject(cls, 429, max(1, math.ceil(min(wait, 60.0))), "cold_queue_full")
         self._seq += 1
-        h = HeldRequest(cls, PRIORITY_CLASSES.index(cls), self._seq, "", key, group=group, wait_s=wait)
+        h = HeldRequest(cls, PRIORITY_CLASSES.index(cls), self._seq, "", key, group=group, wait_s=wait, later=later,
+                        tenant=tenant)
         self._cold[group][h.prio].append(h)
         self._cold_count += 1
-        self._classes[cls].held += 1
-        self.counters.held[cls] += 1
+        self._hold(h)
         return Route(held=h)
 
     def _dispatch_cold(self, settings: Settings) -> list[HeldRequest]:
@@ -360,38 +462,71 @@ class Picker:
                     if ep is None:
                         self._held[pool][h.prio].append(h)  # still held (counted), now for room in the pool
                         continue
-                    self._start(ep)
-                    h.endpoint = ep
-                    h.done = True
-                    self._classes[h.cls].held -= 1
+                    self._dispatched(h, ep, settings)
                     out.append(h)
         return out
 
     # ------------------------------------------------------------------ parts
 
+    def _hold(self, h: HeldRequest) -> None:
+        st = self._classes[h.cls]
+        st.held += 1
+        st.held_later += h.later
+        self.counters.held[h.cls] += 1
+
+    def _unhold(self, h: HeldRequest) -> None:
+        st = self._classes[h.cls]
+        st.held -= 1
+        st.held_later -= h.later
+
+    def _dispatched(self, h: HeldRequest, ep: Endpoint, settings: Settings) -> None:
+        self._start(ep)
+        h.endpoint = ep
+        h.done = True
+        self._unhold(h)
+        if h.ticket is not None:
+            self._charge(h.ticket.tenant, h.ticket.tokens, settings)
+
+    def _charge(self, tenant: str, tokens: float, settings: Settings) -> None:
+        """The fair share's virtual time: a tenant's dispatched tokens over its weight (at least one token a
+        request, so unlabelled lengths still count requests)."""
+        self.book.state(tenant).vtime += max(1.0, tokens) / settings.tenant_limits(tenant).weight
+
     def _reject(self, cls: str, status: int, retry_after_s: int, reason: str) -> Route:
         self.counters.rejected[(cls, reason)] = self.counters.rejected.get((cls, reason), 0) + 1
         return Route(status=status, retry_after_s=retry_after_s, reason=reason)
 
-    def _admit(self, cls: str, a: ClassSettings, now_s: float) -> Route | None:
+    def _admit(self, cls: str, a: ClassSettings, now_s: float, later: bool = False) -> Route | None:
+        """The class's shed fraction and rate limit. Step-aware (`later`: a later step of a task under way), the
+        shed share is taken from first steps only: a later step adds its share to the running sum and passes, and
+        the next first steps pay it (the sum held to SHED_DEBT so at most two new tasks are shed back to back);
+        a later step may also borrow one second of the bucket's rate, which first steps then wait to repay."""
         st = self._classes[cls]
         if a.shed_frac > 0.0:
             st.shed_acc += a.shed_frac
             if st.shed_acc >= 1.0 - 1e-9:
-                st.shed_acc -= 1.0
-                return self._reject(cls, 429, 1, "shed")
-        rate = a.rate_limit_rps
-        if rate > 0.0:
-            cap = rate if rate > 1.0 else 1.0
-            if st.t_last == -math.inf:
-                st.tokens = cap
-            else:
-                st.tokens = min(cap, st.tokens + (now_s - st.t_last) * rate)
-            st.t_last = now_s
-            if st.tokens < 1.0:
-                wait = (1.0 - st.tokens) / rate
+                if not later:
+                    st.shed_acc -= 1.0
+                    return self._reject(cls, 429, 1, "shed")
+                st.shed_acc = min(st.shed_acc, SHED_DEBT)
+        if a.rate_limit_rps > 0.0:
+            st.tokens, st.t_last, wait = _bucket(st.tokens, st.t_last, a.rate_limit_rps, now_s, later)
+            if wait > 0:
                 return self._reject(cls, 429, max(1, math.ceil(wait)), "rate_limit")
-            st.tokens -= 1.0
+        return None
+
+    def _admit_tenant(self, cls: str, tenant: str, settings: Settings, now_s: float, later: bool) -> Route | None:
+        """The tenant's rate limit (a bucket like the class's, later steps borrowing alike) and in-flight limit."""
+        lim = settings.tenant_limits(tenant)
+        if lim.rate_limit_rps <= 0.0 and lim.max_inflight <= 0:
+            return None
+        st = self.book.state(tenant)
+        if lim.max_inflight > 0 and st.inflight >= lim.max_inflight:
+            return self._reject(cls, 429, 1, "tenant_concurrency")
+        if lim.rate_limit_rps > 0.0:
+            st.tokens, st.t_last, wait = _bucket(st.tokens, st.t_last, lim.rate_limit_rps, now_s, later)
+            if wait > 0:
+                return self._reject(cls, 429, max(1, math.ceil(wait)), "tenant_rate_limit")
         return None
 
     def _choose_pool(self, group: str, settings: Settings) -> str | None:

@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from controller.dataplane.tasks import TenantSettings
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.rpc import lever_wire
 from controller.rpc.command_rules import CommandInvalidError, check_meta, validate_routing
@@ -53,9 +54,16 @@ class ClassSettings:
 class Settings:
     pools: Mapping[str, PoolSettings]
     admission: Mapping[str, ClassSettings] = field(default_factory=dict)
+    # tenant → limits; "*" applies to every tenant not named (tasks.py); none: no tenant limits
+    tenants: Mapping[str, TenantSettings] = field(default_factory=dict)
+    # under pressure, refuse or hold new tasks' first steps before later steps of tasks under way (picker.py)
+    step_aware: bool = True
 
     def admission_of(self, cls: str) -> ClassSettings:
         return self.admission.get(cls, ClassSettings())
+
+    def tenant_limits(self, tenant: str) -> TenantSettings:
+        return self.tenants.get(tenant) or self.tenants.get("*") or TenantSettings()
 
 
 @dataclass(frozen=True)
@@ -100,7 +108,8 @@ class PolicyStore:
         for p in msg.pools:
             pools[p.pool] = replace(pools[p.pool], **lever_wire.values(p, "PoolRouting"))
         admission = {a.priority_class: ClassSettings(**lever_wire.values(a, "ClassAdmission")) for a in msg.admission}
-        self._commanded = Settings(pools, admission)
+        # tenant limits and step awareness are the picker's own settings until RoutingPolicy carries them
+        self._commanded = Settings(pools, admission, tenants=base.tenants, step_aware=base.step_aware)
         self.generation = m.generation
         self.decision_id = m.decision_id
         self.valid_until_unix_s = m.valid_until_unix_s

@@ -15,7 +15,10 @@ answers with either
   endpoint) with `retry-after`.
 
 A held request's stream simply waits: Envoy's `message_timeout` must exceed the hold timeout.
-The request's slot is freed when Envoy closes the stream (the HTTP exchange is over).
+The request's slot is freed when Envoy closes the stream (the HTTP exchange is over). Its tenant and task come
+from headers (tasks.py; a header that breaks the convention is 400 `bad_header`); its step's outcome from the
+response status, and from Envoy's access log (`AccessLogServicer` on the ext_proc port), whose entry says whether
+the stream was cut after its first byte — the ext_proc stream ends the same way either way.
 
 Beside it: `governor.v1.RouterControl` (policy.py's semantics) and the gRPC health service on
 a control port — beyond loopback only with a bearer token (`control_token`) or mTLS (`control_tls`),
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -47,8 +51,11 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
+import cachetools
 import grpc
 from envoy.config.core.v3 import base_pb2
+from envoy.data.accesslog.v3 import accesslog_pb2 as al_pb
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
@@ -68,6 +75,7 @@ from controller.dataplane.models import (
 from controller.dataplane.picker import ColdStart, Endpoint, HeldRequest, Picker
 from controller.dataplane.policy import PolicyStore, PoolSettings, Settings
 from controller.dataplane.scrape import ScrapeError, fetch, parse_engine_metrics, parse_http_sd
+from controller.dataplane.tasks import Identity, IdentityError, StepTicket, TaskBook, TenantSettings, parse_identity
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
 from controller.rpc.transport import (
@@ -88,7 +96,17 @@ POOL_HEADER = "x-governor-pool"
 PICK_BUCKETS = (0.000025, 0.00005, 0.000075, 0.0001, 0.0002, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.0015,
                 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 # the others (queue budget, hold timeout, no endpoint, cold start timeout): 503
-REJECT_CODES = {"shed": "429", "rate_limit": "429", "cold_queue_full": "429", "model_not_found": "404"}
+REJECT_CODES = {"shed": "429", "rate_limit": "429", "cold_queue_full": "429", "model_not_found": "404",
+                "tenant_rate_limit": "429", "tenant_concurrency": "429", "bad_header": "400"}
+REQUEST_ID_HEADER = "x-request-id"  # Envoy's own, set before the filters run; the access log carries it too
+# How long a finished step waits for Envoy's access log entry (which says whether its stream was cut) before the
+# response status alone settles it: several of the bootstrap's flush intervals (deploy/envoy/loopback.yaml, 0.2 s).
+ACCESS_LOG_WAIT_S = 5.0
+PENDING_MAX = 100_000  # finished steps waiting for their access log entry (the same bound as streams in flight)
+# The estimate of a request's tokens the tenants' fair share weighs: its prompt at ~4 characters a token (the
+# usual figure for English BPE vocabularies) plus its max_tokens (a request that gives none: this many).
+CHARS_PER_TOKEN = 4.0
+DEFAULT_MAX_TOKENS = 256
 HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # A RoutingPolicy costs ~60 bytes a pool and ~30 a class: 1 MiB is ~15,000 pools, far beyond any fleet, and keeps
 # one oversized command from costing the picker's loop more than a millisecond or two to parse.
@@ -129,6 +147,12 @@ class PickerConfig:
     inferencepools: dict[str, tuple[str, str]] = field(default_factory=dict)
     kubeconfig: str | None = None  # for inferencepools; None: the pod's service account
     cold: ColdStart | None = None  # holding requests while a route group has no ready replica (picker.py)
+    # tasks and tenants (tasks.py): tenant → limits ("*": every tenant not named), step-aware admission, the book
+    tenants: dict[str, TenantSettings] = field(default_factory=dict)
+    step_aware: bool = True
+    max_tasks: int = 100_000
+    task_ttl_s: float = 600.0
+    max_tenants: int = 64
 
     def __post_init__(self) -> None:
         pools = [p for ps in self.groups.values() for p in ps]
@@ -141,7 +165,8 @@ class PickerConfig:
         if not (math.isfinite(self.scrape_interval_s) and self.scrape_interval_s > 0):
             raise ValueError(f"scrape_interval_s: {self.scrape_interval_s!r} must be > 0")
         if self.defaults is None:
-            self.defaults = Settings({p: PoolSettings() for p in pools})
+            self.defaults = Settings({p: PoolSettings() for p in pools}, tenants=dict(self.tenants),
+                                     step_aware=self.step_aware)
         missing = sorted(set(pools) - set(self.defaults.pools))
         if missing:
             raise ValueError(f"defaults: no settings for pools {missing}")
@@ -185,13 +210,22 @@ def resolve(name: str, port: int) -> list[str]:
 
 def body_fields(body: bytes) -> tuple[str, str | None]:
     """(the prompt text, the `model`) of an OpenAI request body, parsed once."""
+    prompt, model, _ = body_request(body)
+    return prompt, model
+
+
+def body_request(body: bytes) -> tuple[str, str | None, float]:
+    """(the prompt text, the `model`, the estimated tokens: prompt and output) of an OpenAI request body."""
     if not body:
-        return "", None
+        return "", None, 0.0
     try:
         req = json.loads(body)
     except (ValueError, RecursionError):  # not JSON (or not UTF-8), or nested deeper than the parser recurses
-        return "", None
-    return _prompt_of(req), request_model(req)
+        return "", None, 0.0
+    prompt = _prompt_of(req)
+    out = req.get("max_tokens", req.get("max_completion_tokens")) if isinstance(req, dict) else None
+    out_tokens = float(out) if isinstance(out, int) and not isinstance(out, bool) and out >= 0 else DEFAULT_MAX_TOKENS
+    return prompt, request_model(req), len(prompt) / CHARS_PER_TOKEN + out_tokens
 
 
 def prompt_text(body: bytes) -> str:
@@ -240,7 +274,11 @@ class PickerService:
         self.cfg = cfg
         assert cfg.defaults is not None  # set by PickerConfig
         self.picker = Picker(cfg.groups, block_chars=cfg.block_chars, affinity_blocks=cfg.affinity_blocks,
-                             cold=cfg.cold)
+                             cold=cfg.cold, book=TaskBook(max_tasks=cfg.max_tasks, task_ttl_s=cfg.task_ttl_s,
+                                                          max_tenants=cfg.max_tenants))
+        # finished steps waiting for their access log entry, and entries that came before their step finished
+        self._pending: cachetools.TTLCache = _Pending(PENDING_MAX, ACCESS_LOG_WAIT_S, self._settle_pending)
+        self.access_log = False  # set once Envoy's access log stream connects: outcomes then wait for its entries
         self.models = ModelRoutes(cfg.groups, declared={p: set(names) for p, names in cfg.models.items()})
         self.membership = (InferencePoolMembership.from_kubeconfig(
             {p: PoolRef(ns, name) for p, (ns, name) in cfg.inferencepools.items()}, cfg.kubeconfig)
@@ -282,28 +320,36 @@ class PickerService:
 
     # ------------------------------------------------------------------ requests
 
-    async def decide(self, cls: str, group: str | None, prompt: str,
-                     model: str | None = None) -> tuple[Endpoint | None, ep_pb.ProcessingResponse]:
-        """The endpoint (or None) and the answer for the body (or headers) message of one request."""
+    async def decide(self, cls: str, group: str | None, prompt: str, model: str | None = None,
+                     ident: Identity | None = None, tokens: float = 0.0
+                     ) -> tuple[Endpoint | None, ep_pb.ProcessingResponse, StepTicket | None]:
+        """The endpoint (or None), the answer for the body (or headers) message, and the step's ticket."""
         t0 = time.perf_counter()
         try:
             group = self.models.group_for(model, group)
         except ModelNotServedError as exc:
             c = self.picker.counters
             c.rejected[(cls, "model_not_found")] = c.rejected.get((cls, "model_not_found"), 0) + 1
-            return None, immediate(404, 0, "model_not_found", str(exc))
+            return None, immediate(404, 0, "model_not_found", str(exc)), None
         try:
-            r = self.picker.route(cls, prompt, self.settings(), time.monotonic(), group)
+            r = self.picker.route(cls, prompt, self.settings(), time.monotonic(), group, ident, tokens)
         except ValueError as exc:
-            return None, immediate(400, 0, str(exc))
+            return None, immediate(400, 0, str(exc)), None
         if r.endpoint is not None:
             resp = self._route_to(r.endpoint)
             self.pick_latency.observe(time.perf_counter() - t0)
-            return r.endpoint, resp
+            return r.endpoint, resp, r.ticket
         if r.held is None:
             self.pick_latency.observe(time.perf_counter() - t0)
-            return None, immediate(r.status, r.retry_after_s, r.reason)
-        return await self._hold(r.held)
+            return None, immediate(r.status, r.retry_after_s, r.reason), None
+        ep, resp = await self._hold(r.held)
+        return ep, resp, r.held.ticket if ep is not None else None
+
+    def bad_header(self, cls: str, exc: IdentityError) -> ep_pb.ProcessingResponse:
+        c = self.picker.counters
+        c.arrive(cls, time.monotonic())
+        c.rejected[(cls, "bad_header")] = c.rejected.get((cls, "bad_header"), 0) + 1
+        return immediate(400, 0, "bad_header", str(exc))
 
     async def _hold(self, h: HeldRequest) -> tuple[Endpoint | None, ep_pb.ProcessingResponse]:
         fut: asyncio.Future[Endpoint] = asyncio.get_running_loop().create_future()
@@ -320,7 +366,7 @@ class PickerService:
             ep = fut.result()  # dispatched in the same instant
         except asyncio.CancelledError:
             if not self.picker.abandon(h, "client_gone") and h.endpoint is not None:
-                self.release(h.endpoint)
+                self.release(h.endpoint, h.ticket)  # dispatched as the client left: a failed step
             raise
         self.hold_time.observe(time.monotonic() - t0)
         return ep, self._route_to(ep)
@@ -335,8 +381,49 @@ class PickerService:
         return ep_pb.ProcessingResponse(request_body=ep_pb.BodyResponse(
             response=ep_pb.CommonResponse(header_mutation=mutation)), dynamic_metadata=meta)
 
-    def release(self, ep: Endpoint) -> None:
-        self._wake(self.picker.finish(ep, self.settings()))
+    def release(self, ep: Endpoint, ticket: StepTicket | None = None, status: int = 0,
+                request_id: str | None = None) -> None:
+        """The request's stream ended: free its slot; settle its step by its response status (2xx ok), or, when
+        Envoy's access log is connected, by the log entry that says whether the stream was cut (`access_logged`)."""
+        ok: bool | None = 200 <= status < 300
+        if ticket is not None and self.access_log and request_id:
+            seen = self._pending.pop(request_id, None)
+            if isinstance(seen, bool):
+                ok = ok and seen  # the entry came first
+            else:
+                if seen is not None:  # a request id seen twice: the earlier step settles by its status
+                    self._settle_pending(request_id, seen)
+                self._pending[request_id] = (ticket, ok)  # its entry comes later (or the wait settles it)
+                ok = None
+        self._wake(self.picker.finish(ep, self.settings(), ticket, ok))
+
+    def access_logged(self, entry: al_pb.HTTPAccessLogEntry) -> None:
+        """One request's access log entry: whether its stream completed (an upstream reset or termination after
+        the first byte, or a client that went away, is a failed step, never replayed)."""
+        rid = entry.request.request_id
+        if not rid:
+            return
+        f = entry.common_properties.response_flags
+        ok = (200 <= entry.response.response_code.value < 300 and not (
+            f.upstream_remote_reset or f.upstream_connection_termination or f.upstream_connection_failure
+            or f.local_reset or f.downstream_connection_termination or f.downstream_remote_reset
+            or f.upstream_request_timeout or f.stream_idle_timeout or f.upstream_protocol_error))
+        seen = self._pending.pop(rid, None)
+        if seen is None:
+            self._pending[rid] = ok  # its stream has not ended at the picker yet
+        elif not isinstance(seen, bool):
+            ticket, status_ok = seen
+            self.picker.settle(ticket, status_ok and ok)
+
+    def _settle_pending(self, rid: str, value: object) -> None:
+        """An entry that waited past ACCESS_LOG_WAIT_S (or was pushed out): a step settles by its status."""
+        if isinstance(value, tuple):
+            ticket, ok = value
+            self.picker.settle(ticket, ok)
+
+    def expire_pending(self) -> None:
+        for rid, value in self._pending.expire():
+            self._settle_pending(rid, value)
 
     @staticmethod
     def _wake(dispatched: list[HeldRequest]) -> None:
@@ -398,6 +485,7 @@ class PickerService:
             except OSError as exc:
                 self.scrape_errors += 1
                 log.warning("pool %s: cannot resolve %s: %s (keeping the last membership)", pool, name, exc)
+        self.expire_pending()
         await self._read_inferencepools(loop)
         eps = [e for es in self.picker.endpoints.values() for e in es]
         await self._read_models(loop, [e for e in eps if e.healthy], timeout)
@@ -459,6 +547,20 @@ class PickerService:
             await self._follow_channel.close()
 
 
+class _Pending(cachetools.TTLCache):
+    """Request id → a finished step waiting for its access log entry (or an entry waiting for its step); what the
+    LRU pushes out of a full map is settled like an expired one."""
+
+    def __init__(self, maxsize: int, ttl: float, on_out) -> None:
+        super().__init__(maxsize, ttl, timer=time.monotonic)
+        self._on_out = on_out
+
+    def popitem(self):
+        key, value = super().popitem()
+        self._on_out(key, value)
+        return key, value
+
+
 class _Collector:
     """Arrivals per class (total and the last whole second), held, rejections, endpoints, policy."""
 
@@ -506,7 +608,37 @@ class _Collector:
         fallback.add_metric([], 1.0 if a.fallback else 0.0)
         gen = GaugeMetricFamily("governor_picker_policy_generation", "Generation of the last applied RoutingPolicy")
         gen.add_metric([], a.generation)
-        return [arrivals, rate, held_total, held_now, cold, rejected, inflight, picks, fallback, gen, *epp]
+        return [arrivals, rate, held_total, held_now, cold, rejected, inflight, picks, fallback, gen, *epp,
+                *self._task_families(p)]
+
+    @staticmethod
+    def _task_families(p: Picker) -> list:
+        """Task outcomes per class and tenant, their tokens, steps by kind and outcome, the book's size."""
+        book = p.book
+        c = book.counters
+        tasks = CounterMetricFamily("governor_picker_tasks", "Tasks by outcome (started, completed, failed, "
+                                    "abandoned, evicted); an unlabelled request is a task of one step",
+                                    labels=["class", "tenant", "outcome"])
+        for (cls, tenant, outcome), n in sorted(c.tasks.items()):
+            tasks.add_metric([cls, tenant, outcome], n)
+        tokens = CounterMetricFamily("governor_picker_task_tokens", "Estimated tokens (prompt and max output) of "
+                                     "the tasks settled, by outcome", labels=["outcome"])
+        for outcome, v in sorted(c.tokens.items()):
+            tokens.add_metric([outcome], v)
+        steps = CounterMetricFamily("governor_picker_steps", "Steps by kind (first: a new task's, later: a task "
+                                    "under way's) and outcome (ok, failed, rejected)", labels=["kind", "outcome"])
+        for (kind, outcome), n in sorted(c.steps.items()):
+            steps.add_metric([kind, outcome], n)
+        unlabelled = CounterMetricFamily("governor_picker_unlabelled_requests", "Admitted requests without a task "
+                                         "id (each counted as a task of one step)")
+        unlabelled.add_metric([], c.unlabelled)
+        tracked = GaugeMetricFamily("governor_picker_tasks_tracked", "Tasks in the picker's book (bounded)")
+        tracked.add_metric([], len(book))
+        tin = GaugeMetricFamily("governor_picker_tenant_inflight", "Requests of the tenant in flight or held",
+                                labels=["tenant"])
+        for tenant, st in sorted(book.tenants.items()):
+            tin.add_metric([tenant], st.inflight)
+        return [tasks, tokens, steps, unlabelled, tracked, tin]
 
     @staticmethod
     def _epp_families(p: Picker) -> list:
@@ -550,21 +682,34 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):
         svc = self.svc
         cfg = svc.cfg
         ep: Endpoint | None = None
+        ticket: StepTicket | None = None
         decided = False  # one decision per stream: a repeated headers or body message passes through
         cls, group = "standard", None
+        ident: Identity | None = None
+        request_id: str | None = None
+        status = 0
         try:
             async for msg in request_iterator:
                 kind = msg.WhichOneof("request")
                 if kind == "request_headers":
                     if not decided:
-                        raw_cls = (_header(msg.request_headers, cfg.class_header) or "standard").strip().lower()
+                        hdrs = msg.request_headers
+                        raw = _header(hdrs, cfg.class_header)
+                        request_id = _header(hdrs, REQUEST_ID_HEADER)
+                        try:
+                            ident = parse_identity(functools.partial(_header, hdrs))
+                        except IdentityError as exc:
+                            decided = True
+                            yield svc.bad_header(cls, exc)
+                            continue
+                        raw_cls = (raw if raw is not None else (ident.objective or "standard")).strip().lower()
                         cls = raw_cls if raw_cls in PRIORITY_CLASSES else "standard"
                         group = _header(msg.request_headers, cfg.group_header)
                     if decided or not msg.request_headers.end_of_stream:
                         yield ep_pb.ProcessingResponse(request_headers=ep_pb.HeadersResponse())
                         continue
                     decided = True  # no body (a GET): decide now
-                    ep, resp = await svc.decide(cls, group, "")
+                    ep, resp, ticket = await svc.decide(cls, group, "", None, ident)
                     if resp.HasField("request_body"):
                         resp = ep_pb.ProcessingResponse(request_headers=ep_pb.HeadersResponse(
                             response=resp.request_body.response), dynamic_metadata=resp.dynamic_metadata)
@@ -574,10 +719,12 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):
                         yield ep_pb.ProcessingResponse(request_body=ep_pb.BodyResponse())
                         continue
                     decided = True
-                    prompt, model = body_fields(msg.request_body.body)
-                    ep, resp = await svc.decide(cls, group, prompt, model)
+                    prompt, model, tokens = body_request(msg.request_body.body)
+                    ep, resp, ticket = await svc.decide(cls, group, prompt, model, ident, tokens)
                     yield resp
                 elif kind == "response_headers":
+                    raw_status = _header(msg.response_headers, ":status") or ""
+                    status = int(raw_status) if raw_status.isdigit() else 0
                     yield ep_pb.ProcessingResponse(response_headers=ep_pb.HeadersResponse())
                 elif kind == "response_body":
                     yield ep_pb.ProcessingResponse(response_body=ep_pb.BodyResponse())
@@ -591,7 +738,23 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):
                                         "request_trailers, response_headers, response_body, response_trailers")
         finally:
             if ep is not None:
-                svc.release(ep)
+                svc.release(ep, ticket, status, request_id)
+
+
+class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):
+    """Envoy's access log (deploy/envoy/loopback.yaml sends it to the picker): each request's outcome as Envoy saw
+    it, which the ext_proc stream alone cannot tell (a stream cut after its first byte ends it like a finished one)."""
+
+    def __init__(self, svc: PickerService) -> None:
+        self.svc = svc
+
+    async def StreamAccessLogs(self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],  # noqa: N802
+                               context: grpc.aio.ServicerContext) -> als_pb2.StreamAccessLogsResponse:
+        self.svc.access_log = True
+        async for msg in request_iterator:
+            for entry in msg.http_logs.log_entry:
+                self.svc.access_logged(entry)
+        return als_pb2.StreamAccessLogsResponse()
 
 
 class RouterControlServicer(pb_grpc.RouterControlServicer):
@@ -654,6 +817,7 @@ async def start_picker(cfg: PickerConfig) -> RunningPicker:
                ("grpc.max_receive_message_length", EXTPROC_MAX_MESSAGE_BYTES)]
     extproc = grpc.aio.server(options=options, interceptors=[AioCheckedRequestsInterceptor()])
     ep_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(svc), extproc)
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogServicer(svc), extproc)
     port = extproc.add_insecure_port(_hp(cfg.host, cfg.extproc_port))
     interceptors: list[grpc.aio.ServerInterceptor] = [AioCheckedRequestsInterceptor()]
     if cfg.control_token:

@@ -91,7 +91,36 @@ class DaemonMetrics:
                                       "a failed reload keeps the running config", ["result"], registry=r)
         self.store_errors = Counter("governor_state_store_errors", "State-store writes that failed (disk full, "
                                     "read-only), by what was being written", ["write"], registry=r)
+        self.spend_rate = Gauge("governor_spend_usd_per_hour", "What the pool's ready and starting replicas cost "
+                                "(price per replica-hour × replicas)", ["pool"], registry=r)
+        self.spend = Counter("governor_spend_usd", "Spend since the daemon started (the replicas' price integrated "
+                             "over the ticks)", registry=r)
+        self.tasks = Counter("governor_tasks", "Task outcomes the pickers counted since the daemon started "
+                             "(governor_picker_tasks_total)", ["class", "tenant", "outcome"], registry=r)
+        self.cost_per_success = Gauge("governor_cost_per_successful_task_usd", "Spend / tasks completed since the "
+                                      "daemon started; basis=requests when no request carried a task id",
+                                      ["basis"], registry=r)
+        self._spent = 0.0
+        self._tasks_seen: dict[tuple[str, str, str], float] = {}
         self._server: WSGIServer | None = None
+
+    def observe_costs(self, c) -> None:
+        """One tick's CostSnapshot (obs/task_cost.py) into the spend, task and cost series."""
+        for pool, v in c.spend_usd_per_hour.items():
+            self.spend_rate.labels(pool).set(v)
+        if c.spend_usd > self._spent:
+            self.spend.inc(c.spend_usd - self._spent)
+            self._spent = c.spend_usd
+        for key, v in c.tasks.items():
+            seen = self._tasks_seen.get(key, 0.0)
+            if v > seen:
+                self.tasks.labels(*key).inc(v - seen)
+                self._tasks_seen[key] = v
+        for basis in ("tasks", "requests"):
+            if basis == c.basis and c.cost_per_success_usd is not None:
+                self.cost_per_success.labels(basis).set(c.cost_per_success_usd)
+            else:
+                _remove(self.cost_per_success, basis)
 
     def set_mode(self, mode: Mode) -> None:
         for m in Mode:

@@ -49,6 +49,11 @@ KEY_PANELS: tuple[PanelSpec, ...] = (
               ("{{outcome}}",), "short"),
     PanelSpec("Admission: shed fraction per class", ("max by (priority) (governor_admission_shed_fraction)",),
               ("{{priority}}",), "percentunit"),
+    PanelSpec("Cost per successful task", (
+        "sum(rate(governor_spend_usd_total[$__rate_interval])) / "
+        'sum(rate(governor_picker_tasks_total{outcome="completed"}[$__rate_interval]))',
+        "max by (basis) (governor_cost_per_successful_task_usd)"),
+        ("over the window", "since start ({{basis}})"), "currencyUSD"),
     PanelSpec("Ticks by result", ("60 * sum by (result) (rate(governor_ticks_total[$__rate_interval]))",),
               ("{{result}}",), "short"),
     PanelSpec("Tick duration by phase (p95)", (
@@ -57,7 +62,7 @@ KEY_PANELS: tuple[PanelSpec, ...] = (
         ("{{phase}} p95",), "s"),
 )
 
-_UNIT_LABEL = {"short": "", "s": "seconds", "reqps": "requests/s", "percentunit": "fraction"}
+_UNIT_LABEL = {"short": "", "s": "seconds", "reqps": "requests/s", "percentunit": "fraction", "currencyUSD": "USD"}
 
 
 class ReportError(ValueError):

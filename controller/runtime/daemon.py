@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from controller.actuation.outcome import FAILED, ActuationOutcome
 from controller.api.server import ComponentStatus, PoolStatusView, StatusView
@@ -41,7 +41,11 @@ from controller.config.tick_budget import PLAN_SHARE
 from controller.core.step import Controller, ControllerState, TickInput, TickResult
 from controller.obs.daemon_metrics import DaemonMetrics
 from controller.obs.otel import Phase, TickTelemetry
+from controller.obs.task_cost import CostSnapshot
 from controller.types import FleetObservation, Mode, PoolPhases
+
+if TYPE_CHECKING:
+    from controller.runtime.costs import CostTracker
 
 
 class Leadership(Protocol):
@@ -67,6 +71,7 @@ class TickReport:
     observation: FleetObservation
     outcome: Any  # ActuationOutcome, or None when paused
     durations_ms: dict[str, float]
+    costs: CostSnapshot | None = None  # spend and cost per successful task so far (runtime/costs.py), if tracked
 
 
 KILL_PHASES = ("read", "step", "persist", "actuate", "record", "learn")
@@ -88,7 +93,8 @@ class Daemon:
     def __init__(self, *, controller: Controller, source, actuator, shadow, store, metrics: DaemonMetrics,
                  clock: Clock, logger: logging.Logger, mode: Mode, profile: str = "balanced",
                  on_tick: Callable[[TickReport], None] | None = None, learning=None,
-                 leadership: Leadership | None = None, otel: TickTelemetry | None = None) -> None:
+                 leadership: Leadership | None = None, otel: TickTelemetry | None = None,
+                 costs: CostTracker | None = None) -> None:
         self.controller = controller
         self.source = source
         self.actuator = actuator  # None when no actuator is configured (shadow only)
@@ -101,6 +107,7 @@ class Daemon:
         self.learning = learning  # runtime.learning.Learning, or None (no learned models)
         self.leadership = leadership  # None: no leader election, this daemon always leads
         self.otel = otel  # obs/otel.py: a span per tick and per phase, over OTLP; None when not configured
+        self.costs = costs  # runtime/costs.py: spend and the pickers' task outcomes; None: not tracked
         self._lock = threading.RLock()
         # A mode or profile set through the API survives a restart; otherwise the configured one applies.
         stored_mode = store.get_mode()
@@ -217,6 +224,9 @@ class Daemon:
             record["outcome"] = outcome.status if outcome is not None else "paused"
             record["outcome_detail"] = getattr(outcome, "detail", "")
             record["durations_ms"] = durations
+            costs = self._observe_costs(now_s, obs)
+            if costs is not None:
+                record["costs"] = costs.to_dict()
             if self.leadership is not None:
                 record["leader"] = leading
             if d is not None:
@@ -226,7 +236,7 @@ class Daemon:
             self._log_tick(result, outcome, durations)
             if self.otel is not None:
                 self._trace_tick(now_s, (t0, t1, t2, t3, t4), result, obs, outcome, leading)
-            report = TickReport(result, obs, outcome, durations)
+            report = TickReport(result, obs, outcome, durations, costs)
             self.last_report = report
             self.last_tick_s = now_s
         for hook in self.after_tick:
@@ -234,6 +244,17 @@ class Daemon:
         if self.on_tick is not None:
             self.on_tick(report)
         return report
+
+    def _observe_costs(self, now_s: float, obs: FleetObservation) -> CostSnapshot | None:
+        if self.costs is None:
+            return None
+        try:
+            snap = self.costs.observe(now_s, obs)
+        except Exception as exc:  # noqa: BLE001 - the accounting must never stop a tick
+            self.log.warning(f"cost accounting failed: {exc!r}", extra={"event": "costs"})
+            return None
+        self.metrics.observe_costs(snap)
+        return snap
 
     def _apply(self, d, t0: float):
         """Send a decision within what is left of the tick's budget (an actuator that takes a deadline
@@ -514,6 +535,8 @@ class Daemon:
             for pool, h in sorted(memory.items()):
                 if isinstance(h, dict):
                     details.append((f"memory.{pool}", memory_detail(h)))
+        if rep is not None and rep.costs is not None:
+            details.extend(cost_details(rep.costs))
         breaker = rep.result.diagnostics.get("breaker") if rep else None
         if isinstance(breaker, dict):  # the cascading-failure breaker (core/breaker.py), when the policy runs one
             for key in ("phase", "stage", "trigger", "pools", "trips"):
@@ -525,6 +548,26 @@ class Daemon:
             generation=self.state.generation, components=tuple(components), pools=tuple(pools),
             telemetry_frozen=bool(rep and rep.result.frozen), details=tuple(details),
         )
+
+
+def cost_details(c: CostSnapshot) -> list[tuple[str, str]]:
+    """`governor status` lines: spend, tasks and cost per successful task so far (and on what basis)."""
+    out = [("cost.spend_usd_per_hour", ", ".join(f"{p}={v:.2f}" for p, v in sorted(c.spend_usd_per_hour.items()))
+            + f" (total {sum(c.spend_usd_per_hour.values()):.2f})"),
+           ("cost.spend_usd", f"{c.spend_usd:.4f} over {c.watched_s:.0f} s")]
+    if c.basis == "none":
+        out.append(("cost.per_successful_task", "unknown: no picker's task counters (governor_picker_tasks_total) "
+                                                "among the router targets"))
+        return out
+    share = c.success_share()
+    out.append(("tasks", f"started {c.count('started'):.0f}, completed {c.count('completed'):.0f}, failed "
+                         f"{c.count('failed'):.0f}, abandoned {c.count('abandoned'):.0f}"
+                + (f" ({share:.1%} of settled tasks completed)" if share is not None else "")))
+    per = "n/a (none completed yet)" if c.cost_per_success_usd is None else f"{c.cost_per_success_usd:.5f} USD"
+    note = (" — per request: no request carried x-governor-task-id, so each request counts as a task"
+            if c.basis == "requests" else "")
+    out.append(("cost.per_successful_task", per + note))
+    return out
 
 
 def dial_detail(d: dict) -> str:

@@ -33,6 +33,7 @@ from controller.obs.otel import build_tick_telemetry
 from controller.policies.registry import POLICY_NAMES, build_policy
 from controller.rpc.transport import Authenticator, TlsConfig, TokenEntry, load_tokens_file
 from controller.runtime.actuators import build_actuator
+from controller.runtime.costs import CostTracker, PickerTasksReader
 from controller.runtime.daemon import Daemon, TickReport
 from controller.runtime.leader import (
     ANNOTATION_ADDRESS,
@@ -181,6 +182,15 @@ def _state_store(settings: Settings, state_dir: Path) -> StateStore:
     return store
 
 
+def build_costs(settings: Settings, controller: Controller) -> CostTracker:
+    """Spend from the pools' prices; task outcomes from the pickers among the scrape source's router targets (with
+    Prometheus as the source the daemon exports the spend and the dashboard divides it by the pickers' series)."""
+    urls = [t.url for t in settings.telemetry.scrape.targets if t.kind == "router"] \
+        if settings.telemetry.source == "scrape" else []
+    reader = PickerTasksReader(urls, timeout_s=min(1.0, settings.telemetry.scrape.timeout_s)) if urls else None
+    return CostTracker({p.name: p.usd_per_replica_hour for p in controller.fleet.pools}, reader)
+
+
 def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, on_tick=None,
                    lease_store: LeaseStore | None = None) -> Services:
     """Build and start the servers (API, KEDA, metrics); the tick loop is started by the caller.
@@ -212,7 +222,8 @@ def build_services(settings: Settings, *, clock: Clock, logger: logging.Logger, 
             closers.append(otel.shutdown)  # flushes the last spans and metrics
         daemon = Daemon(controller=controller, source=source, actuator=actuator, shadow=ShadowActuator(clock=clock),
                         store=store, metrics=metrics, clock=clock, logger=logger, mode=settings.mode,
-                        profile=settings.profile, on_tick=on_tick, learning=learning, leadership=elector, otel=otel)
+                        profile=settings.profile, on_tick=on_tick, learning=learning, leadership=elector, otel=otel,
+                        costs=build_costs(settings, controller))
         if elector is not None:
             if isinstance(store, KubeStateStore):
                 store.bind(lambda: elector.generation_floor() >> EPOCH_SHIFT)

@@ -68,10 +68,27 @@ class JsonLines:
 
     def on_tick(self, report: TickReport, slo_ttft_s: float) -> None:
         d = report.result.decision
+        costs = report.costs.to_dict() if report.costs is not None else None
         for row in pool_rows(report, slo_ttft_s):
             self.emit({"event": "tick", "at_s": report.observation.at_s,
                        "decision_id": d.decision_id if d else None, "mode": report.result.mode.value,
-                       "outcome": report.outcome.status if report.outcome is not None else "paused", **row})
+                       "outcome": report.outcome.status if report.outcome is not None else "paused", **row,
+                       **({"costs": costs} if costs is not None else {})})
+
+
+def cost_line(c) -> str:
+    """The live view's line on money: spend now and so far, tasks settled, cost per successful task."""
+    rate = sum(c.spend_usd_per_hour.values())
+    line = f"spend ${rate:.2f}/h · ${c.spend_usd:.4f} so far"
+    if c.basis == "none":
+        return line + " · tasks: no picker counts"
+    share = c.success_share()
+    unit = "task" if c.basis == "tasks" else "request (no task ids)"
+    line += (f" · {c.count('completed'):.0f} of {c.count('started'):.0f} {unit}s completed"
+             + (f" ({share:.0%} of settled)" if share is not None else ""))
+    if c.cost_per_success_usd is not None:
+        line += f" · ${c.cost_per_success_usd:.5f} per successful {unit.split()[0]}"
+    return line
 
 
 def _jsonable(v):
@@ -131,6 +148,7 @@ class LiveView:
         outcome = report.outcome.status if report.outcome is not None else "paused"
         if report.result.changed or not self.decisions:
             self.decisions.appendleft(f"{first}  → {outcome}")
-        body = Group(Text(self._header, style="dim"), table, Text("recent decisions:", style="bold"),
+        money = [Text(cost_line(report.costs))] if report.costs is not None else []
+        body = Group(Text(self._header, style="dim"), table, *money, Text("recent decisions:", style="bold"),
                      *[Text("  " + line) for line in self.decisions])
         self._live.update(body)

@@ -143,6 +143,10 @@ def test_demo_with_envoy_governs_the_picker_and_the_replayed_traffic_succeeds():
     assert max(t["arrival_rps"] or 0 for t in ticks) > 5
     replay = next(e for e in events if e["event"] == "replay")
     assert replay["requests"] > 50 and replay["errors"] == 0
+    # spend and cost per successful request from the picker's counters (the replay sends no task ids)
+    costs = ticks[-1]["costs"]
+    assert costs["basis"] == "requests" and costs["spend_usd"] > 0 and costs["tasks"]["completed"] > 0
+    assert costs["cost_per_success_usd"] == pytest.approx(costs["spend_usd"] / costs["tasks"]["completed"])
 
 
 @pytest.mark.e2e

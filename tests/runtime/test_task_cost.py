@@ -1,0 +1,102 @@
+"""Cost per successful task, live (issue 35, part 4): spend integrated over ticks, the pickers' task counters read
+from a real picker's /metrics text, the daemon's series on its real /metrics, and the status lines."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client import generate_latest
+
+from controller.dataplane.server import PickerConfig, PickerService
+from controller.dataplane.tasks import Identity
+from controller.obs.daemon_metrics import DaemonMetrics
+from controller.obs.task_cost import PickerTasks, TaskCost
+from controller.runtime.costs import PickerTasksReader, parse_picker_tasks
+from controller.runtime.daemon import cost_details
+
+K_OK = ("standard", "acme", "completed")
+K_START = ("standard", "acme", "started")
+
+
+def test_spend_integrates_the_replicas_price_between_ticks_and_caps_a_gap():
+    c = TaskCost({"a": 4.0, "b": 10.0}, max_gap_s=300.0)
+    c.observe(0.0, {"a": 2, "b": 1}, None)  # 18 $/h from now on
+    snap = c.observe(3600.0 * 0.5, {"a": 2, "b": 0}, None)  # half an hour at 18 $/h
+    assert snap.spend_usd == pytest.approx(9.0 * 300.0 / 1800.0)  # capped: a 30 min gap is charged 5 min
+    c2 = TaskCost({"a": 4.0})
+    c2.observe(0.0, {"a": 3}, None)
+    snap = c2.observe(60.0, {"a": 3}, None)
+    assert snap.spend_usd == pytest.approx(12.0 / 60.0) and snap.spend_usd_per_hour == {"a": 12.0}
+    assert snap.basis == "none" and snap.cost_per_success_usd is None
+
+
+def test_task_counts_since_the_first_reading_survive_a_picker_restart():
+    c = TaskCost({"a": 3.6})
+    c.observe(0.0, {"a": 1}, PickerTasks({K_OK: 100.0, K_START: 120.0}))  # the baseline: not ours
+    c.observe(10.0, {"a": 1}, PickerTasks({K_OK: 104.0, K_START: 130.0}))
+    snap = c.observe(20.0, {"a": 1}, PickerTasks({K_OK: 3.0, K_START: 5.0}))  # restarted: from zero again
+    assert snap.count("completed") == 7 and snap.count("started") == 15
+    assert snap.basis == "tasks"
+    assert snap.cost_per_success_usd == pytest.approx(3.6 * 20 / 3600 / 7)
+
+
+def test_without_task_ids_the_basis_is_requests_and_says_so():
+    c = TaskCost({"a": 1.0})
+    c.observe(0.0, {"a": 1}, PickerTasks({}, 0.0))
+    snap = c.observe(60.0, {"a": 1}, PickerTasks({("standard", "default", "started"): 10.0,
+                                                  ("standard", "default", "completed"): 9.0}, 10.0))
+    assert snap.basis == "requests"
+    lines = dict(cost_details(snap))
+    assert "per request" in lines["cost.per_successful_task"] and "x-governor-task-id" in \
+        lines["cost.per_successful_task"]
+    assert lines["tasks"].startswith("started 10, completed 9")
+
+
+def _picker_page() -> str:
+    svc = PickerService(PickerConfig(groups={"g": ["a"]}, endpoints={"a": ["10.0.0.1:8000"]}))
+    p, s = svc.picker, svc.settings()
+    for step in range(2):
+        r = p.route("standard", "", s, 0.0, ident=Identity("acme", "t1", step, 2), tokens=10.0)
+        assert r.endpoint is not None
+        p.finish(r.endpoint, s, r.ticket, ok=True)
+    r = p.route("critical", "", s, 0.0)
+    assert r.endpoint is not None
+    p.finish(r.endpoint, s, r.ticket, ok=False)
+    return generate_latest(svc.registry).decode()
+
+
+def test_a_real_pickers_page_is_read():
+    got = parse_picker_tasks(_picker_page())
+    assert got is not None and got.unlabelled == 1
+    assert got.tasks[("standard", "acme", "completed")] == 1 and got.tasks[("critical", "default", "failed")] == 1
+    assert parse_picker_tasks("vllm:num_requests_running 3\n") is None  # an engine: not a picker
+
+
+def test_the_reader_sums_pickers_and_leaves_out_one_that_fails():
+    page = _picker_page()
+
+    def fetch(url: str, _timeout: float) -> str:
+        if url == "bad":
+            raise OSError("connection refused")
+        return page
+
+    r = PickerTasksReader(["p1", "p2", "bad"], fetch=fetch)
+    got = r.read()
+    assert got is not None and got.tasks[("standard", "acme", "completed")] == 2 and r.errors == 1
+    assert PickerTasksReader(["bad"], fetch=fetch).read() is None
+
+
+def test_daemon_metrics_export_spend_tasks_and_cost():
+    m = DaemonMetrics()
+    c = TaskCost({"a": 3.6})
+    c.observe(0.0, {"a": 2}, PickerTasks({}))
+    m.observe_costs(c.observe(100.0, {"a": 2}, PickerTasks({K_OK: 4.0, K_START: 5.0})))
+    text = generate_latest(m.registry).decode()
+    assert 'governor_spend_usd_per_hour{pool="a"} 7.2' in text
+    assert "governor_spend_usd_total 0.2" in text
+    assert 'governor_tasks_total{class="standard",outcome="completed",tenant="acme"} 4.0' in text
+    value = next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                 if line.startswith('governor_cost_per_successful_task_usd{basis="tasks"}'))
+    assert math.isclose(value, 0.05)
+    assert 'basis="requests"' not in text
