@@ -8,7 +8,7 @@ Per request, in this order (the simulated router's order, controller/sim/router.
    share is taken from first steps only, a later step may borrow one second of a bucket's rate, the queue budget
    refuses first steps before later ones, and held later steps go before held first steps; among tenants, held
    requests go by the token-weighted fair share (`HeldQueue`).
-1. Admission of its priority class: `shed_fraction` rejects that fraction of arrivals at once
+1. Admission of its priority class: `shed_frac` (`shed_fraction` on the wire) rejects that fraction of arrivals at once
    (429; deterministic: a running sum sheds the request that carries it past the next whole
    one, so 0.25 sheds exactly every 4th); then the rate limit, a token bucket refilled at
    `rate_limit_rps` holding one second of tokens (at least 1): empty → 429 with `retry-after`

@@ -140,7 +140,7 @@ def _admitted(r: Route) -> bool:
 @pytest.mark.parametrize("step_aware", [True, False])
 def test_shedding_takes_new_tasks_first_steps_not_later_steps(step_aware):
     p = _picker()
-    s = _s(step_aware, standard=ClassSettings(shed_fraction=0.5))
+    s = _s(step_aware, standard=ClassSettings(shed_frac=0.5))
     for i in range(20):  # tasks under way
         p.book.admit("default", "standard", f"old{i}", 0, 3, 1.0)
     later_ok = first_ok = 0
