@@ -19,7 +19,7 @@ Everything that handles levers one by one iterates over `LEVERS` instead of nami
 
 Adding a lever touches this table, the decision field it names, the proto field it names, and the
 code that implements its physics (what the picker and the simulator's router or fleet do with the
-value, what the MPC predicts from it); tests/core/test_levers.py adds a dummy lever through the
+value, what the MPC predicts from it); tests/sim/test_lever_table.py adds a dummy lever through the
 table alone and follows it from a decision into the simulated fleet.
 
 `carriers` says which components carry a lever to the fleet, so a caller can ask which levers a
