@@ -14,7 +14,7 @@ Everything that handles levers one by one iterates over `LEVERS` instead of nami
 - the simulator's control plane, in-process and over gRPC (controller/sim/control.py,
   controller/sim/control_plane.py, controller/sim/fleet.py);
 - the MPC: the levers `fixed_levers` can hold (controller/core/mpc/problem.py), the candidate arrays
-  the search moves and the change penalty (controller/core/mpc/levers.py, score.py), and the
+  the search moves and the change penalty (controller/core/mpc/vectors.py, score.py), and the
   reasons that explain a move (controller/policies/mpc/reasons.py).
 
 Adding a lever touches this table, the decision field it names, the proto field it names, and the

@@ -45,9 +45,9 @@ import numpy as np
 
 from controller.perf.engines import Catalogue, step_model
 from controller.perf.iteration import IterationModel
+from controller.perf.replica_capacity import ReplicaCapacity, capacity_from_samples
 from controller.perf.roofline import Roofline
 from controller.policies.common import tightest_slo
-from controller.policies.sla_planner import ReplicaCapacity, capacity_from_samples
 from controller.sim.fleet import Fleet
 from controller.sim.fleetspec import fleet_spec_from_scenario
 from controller.sim.scenario import PoolSpecModel, Scenario

@@ -79,8 +79,8 @@ from controller.bench.report import (
 )
 from controller.bench.runner import Progress, RunResult, run_closed_loop, run_policy
 from controller.clock import WallClock
+from controller.perf.replica_capacity import ReplicaCapacity
 from controller.policies.registry import POLICY_NAMES, build_policy, policy_params
-from controller.policies.sla_planner import ReplicaCapacity
 from controller.sim.fleetspec import fleet_spec_from_scenario
 from controller.sim.scenario import Scenario, ScenarioError, load_scenario
 

@@ -22,6 +22,7 @@ this package does I/O, reads the clock, or imports telemetry/actuation/api/
 runtime/gen, grpc or prometheus clients.
 """
 
+from controller.perf.replica_capacity import ReplicaCapacity, capacity_from_samples
 from controller.policies.aibrix_stack import AibrixStackPolicy
 from controller.policies.common import LEAST_LOADED, SCORER_DEFAULT, RoutingWeights
 from controller.policies.dynamo_stack import DynamoStackPolicy
@@ -30,7 +31,7 @@ from controller.policies.kpa import KpaPolicy
 from controller.policies.llm_d_stack import LlmdStackPolicy
 from controller.policies.registry import POLICY_NAMES, build_policy, policy_params
 from controller.policies.scorer_kpa import ScorerKpaPolicy
-from controller.policies.sla_planner import KV_AWARE, ReplicaCapacity, SlaPlannerPolicy, capacity_from_samples
+from controller.policies.sla_planner import KV_AWARE, SlaPlannerPolicy
 from controller.policies.slo_feedback import SloFeedbackPolicy
 from controller.policies.static import StaticPolicy
 

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.perf.replica_capacity import ReplicaCapacity
 from controller.policies.common import (
     RoutingWeights,
     Samples,
@@ -71,7 +72,6 @@ from controller.policies.common import (
 )
 from controller.policies.kpa import KpaParams, KpaPoolMemory, bound_and_explain, first_sight, kpa_scale
 from controller.policies.scorer_kpa import ScorerKpaPolicy, ScorerKpaState
-from controller.policies.sla_planner import ReplicaCapacity
 from controller.types import PolicyInput, PolicyOutput, PoolSpec, Reason
 
 # AIBrix prefix-cache routing on our scorer: break-even at a 50 % prefix match on the busiest replica.

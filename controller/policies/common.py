@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.core.estimate import target_in_force
+from controller.perf.replica_capacity import check_positive
 from controller.types import FleetSpec, PolicyInput, PoolDecision, PoolSpec, Reading, Reason, SloSpec
 
 Sample = tuple[float, float]  # (t_s, value)
@@ -336,17 +337,6 @@ def record_event(events: Events, now_s: float, change: int, keep_s: float) -> Ev
 
 
 # --------------------------------------------------------------------------- parameter checks
-
-
-def check_positive(name: str, v: float, *, allow_zero: bool = False) -> float:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number (got {v!r})") from None
-    ok = math.isfinite(f) and (f >= 0 if allow_zero else f > 0)
-    if not ok:
-        raise ValueError(f"{name} must be a finite number {'>= 0' if allow_zero else '> 0'} (got {v!r})")
-    return f
 
 
 def check_frac(name: str, v: float, *, lo_open: bool = True) -> float:

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from controller.perf.engines import Catalogue, EngineError, resolve_engine
+from controller.perf.replica_capacity import ReplicaCapacity
 from controller.policies.common import (
     RoutingWeights,
     check_positive,
@@ -53,7 +54,7 @@ from controller.policies.common import (
     routing_reason,
     value,
 )
-from controller.policies.sla_planner import KV_AWARE, PlannerState, ReplicaCapacity, SlaPlannerPolicy
+from controller.policies.sla_planner import KV_AWARE, PlannerState, SlaPlannerPolicy
 from controller.types import PolicyInput, PolicyOutput, PoolDecision, PoolSpec, Reason
 
 DEFAULT_OVERLAP_SCORE_WEIGHT = 1.0  # --router-kv-overlap-score-weight

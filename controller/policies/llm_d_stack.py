@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.perf.replica_capacity import ReplicaCapacity
 from controller.policies.common import (
     SCORER_DEFAULT,
     RoutingWeights,
@@ -86,7 +87,6 @@ from controller.policies.common import (
     value,
     window_values,
 )
-from controller.policies.sla_planner import ReplicaCapacity
 from controller.types import ClassAdmission, PolicyInput, PolicyOutput, PoolDecision, PoolSpec, Reason
 
 SHED_CLASS = "sheddable"  # GAIE sheds the Sheddable criticality (negative priority) under saturation

@@ -7,12 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from controller.policies.sla_planner import (
-    ReplicaCapacity,
-    SlaPlannerPolicy,
-    capacity_from_samples,
-    forecast_next,
-)
+from controller.perf.replica_capacity import ReplicaCapacity, capacity_from_samples
+from controller.policies.sla_planner import SlaPlannerPolicy, forecast_next
 from controller.types import SloSpec
 from tests.policies.builders import codes, decide, drive, fleet, inp, spec
 

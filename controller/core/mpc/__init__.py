@@ -18,7 +18,7 @@ Where things are:
   controller/core/distributions.py) — and the objective
   (controller/core/objective.py); the hot loops of stages 1, 3 and 4 run compiled
   (controller/core/mpc_kernel.py, numba) where numba is installed, mirroring the numpy;
-- search.py, trajectories.py, levers.py: the search; solve.py: one tick.
+- search.py, trajectories.py, vectors.py (the continuous levers as flat vectors): the search; solve.py: one tick.
 
 Search (deterministic for a given rng): structured enumeration of replica trajectories per
 pool (constant levels, hold-then-change templates and a "need-ahead" trajectory around
@@ -36,7 +36,6 @@ Must not: do I/O, read the clock, draw randomness other than from the Generator 
 or import the simulator.
 """
 
-from controller.core.mpc.levers import delay_ladder, ladder_level
 from controller.core.mpc.problem import (
     LEVERS,
     ClassInput,
@@ -53,6 +52,7 @@ from controller.core.mpc.problem import (
     serving_first_step,
 )
 from controller.core.mpc.solve import solve
+from controller.core.mpc.vectors import delay_ladder, ladder_level
 
 __all__ = [
     "ClassInput",

@@ -19,10 +19,10 @@ import math
 import numpy as np
 
 from controller.core.mpc.candidates import Candidates
-from controller.core.mpc.levers import apply_vec, continuous_bounds, delay_ladder, lever_order, to_vec
 from controller.core.mpc.problem import MpcConfig, Timer
 from controller.core.mpc.score import Evaluator
 from controller.core.mpc.trajectories import replica_templates
+from controller.core.mpc.vectors import apply_vec, continuous_bounds, delay_ladder, lever_order, to_vec
 from controller.levers import LEVERS
 
 # the levers `settle` puts back one by one: the planned pool levers whose moves are priced (pw, cap, tw, standby)

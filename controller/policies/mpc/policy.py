@@ -65,6 +65,7 @@ from controller.core.mpc_model import LearnedPlanModel, PlanModel, QueueingPrior
 from controller.core.objective import check_reliability, resolve_weights
 from controller.names import PROFILES
 from controller.perf.engine_figures import EngineFigures
+from controller.perf.replica_capacity import ReplicaCapacity
 from controller.policies.common import check_positive, reason
 from controller.policies.mpc.corrections import confidence, learn, seed_from_capacity
 from controller.policies.mpc.dial import dial_diagnostics, dial_in_force
@@ -96,7 +97,6 @@ from controller.policies.mpc.reasons import (
     pool_reasons,
     redundancy_reasons,
 )
-from controller.policies.sla_planner import ReplicaCapacity
 from controller.types import (
     PRIORITY_CLASSES,
     BreakerSignals,
