@@ -167,22 +167,12 @@ def _ok(r: Reading) -> float | None:
     return float(r.value) if r.ok and math.isfinite(r.value) else None
 
 
-def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, observation: FleetObservation,
-                   fleet: FleetSpec, targets: Mapping[str, int],
-                   lost: Mapping[str, int] | None = None,
-                   carried: bool | None = None) -> tuple[BreakerState, BreakerAction, list[str]]:
-    """Advance the breaker one tick. `targets`: the replica target in force per pool; `lost`: per
-    pool, replacements the fleet started this tick that nobody ordered (None: infer from ready);
-    `carried`: the caller's judgement that the fleet carries the load it admits now (the replicas
-    its load needs are ready and no queue stands): while open after a loss, a p95 over its SLO is
-    then the window's memory of a drained backlog, not a symptom (None: unknown, latency counts).
-
-    Returns (new state, constraints for the planner, notes on what changed: human-readable).
-    """
-    if not cfg.enabled:
-        return state, BreakerAction(), []
+def _watch_pools(state: BreakerState, cfg: BreakerConfig, now_s: float, observation: FleetObservation,
+                 fleet: FleetSpec, targets: Mapping[str, int], lost: Mapping[str, int] | None
+                 ) -> tuple[dict[str, PoolWatch], list[str], bool, list[str]]:
+    """Each pool's watch brought up to date (losses inside the window, the hit-rate baseline): (watch, pools
+    with a loss this tick, whether a loss is big, pools whose hit rate dropped)."""
     lost_map = lost  # (the name `lost` is reused below for the count inside the loss window)
-    notes: list[str] = []
     watch = dict(state.watch)
     losses_now: list[str] = []
     big = False
@@ -234,7 +224,13 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
                                 last_target=target, losses=losses, loss_seen_s=loss_seen, pre_loss_target=pre,
                                 hit_baseline=baseline, pre_loss_ready=pre_ready)
 
-    # Latency and retry symptoms, per class (router view).
+    return watch, losses_now, big, hit_drop
+
+
+def _symptoms(state: BreakerState, cfg: BreakerConfig, observation: FleetObservation, fleet: FleetSpec
+              ) -> tuple[list[str], bool, dict[str, float], dict[str, float], float, bool, float | None]:
+    """Latency and retry symptoms per class (router view), and the baselines they update: (late classes,
+    critical over its SLO, TTFT and TPOT baselines, retries/s, retries risen, retry baseline)."""
     late: list[str] = []
     critical_late = False
     ttft_b, tpot_b = dict(state.ttft_baseline), dict(state.tpot_baseline)
@@ -272,16 +268,11 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
     retry_rise = have_retry and retry_b is not None and retries > retry_b + cfg.retry_rise_rps
     if have_retry and state.phase == CLOSED and not retry_rise:
         retry_b = retries if retry_b is None else (1 - cfg.baseline_alpha) * retry_b + cfg.baseline_alpha * retries
-    if carried and state.phase != CLOSED and not state.trigger.startswith("overload"):
-        late, critical_late = [], False
-    symptoms = bool(hit_drop or late or retry_rise)
-    suspects = [n for n, w in watch.items() if w.loss_seen_s is not None and now_s - w.loss_seen_s < cfg.suspect_s]
+    return late, critical_late, ttft_b, tpot_b, retries, retry_rise, retry_b
 
-    phase, stage, since = state.phase, state.stage, state.since_s
-    tripped_at, trigger = state.tripped_at_s, state.trigger
-    pools_hit, calm_since, late_since, trips = state.pools_hit, state.calm_since_s, state.late_since_s, state.trips
-    # Overload, the same cascade without a crash: protected classes late while a pool's queue
-    # grows (or clients retry), for `overload_ticks` ticks in a row.
+
+def _swamped(cfg: BreakerConfig, observation: FleetObservation, fleet: FleetSpec) -> list[str]:
+    """The pools whose engines queue or run near-full batches (the overload trigger's second half)."""
     swamped = []
     for spec in fleet.pools:
         po = observation.pools.get(spec.name)
@@ -292,6 +283,61 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
         full = ready and running is not None and running / ready >= cfg.overload_batch_frac * spec.max_num_seqs
         if queued or full:
             swamped.append(spec.name)
+    return swamped
+
+
+def _action(cfg: BreakerConfig, phase: str, stage: int, trigger: str, pools_hit: tuple[str, ...],
+            watch: Mapping[str, PoolWatch], critical_late: bool) -> tuple[dict[str, int], BreakerAction]:
+    """The constraints of the breaker's phase and stage: replica floors, affinity ceiling, stream protection, shed
+    floors (none when closed)."""
+    floors: dict[str, int] = {}
+    action = BreakerAction()
+    if phase != CLOSED:
+        for name in pools_hit:
+            hit_watch = watch.get(name)
+            if hit_watch is not None and hit_watch.pre_loss_target > 0:
+                floors[name] = hit_watch.pre_loss_target
+        cap_pw = cfg.spread_prefix_weight if phase == OPEN else cfg.ramp_prefix_weight
+        shed: dict[str, float] = {}
+        if stage >= 2:
+            shed["sheddable"] = cfg.shed_stage3 if stage >= 3 else cfg.shed_stage2
+        if stage >= 3 and critical_late:
+            shed["standard"] = cfg.standard_shed_stage3
+        spread = {} if trigger.startswith("overload") else dict.fromkeys(pools_hit, cap_pw)  # no cache was lost
+        action = BreakerAction(min_replicas=floors, max_prefix_weight=spread, protect_streams=stage >= 2,
+                               min_shed=shed, pools=tuple(pools_hit))
+    return floors, action
+
+
+def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, observation: FleetObservation,
+                   fleet: FleetSpec, targets: Mapping[str, int],
+                   lost: Mapping[str, int] | None = None,
+                   carried: bool | None = None) -> tuple[BreakerState, BreakerAction, list[str]]:
+    """Advance the breaker one tick. `targets`: the replica target in force per pool; `lost`: per
+    pool, replacements the fleet started this tick that nobody ordered (None: infer from ready);
+    `carried`: the caller's judgement that the fleet carries the load it admits now (the replicas
+    its load needs are ready and no queue stands): while open after a loss, a p95 over its SLO is
+    then the window's memory of a drained backlog, not a symptom (None: unknown, latency counts).
+
+    Returns (new state, constraints for the planner, notes on what changed: human-readable).
+    """
+    if not cfg.enabled:
+        return state, BreakerAction(), []
+    notes: list[str] = []
+    watch, losses_now, big, hit_drop = _watch_pools(state, cfg, now_s, observation, fleet, targets, lost)
+
+    late, critical_late, ttft_b, tpot_b, retries, retry_rise, retry_b = _symptoms(state, cfg, observation, fleet)
+    if carried and state.phase != CLOSED and not state.trigger.startswith("overload"):
+        late, critical_late = [], False
+    symptoms = bool(hit_drop or late or retry_rise)
+    suspects = [n for n, w in watch.items() if w.loss_seen_s is not None and now_s - w.loss_seen_s < cfg.suspect_s]
+
+    phase, stage, since = state.phase, state.stage, state.since_s
+    tripped_at, trigger = state.tripped_at_s, state.trigger
+    pools_hit, calm_since, late_since, trips = state.pools_hit, state.calm_since_s, state.late_since_s, state.trips
+    # Overload, the same cascade without a crash: protected classes late while a pool's queue
+    # grows (or clients retry), for `overload_ticks` ticks in a row.
+    swamped = _swamped(cfg, observation, fleet)
     overload_now = bool(late) and (bool(swamped) or retry_rise)
     overload_ticks = state.overload_ticks + 1 if overload_now else 0
     if phase == CLOSED:
@@ -357,22 +403,7 @@ def update_breaker(state: BreakerState, cfg: BreakerConfig, *, now_s: float, obs
                     pools_hit = ()
                     notes.append("breaker closed: fleet stable")
 
-    floors: dict[str, int] = {}
-    action = BreakerAction()
-    if phase != CLOSED:
-        for name in pools_hit:
-            hit_watch = watch.get(name)
-            if hit_watch is not None and hit_watch.pre_loss_target > 0:
-                floors[name] = hit_watch.pre_loss_target
-        cap_pw = cfg.spread_prefix_weight if phase == OPEN else cfg.ramp_prefix_weight
-        shed: dict[str, float] = {}
-        if stage >= 2:
-            shed["sheddable"] = cfg.shed_stage3 if stage >= 3 else cfg.shed_stage2
-        if stage >= 3 and critical_late:
-            shed["standard"] = cfg.standard_shed_stage3
-        spread = {} if trigger.startswith("overload") else dict.fromkeys(pools_hit, cap_pw)  # no cache was lost
-        action = BreakerAction(min_replicas=floors, max_prefix_weight=spread, protect_streams=stage >= 2,
-                               min_shed=shed, pools=tuple(pools_hit))
+    floors, action = _action(cfg, phase, stage, trigger, pools_hit, watch, critical_late)
     new = BreakerState(phase=phase, stage=stage, since_s=since, tripped_at_s=tripped_at, trigger=trigger,
                        pools_hit=pools_hit, calm_since_s=calm_since, late_since_s=late_since, trips=trips,
                        watch=watch, ttft_baseline=ttft_b, tpot_baseline=tpot_b, retry_baseline=retry_b, floors=floors,

@@ -10,6 +10,7 @@ Must not: fit anything, do I/O or import the simulator.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,110 @@ class LatencyPrior:
     uncached_prompt_tokens: np.ndarray
 
 
+def _bucketed_p95s(table: PhysicsTable, k: np.ndarray, ttft50: np.ndarray, ttft95: np.ndarray, tau_d: np.ndarray,
+                   s50: np.ndarray, s95: np.ndarray, pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The prior's TTFT and ITL p95s read through vLLM's histogram buckets, as the telemetry reads them:
+    (TTFT p95, ITL p95). `s50`/`s95`: the step time of a chunk of the median and of the 0.95-quantile prompt;
+    `pi`: the share of steps that carry a chunk."""
+    # The telemetry's p50/p95 are histogram_quantile over vLLM's buckets, not the true
+    # quantiles: read the prior's distributions through the same buckets.
+    # TTFT: lognormal through the prior's p50 and p95 (prompt lengths are lognormal and the
+    # service time grows with the prompt).
+    # CDFs here: Φ(z) ≈ ½ + ½·tanh(0.895 z), the logistic form exact at Φ(1.645) = 0.95 (the p95
+    # lands in the bucket of the continuous p95), within 0.02 elsewhere; the scales carry 0.895
+    mu_t = np.log(np.maximum(ttft50, 1e-6))
+    sd_t = np.maximum(np.log(np.maximum(ttft95, 1e-6)) - mu_t, 0.05 * 1.645)
+    sd_t *= table.tail[k] * (TTFT_SPREAD_FACTOR / 1.645)
+    ttft95 = np.exp(mu_t + 1.645 * sd_t)
+    inv_sd_t = (0.895 / sd_t).astype(np.float32)
+    mu_t = mu_t.astype(np.float32)
+
+    def ttft_cdf(lb: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        if rows is None:
+            return half_tanh((lb - mu_t) * inv_sd_t)
+        return half_tanh((lb - mu_t[rows]) * inv_sd_t[rows])
+
+    # ITL: a mixture of decode-only steps (lognormal around τ_d) and chunk steps (share π,
+    # lognormal through the chunk step of the median and of the 0.95-quantile prompt; chunks
+    # are at most the token budget, so long prompts make it narrow).
+    mu_d = np.log(np.maximum(tau_d, 1e-6))
+    mu_c = np.log(np.maximum(s50, 1e-6))
+    f32 = np.float32
+    inv_sd_c = ((1.645 * 0.895) / np.maximum(np.log(np.maximum(s95, 1e-6)) - mu_c, 0.05 * 1.645)).astype(f32)
+    inv_sd_d = f32(0.895 / DECODE_STEP_LOG_SIGMA)
+    mu_d, mu_c, pi32 = mu_d.astype(f32), mu_c.astype(f32), pi.astype(f32)
+
+    def itl_cdf(lb: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        if rows is None:
+            d_ = half_tanh((lb - mu_d) * inv_sd_d)
+            c_ = half_tanh((lb - mu_c) * inv_sd_c)
+            c_ -= d_
+            c_ *= pi32
+            c_ += d_
+            return c_
+        d_ = half_tanh((lb - mu_d[rows]) * inv_sd_d)
+        res: np.ndarray = pi32[rows] * (half_tanh((lb - mu_c[rows]) * inv_sd_c[rows]) - d_) + d_
+        return res
+
+    # p95s only: they are what SLOs are checked on, and each read costs a pass over the rows
+    # (bulk predict has a budget); the p50s stay the distributions' own medians.
+    ttft95b = bucket_quantile(0.95, TTFT_BUCKETS, ttft95, ttft_cdf)
+    # first guess of the mixture's p95 (the walk fixes the bucket): among the chunk steps at
+    # their quantile 1 − 5 %/π when π > 5 %, else high in the decode steps (z = 2)
+    z_c = logit(clamp(1.0 - 0.05 / pi, 0.01, 0.99)) * (0.895 / 1.79)
+    guess = np.where(pi > 0.05, np.exp(mu_c + z_c / inv_sd_c), tau_d * math.exp(2.0 * DECODE_STEP_LOG_SIGMA))
+    tpot95b = bucket_quantile(0.95, ITL_BUCKETS, guess, itl_cdf)
+    return ttft95b, tpot95b
+
+
+def _router_wait95(capped: np.ndarray, rho: np.ndarray, rho_engine: np.ndarray, b_max: np.ndarray,
+                   residence: np.ndarray) -> np.ndarray:
+    """p95 of the wait at the router behind an in-flight cap (0 where the cap does not queue)."""
+    # Router queue behind an in-flight cap: B_max "servers" each busy for a request's
+    # residence; Sakasegawa's M/M/c wait W̄ ≈ ρ^√(2(c+1)) / (c(1 − ρ)) × residence. Example:
+    # ρ 0.9, residence 10 s, cap 16 → 0.9^5.8 / (16 × 0.1) × 10 = 3.4 s.
+    rho_c = np.minimum(rho, RHO_CLIP)
+    queued = capped & (rho > rho_engine * 1.0001)
+    w_mean = rho_c ** np.sqrt(2.0 * (b_max + 1.0)) / (b_max * (1.0 - rho_c)) * residence
+    router_wait95 = np.where(queued,
+                             w_mean / np.maximum(rho_c, 1e-3) * np.log(np.maximum(rho_c, 1e-3) / 0.05).clip(0),
+                             0.0)
+    res: np.ndarray = router_wait95
+    return res
+
+
+def _batch_fixed_point(dflat: np.ndarray, base: np.ndarray, k_: np.ndarray, lam: np.ndarray, ctx_cost: np.ndarray,
+                       b_max: np.ndarray, prefill_cost: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """The batch B of Little's law B = λ·O·τ_d(1 + B)/(1 − f_p) (`k_` = λ·O), capped at `b_max`;
+    `prefill_cost(B)`: a request's prefill time on steps that decode B sequences (see latency_prior)."""
+    batch = np.zeros_like(lam)
+    cost_pf = prefill_cost(batch)
+    for it in range(FIXED_POINT_ITERS):
+        b1 = 1.0 + batch
+        step, slope = interp_rows_slope(dflat, base, b1)
+        slope = slope + ctx_cost
+        tau_d = step + ctx_cost * b1
+        if it == 1:
+            cost_pf = prefill_cost(batch)
+        f_p = np.minimum(lam * cost_pf, 0.95)
+        den = 1.0 - f_p - k_ * slope
+        new = k_ * (tau_d - slope * batch) / np.maximum(den, 1e-9)
+        batch = np.where(den > 1e-9, np.minimum(new, b_max), b_max)
+    return batch
+
+
+def _attention_work(attn_s: np.ndarray, P: np.ndarray, hit: np.ndarray,
+                    Pu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(attention time of one request's prefill, attention time per prefill token)."""
+    # Attention work of one request's prefill: Pu = P(1 − h) tokens attending to the P·h cached ones
+    # plus half their own, P²(1 − h)(1 + h)/2, averaged over lognormal prompts (E[P²] = P̄² e^σ²).
+    # Quadratic in P, so long prompts dominate: mean 12k tokens with σ = 1 costs 2.7× the work of
+    # a fixed 12k prompt.
+    attn_req = attn_s * (P * P * (0.5 * math.exp(PROMPT_LOG_SIGMA**2))) * ((1.0 - hit) * (1.0 + hit))
+    attn_tok = attn_s * (P * hit + 0.5 * Pu)  # attention per prefill token (context before + half its own)
+    return attn_req, attn_tok
+
+
 def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = True) -> LatencyPrior:
     """Closed-form steady-state latency of continuous batching with chunked prefill.
 
@@ -131,12 +236,7 @@ def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = Tru
     ctx_cost = ctx_s * (P + 0.5 * O)  # decode cost per sequence of its context (mean context P + O/2)
     n_chunks = np.maximum(Pu / M + 0.5, 1.0)
     chunk = np.minimum(Pu / n_chunks, M)
-    # Attention work of one request's prefill: Pu = P(1 − h) tokens attending to the P·h cached ones
-    # plus half their own, P²(1 − h)(1 + h)/2, averaged over lognormal prompts (E[P²] = P̄² e^σ²).
-    # Quadratic in P, so long prompts dominate: mean 12k tokens with σ = 1 costs 2.7× the work of
-    # a fixed 12k prompt.
-    attn_req = attn_s * (P * P * (0.5 * math.exp(PROMPT_LOG_SIGMA**2))) * ((1.0 - hit) * (1.0 + hit))
-    attn_tok = attn_s * (P * hit + 0.5 * Pu)  # attention per prefill token (context before + half its own)
+    attn_req, attn_tok = _attention_work(attn_s, P, hit, Pu)
 
     def decode_step(b: np.ndarray) -> np.ndarray:
         res: np.ndarray = interp_seg(dseg, base, b) + ctx_cost * b
@@ -154,20 +254,8 @@ def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = Tru
     # B = λO(a + s)/(1 − f_p − λOs), or B_max when that is negative or larger (saturated).
     # The prefill share f_p depends on B only through the chunk's marginal cost (mildly): it is
     # computed at B = 0 and refreshed once, which keeps B within 1 % and saves table reads.
-    batch = np.zeros_like(lam)
-    k_ = lam * O
-    cost_pf = n_chunks * chunk_cost(chunk, batch) + attn_req
-    for it in range(FIXED_POINT_ITERS):
-        b1 = 1.0 + batch
-        step, slope = interp_rows_slope(dflat, base, b1)
-        slope = slope + ctx_cost
-        tau_d = step + ctx_cost * b1
-        if it == 1:
-            cost_pf = n_chunks * chunk_cost(chunk, batch) + attn_req
-        f_p = np.minimum(lam * cost_pf, 0.95)
-        den = 1.0 - f_p - k_ * slope
-        new = k_ * (tau_d - slope * batch) / np.maximum(den, 1e-9)
-        batch = np.where(den > 1e-9, np.minimum(new, b_max), b_max)
+    batch = _batch_fixed_point(dflat, base, lam * O, lam, ctx_cost, b_max,
+                               lambda b: n_chunks * chunk_cost(chunk, b) + attn_req)
     tau_d = decode_step(1.0 + batch)
     # every later chunk cost rides on the converged batch: the decode-only part is read once
     mixed_base = seq_s * batch - interp_seg(dseg, base, batch)
@@ -242,69 +330,12 @@ def latency_prior(table: PhysicsTable, x: LatencyInputs, *, bucketed: bool = Tru
     tpot50 = itl_q(0.5)
     residence = ttft50 + O * tau
     if bucketed:
-        # The telemetry's p50/p95 are histogram_quantile over vLLM's buckets, not the true
-        # quantiles: read the prior's distributions through the same buckets.
-        # TTFT: lognormal through the prior's p50 and p95 (prompt lengths are lognormal and the
-        # service time grows with the prompt).
-        # CDFs here: Φ(z) ≈ ½ + ½·tanh(0.895 z), the logistic form exact at Φ(1.645) = 0.95 (the p95
-        # lands in the bucket of the continuous p95), within 0.02 elsewhere; the scales carry 0.895
-        mu_t = np.log(np.maximum(ttft50, 1e-6))
-        sd_t = np.maximum(np.log(np.maximum(ttft95, 1e-6)) - mu_t, 0.05 * 1.645)
-        sd_t *= table.tail[k] * (TTFT_SPREAD_FACTOR / 1.645)
-        ttft95 = np.exp(mu_t + 1.645 * sd_t)
-        inv_sd_t = (0.895 / sd_t).astype(np.float32)
-        mu_t = mu_t.astype(np.float32)
-
-        def ttft_cdf(lb: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
-            if rows is None:
-                return half_tanh((lb - mu_t) * inv_sd_t)
-            return half_tanh((lb - mu_t[rows]) * inv_sd_t[rows])
-
-        # ITL: a mixture of decode-only steps (lognormal around τ_d) and chunk steps (share π,
-        # lognormal through the chunk step of the median and of the 0.95-quantile prompt; chunks
-        # are at most the token budget, so long prompts make it narrow).
-        mu_d = np.log(np.maximum(tau_d, 1e-6))
-        mu_c = np.log(np.maximum(s50, 1e-6))
-        f32 = np.float32
-        inv_sd_c = ((1.645 * 0.895) / np.maximum(np.log(np.maximum(s95, 1e-6)) - mu_c, 0.05 * 1.645)).astype(f32)
-        inv_sd_d = f32(0.895 / DECODE_STEP_LOG_SIGMA)
-        mu_d, mu_c, pi32 = mu_d.astype(f32), mu_c.astype(f32), pi.astype(f32)
-
-        def itl_cdf(lb: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
-            if rows is None:
-                d_ = half_tanh((lb - mu_d) * inv_sd_d)
-                c_ = half_tanh((lb - mu_c) * inv_sd_c)
-                c_ -= d_
-                c_ *= pi32
-                c_ += d_
-                return c_
-            d_ = half_tanh((lb - mu_d[rows]) * inv_sd_d)
-            res: np.ndarray = pi32[rows] * (half_tanh((lb - mu_c[rows]) * inv_sd_c[rows]) - d_) + d_
-            return res
-
-        # p95s only: they are what SLOs are checked on, and each read costs a pass over the rows
-        # (bulk predict has a budget); the p50s stay the distributions' own medians.
+        # p95s only: they are what SLOs are checked on (the p50s stay the distributions' own medians)
         ttft50b, tpot50b = ttft50, tpot50
-        ttft95b = bucket_quantile(0.95, TTFT_BUCKETS, ttft95, ttft_cdf)
-        # first guess of the mixture's p95 (the walk fixes the bucket): among the chunk steps at
-        # their quantile 1 − 5 %/π when π > 5 %, else high in the decode steps (z = 2)
-        z_c = logit(clamp(1.0 - 0.05 / pi, 0.01, 0.99)) * (0.895 / 1.79)
-        guess = np.where(pi > 0.05, np.exp(mu_c + z_c / inv_sd_c), tau_d * math.exp(2.0 * DECODE_STEP_LOG_SIGMA))
-        tpot95b = bucket_quantile(0.95, ITL_BUCKETS, guess, itl_cdf)
+        ttft95b, tpot95b = _bucketed_p95s(table, k, ttft50, ttft95, tau_d, s50, s95, pi)
     else:
         ttft50b, ttft95b, tpot50b, tpot95b = ttft50, ttft95, tpot50, itl_q(0.95)
-    if any_cap:
-        # Router queue behind an in-flight cap: B_max "servers" each busy for a request's
-        # residence; Sakasegawa's M/M/c wait W̄ ≈ ρ^√(2(c+1)) / (c(1 − ρ)) × residence. Example:
-        # ρ 0.9, residence 10 s, cap 16 → 0.9^5.8 / (16 × 0.1) × 10 = 3.4 s.
-        rho_c = np.minimum(rho, RHO_CLIP)
-        queued = capped & (rho > rho_engine * 1.0001)
-        w_mean = rho_c ** np.sqrt(2.0 * (b_max + 1.0)) / (b_max * (1.0 - rho_c)) * residence
-        router_wait95 = np.where(queued,
-                                 w_mean / np.maximum(rho_c, 1e-3) * np.log(np.maximum(rho_c, 1e-3) / 0.05).clip(0),
-                                 0.0)
-    else:
-        router_wait95 = np.zeros_like(lam)
+    router_wait95 = _router_wait95(capped, rho, rho_engine, b_max, residence) if any_cap else np.zeros_like(lam)
     busy = 1.0 - np.exp(-lam * residence)
     return LatencyPrior(
         ttft_p50_s=ttft50b, ttft_p95_s=ttft95b, tpot_p50_s=tpot50b, tpot_p95_s=tpot95b,
