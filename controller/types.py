@@ -307,12 +307,34 @@ class PolicyInput:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolGauges:
+    """Per-pool figures a policy planned with that the daemon exports as metrics (None: not known this tick)."""
+
+    gpu_mem_free_bytes: float | None = None  # framebuffer free on the pool's fullest GPU
+    batch_tokens_ceiling: float | None = None  # the highest max_num_batched_tokens that memory allows
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyStatus:
+    """What a policy reports beside its decision for `governor status` and the daemon's metrics, typed, so
+    the edges render it without knowing the policy (the free-form `PolicyOutput.diagnostics` is the
+    explain record). Example (the MPC): lines (("planner.model", "prior: QueueingPrior"), ...),
+    candidates 4000, budget_cut False."""
+
+    lines: tuple[tuple[str, str], ...] = ()  # (key, text) rows of `governor status`, in order
+    pools: Mapping[str, PoolGauges] = field(default_factory=dict)
+    candidates: int | None = None  # plans a planner's search scored this tick (None: no search)
+    budget_cut: bool = False  # the search stopped at its budget
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyOutput:
     pools: Mapping[str, PoolDecision]
     admission: Mapping[str, ClassAdmission] = field(default_factory=dict)
     reasons: tuple[Reason, ...] = ()
     diagnostics: Mapping[str, Any] = field(default_factory=dict)  # predictions, objective terms, binding constraints
     confidence: float | None = None  # the policy's model confidence, 0..1 (None: it reports none)
+    status: PolicyStatus = field(default_factory=PolicyStatus)  # typed, for status and metrics
 
 
 class Policy(Protocol):

@@ -18,8 +18,8 @@ shedding.
 Before the first decision applies, and while replicas start (each pool's cold start-up), the
 fleet is what the scenario starts with: the ceiling is judged, like every policy, on every task.
 
-Pure: no I/O, no clock; its state is None. It runs without the cascading-failure breaker, as the
-oracle's schedule does: the yardstick is replayed as defined.
+Pure: no I/O, no clock; its state is None. Its replay runs without the cascading-failure breaker
+(`breaker=None`), as the oracle's schedule does: the yardstick is replayed as defined.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ class CeilingPolicy:
     """Every pool at its max_replicas; the sheddable class shed (see the module docstring)."""
 
     name = CEILING
-    breaker_config = None
 
     def __init__(self, routing: Mapping[str, RoutingWeights], weights: Mapping[str, float]) -> None:
         self.routing = dict(routing)

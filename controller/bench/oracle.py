@@ -356,10 +356,10 @@ def slo_check_from_s(scenario: Scenario, tick_s: float) -> float:
 
 class SchedulePolicy:
     """Follows a precomputed replica schedule per pool (the oracle's replay). Pure; state is None.
-    It runs without the cascading-failure breaker: the schedule is the yardstick, replayed as found."""
+    Its replays run without the cascading-failure breaker (`breaker=None`): the schedule is the yardstick,
+    replayed as found."""
 
     name = "oracle"
-    breaker_config = None
 
     def __init__(self, targets: Mapping[str, Sequence[tuple[float, int]]],
                  routing: Mapping[str, RoutingWeights],
@@ -661,7 +661,7 @@ def run_oracle(scenario: Scenario, *, workload: Workload, profiles: Mapping[str,
         weights = {n: share_points(p.weights or p.shares, window_s=window_s) for n, p in c.plans.items() if p.shares}
         policy = SchedulePolicy(targets_t, routing, weights)
         policy.name = run_label
-        run = run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s,
+        run = run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s, breaker=None,
                               workload=workload, label=run_label, slo_check_from_s=check_from_s,
                               progress=progress(what) if progress else None)
         ok, worst = task_slo_ok(run, targets)

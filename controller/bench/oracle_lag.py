@@ -152,7 +152,7 @@ def replay_lagged(scenario: Scenario, oracle: OracleResult, *, seed: int, tick_s
             weights[p.name] = lagged_weights(share_points(plan.weights or plan.shares, window_s=WINDOW_S), lag_s)
     policy = SchedulePolicy(targets, schedule_routing(scenario), weights)
     policy.name = label
-    run = run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s, workload=workload, label=label,
+    run = run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s, workload=workload, label=label, breaker=None,
                           slo_check_from_s=slo_check_from_s(scenario, tick_s), progress=progress)
     extra = {k: v for k, v in run.extra.items() if k != "late_requests"}  # raw arrays: the oracle's repair input
     return replace(run, extra={**extra, "lag_s": float(lag_s), "lagged": oracle.run.policy})
@@ -194,7 +194,8 @@ def run_lag_study(scenario: Scenario, *, seed: int, lags_s: Sequence[float] = DE
                                                      lag)
                 label = f"lag {lag:g} s, hold {hold}, +{extra}"
                 run = run_closed_loop(scenario, SchedulePolicy(targets, routing), seed=seed, tick_s=tick_s,
-                                      workload=ctx.workload, label="oracle-lagged", slo_check_from_s=check_from_s,
+                                      breaker=None, workload=ctx.workload, label="oracle-lagged",
+                                      slo_check_from_s=check_from_s,
                                       progress=progress(label) if progress else None)
                 e = _entry(run)
                 cps = e["cost_per_successful_task_usd"]

@@ -282,7 +282,7 @@ def run_bench(scenario: Scenario, labels: Sequence[str], *, seed: int, tick_s: f
         lap(label)
     if CEILING in labels:
         runs.append(run_closed_loop(scenario, ceiling_policy(scenario), seed=seed, tick_s=tick_s,
-                                    workload=ctx.workload, label=CEILING,
+                                    workload=ctx.workload, label=CEILING, breaker=None,
                                     progress=progress(CEILING) if progress else None))
         lap(CEILING)
     joint = bool(joint_groups(scenario))

@@ -49,8 +49,8 @@ frozen value the controller carries (`ControllerState.breaker`); `BreakerState.s
 status and metrics export.
 
 Where it runs: `Controller.step`, before the policy, for every policy (a guardrail, never
-bypassed: DESIGN §7) unless the policy opts out (`breaker_config = None`: the bench's hindsight
-schedule, a yardstick rather than a controller). A policy with its own estimator tells it what it
+bypassed: DESIGN §7), configured on the Controller (`Controller(breaker=...)`; None only for the
+bench's hindsight schedules, yardsticks rather than controllers). A policy with its own estimator tells it what it
 knows (`BreakerSignals`: replicas lost, load carried; without one the loss is inferred from ready
 replicas); the constraints reach the policy in `PolicyInput.breaker` (the MPC plans within them),
 and `apply_breaker` holds every proposal to them before the other guards run.
@@ -125,6 +125,21 @@ class BreakerConfig:
             raise ValueError(f"breaker.loss_min must be an integer >= 1 (got {self.loss_min!r})")
 
 
+DEFAULT_BREAKER = BreakerConfig()  # what every policy runs under unless its controller is given another
+
+
+def breaker_setting(v: bool | Mapping[str, Any] | BreakerConfig | None) -> BreakerConfig | None:
+    """A breaker setting as a config gives it: true/false (the default breaker, on or off), a mapping of
+    BreakerConfig fields, a BreakerConfig, or None (no breaker at all: the bench's yardsticks)."""
+    if v is None or isinstance(v, BreakerConfig):
+        return v
+    if isinstance(v, Mapping):
+        return BreakerConfig(**dict(v))
+    if isinstance(v, bool):
+        return BreakerConfig(enabled=v)
+    raise ValueError(f"breaker must be true/false or a mapping of BreakerConfig fields (got {v!r})")
+
+
 @dataclass(frozen=True)
 class PoolWatch:
     """What the breaker remembers about one pool."""
@@ -156,11 +171,36 @@ class BreakerState:
     floors: Mapping[str, int] = field(default_factory=dict)
     overload_ticks: int = 0
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BreakerStatus:
         """The breaker as status/metrics show it."""
+        return BreakerStatus(phase=self.phase, stage=self.stage, since_s=self.since_s, tripped_at_s=self.tripped_at_s,
+                             trigger=self.trigger, pools=tuple(self.pools_hit), trips=self.trips,
+                             replica_floors=dict(self.floors))
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerStatus:
+    """The breaker as `governor status`, the metrics and the tick record show it."""
+
+    phase: str
+    stage: int
+    since_s: float | None
+    tripped_at_s: float | None
+    trigger: str
+    pools: tuple[str, ...]
+    trips: int
+    replica_floors: Mapping[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The tick record's form (diagnostics["breaker"])."""
         return {"phase": self.phase, "stage": self.stage, "since_s": self.since_s, "tripped_at_s": self.tripped_at_s,
-                "trigger": self.trigger, "pools": list(self.pools_hit), "trips": self.trips,
-                "replica_floors": dict(self.floors)}
+                "trigger": self.trigger, "pools": list(self.pools), "trips": self.trips,
+                "replica_floors": dict(self.replica_floors)}
+
+    def lines(self) -> tuple[tuple[str, str], ...]:
+        """Its rows of `governor status`."""
+        return (("breaker.phase", self.phase), ("breaker.stage", str(self.stage)), ("breaker.trigger", self.trigger),
+                ("breaker.pools", str(list(self.pools))), ("breaker.trips", str(self.trips)))
 
 
 def _ok(r: Reading) -> float | None:
@@ -416,7 +456,7 @@ def breaker_reasons(notes: list[str], state: BreakerState) -> tuple[Reason, ...]
     out = []
     for n in notes:
         code = "breaker_closed" if "closed" in n else "breaker_recovering" if "relaxed" in n else "breaker_open"
-        out.append(Reason(code=code, message=n, pool=None, data=dict(state.status())))
+        out.append(Reason(code=code, message=n, pool=None, data=state.status().to_dict()))
     return tuple(out)
 
 

@@ -22,7 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from controller.core.breaker import BreakerConfig, BreakerState, advance_breaker, apply_breaker, breaker_reasons
+from controller.core.breaker import (
+    DEFAULT_BREAKER,
+    BreakerConfig,
+    BreakerState,
+    BreakerStatus,
+    advance_breaker,
+    apply_breaker,
+    breaker_reasons,
+)
 from controller.core.capacity import CapacityState, advance_capacity, capped_fleet
 from controller.core.estimate import Estimate, estimate
 from controller.core.guards import GuardConfig, GuardState, apply_guards, pool_telemetry_status
@@ -40,6 +48,7 @@ from controller.types import (
     Policy,
     PolicyInput,
     PolicyOutput,
+    PolicyStatus,
     PoolDecision,
     PoolPhases,
     Reason,
@@ -81,6 +90,8 @@ class TickResult:
     overrides: tuple[Override, ...]  # overrides active at this tick
     explanation: str
     estimate: Estimate  # what the tick took the fleet to be (its observation is what the policy saw)
+    breaker: BreakerStatus | None = None  # the breaker after this tick (None: paused, or no breaker)
+    status: PolicyStatus = field(default_factory=PolicyStatus)  # the policy's typed status (status lines, gauges)
 
     def record(self) -> dict[str, Any]:
         """A JSON-ready account of the tick, stored for `governor explain`."""
@@ -106,15 +117,6 @@ class TickResult:
             "policy": self.diagnostics.get("policy"),
             "explanation": self.explanation,
         }
-
-
-def breaker_config_of(policy: Policy) -> BreakerConfig | None:
-    """The breaker a policy runs under: the `breaker_config` it declares (None: it opts out, as the
-    bench's hindsight schedule does); a policy that declares none runs under the default breaker."""
-    if not hasattr(policy, "breaker_config"):
-        return BreakerConfig()
-    cfg = policy.breaker_config
-    return cfg if isinstance(cfg, BreakerConfig) else None
 
 
 def _breaker_signals(policy: Policy, state: Any, inp: PolicyInput) -> BreakerSignals:
@@ -152,10 +154,14 @@ def observation_summary(obs: FleetObservation) -> dict[str, Any]:
 
 
 class Controller:
-    """Pure: holds only configuration; all mutable state travels in ControllerState."""
+    """Pure: holds only configuration; all mutable state travels in ControllerState.
+
+    `breaker`: the cascading-failure breaker every policy runs under (core/breaker.py; None: no breaker,
+    as the bench's yardsticks replay their schedules as found)."""
 
     def __init__(self, fleet: FleetSpec, policy: Policy, *, guards: GuardConfig | None = None,
-                 decision_validity_s: float = 120.0, seed: int = 0, tick_s: float = 15.0) -> None:
+                 breaker: BreakerConfig | None = DEFAULT_BREAKER, decision_validity_s: float = 120.0,
+                 seed: int = 0, tick_s: float = 15.0) -> None:
         if decision_validity_s <= 0:
             raise ValueError(f"decision_validity_s must be > 0 (got {decision_validity_s})")
         self.fleet = fleet
@@ -164,7 +170,7 @@ class Controller:
         self.decision_validity_s = decision_validity_s
         self.seed = seed
         self.tick_s = tick_s
-        self.breaker = breaker_config_of(policy)
+        self.breaker = breaker
 
     def initial_state(self, generation: int = 0, current: Decision | None = None) -> ControllerState:
         return ControllerState(generation=generation, current=current, policy_state=self.policy.initial_state())
@@ -254,7 +260,7 @@ class Controller:
         if out.confidence is not None:
             diagnostics["confidence"] = json_safe(out.confidence)
         if self.breaker is not None:
-            diagnostics["breaker"] = json_safe(bstate.status())
+            diagnostics["breaker"] = json_safe(bstate.status().to_dict())
             diagnostics["breaker_constraints"] = json_safe({
                 "min_replicas": dict(action.min_replicas), "max_prefix_weight": dict(action.max_prefix_weight),
                 "protect_streams": action.protect_streams, "min_shed": dict(action.min_shed)})
@@ -262,7 +268,8 @@ class Controller:
         new_state = ControllerState(generation=generation, current=decision, policy_state=policy_state,
                                     guard_state=guarded.state, estimate=est, breaker=bstate, capacity=capacity)
         return new_state, TickResult(decision, tick.mode, changed, guarded.frozen, reasons, adjustments,
-                                     telemetry, diagnostics, active, text, est)
+                                     telemetry, diagnostics, active, text, est,
+                                     bstate.status() if self.breaker is not None else None, out.status)
 
 
 def explain(decision: Decision, current: Decision | None, reasons: tuple[Reason, ...], adjustments: tuple[Reason, ...],

@@ -17,7 +17,7 @@ from wsgiref.simple_server import WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 
-from controller.types import Mode
+from controller.types import Mode, PoolGauges
 
 TICK_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -141,12 +141,12 @@ class DaemonMetrics:
                                    (self.hit_rate, p.hit_rate), (self.kv_usage, p.kv_usage_frac),
                                    (self.gpu_mem_used, p.gpu_mem_used_frac)):
                 gauge.labels(pool).set(reading.value if reading.ok else math.nan)
-        memory = result.diagnostics.get("memory") if isinstance(result.diagnostics, dict) else None
-        for pool in observation.pools:  # the MPC's headroom; NaN when no policy planned with one this tick
-            h = memory.get(pool) if isinstance(memory, dict) else None
-            h = h if isinstance(h, dict) else {}
-            self.gpu_mem_free.labels(pool).set(float(h["fb_free_gib"]) * 2**30 if "fb_free_gib" in h else math.nan)
-            self.batch_tokens_ceiling.labels(pool).set(float(h.get("max_batched_tokens", math.nan)))
+        gauges = result.status.pools  # the policy's typed per-pool figures (the MPC's headroom); NaN when none
+        for pool in observation.pools:
+            g = gauges.get(pool, PoolGauges())
+            self.gpu_mem_free.labels(pool).set(g.gpu_mem_free_bytes if g.gpu_mem_free_bytes is not None else math.nan)
+            self.batch_tokens_ceiling.labels(pool).set(g.batch_tokens_ceiling if g.batch_tokens_ceiling is not None
+                                                       else math.nan)
         if observation.errors:
             self.source_errors.inc(len(observation.errors))
         d = result.decision

@@ -18,6 +18,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+from controller.core.breaker import BreakerConfig, breaker_setting
 from controller.names import POLICY_NAMES
 from controller.policies.aibrix_stack import AibrixStackPolicy
 from controller.policies.common import RoutingWeights
@@ -32,7 +33,24 @@ from controller.policies.slo_feedback import SloFeedbackPolicy
 from controller.policies.static import StaticPolicy
 from controller.types import FleetSpec, Policy
 
-__all__ = ["POLICY_NAMES", "build_policy", "policy_params"]
+__all__ = ["POLICY_NAMES", "breaker_for", "build_policy", "policy_params"]
+
+# Parameters a policy's config carries that set up the controller around the policy rather than the policy:
+# the cascading-failure breaker (`breaker`: true/false or BreakerConfig fields; the MPC's parameters have
+# carried it since the breaker was built beside it), the value given when the config leaves it out.
+# A policy without the entry runs under the default breaker.
+CONTROLLER_PARAMS: dict[str, dict[str, Any]] = {"mpc": {"breaker": True}}
+
+
+def breaker_for(name: str, params: Mapping[str, Any] | None = None) -> BreakerConfig | None:
+    """The breaker the controller runs `name` under, from its parameters (`breaker`, where it has one)."""
+    own = CONTROLLER_PARAMS.get(name, {})
+    if "breaker" not in own:
+        return BreakerConfig()
+    try:
+        return breaker_setting((params or {}).get("breaker", own["breaker"]))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"policy {name}: {e}") from None
 
 
 def _policy_classes() -> dict[str, type]:
@@ -54,7 +72,8 @@ def policy_params(name: str) -> dict[str, Any]:
     """The parameters a policy accepts and their defaults (inspect.Parameter.empty = required)."""
     cls = _lookup(name)
     sig = inspect.signature(cls.__init__)
-    return {p.name: p.default for p in sig.parameters.values() if p.name != "self"}
+    return {**{p.name: p.default for p in sig.parameters.values() if p.name != "self"},
+            **CONTROLLER_PARAMS.get(name, {})}
 
 
 def _lookup(name: str) -> type[Any]:
@@ -115,6 +134,9 @@ def build_policy(name: str, fleet: FleetSpec, params: Mapping[str, Any] | None =
     if slo_class is not None and slo_class not in fleet.slos:
         raise ValueError(f"policy {name}: slo_class {slo_class!r} is not a fleet SLO class; "
                          f"classes: {sorted(fleet.slos)}")
+    breaker_for(name, params)  # a bad controller parameter fails here too, by name
+    for k in CONTROLLER_PARAMS.get(name, {}):
+        params.pop(k, None)
     try:
         return cls(**params)
     except ValueError as e:

@@ -358,14 +358,13 @@ class Daemon:
             m.decisions.labels(outcome.status).inc()
             for target, r in outcome.targets.items():
                 m.actuation.labels(target, r.status).inc()
-        if "evaluations" in result.diagnostics:  # the MPC's search
-            m.planner_candidates.set(float(result.diagnostics["evaluations"]))
-            if result.diagnostics.get("budget_exhausted"):
+        if result.status.candidates is not None:  # a planner's search (the MPC's)
+            m.planner_candidates.set(float(result.status.candidates))
+            if result.status.budget_cut:
                 m.planner_budget_cut.inc()
-        breaker = result.diagnostics.get("breaker")
-        if isinstance(breaker, dict):
-            m.breaker_stage.set(float(breaker.get("stage") or 0))
-            m.breaker_trips.set(float(breaker.get("trips") or 0))
+        if result.breaker is not None:
+            m.breaker_stage.set(float(result.breaker.stage))
+            m.breaker_trips.set(float(result.breaker.trips))
         if self.learning is not None:
             for name, v in self.learning.tracker.snapshot().errors.items():
                 if v is not None:
@@ -517,31 +516,12 @@ class Daemon:
             who, epoch = self.store.writer
             details.append(("state.shared", f"GovernorState {self.store.api.namespace}/{self.store.api.name}, "
                                             f"last written by {who or 'nobody'} (term {epoch})"))
-        model = rep.result.diagnostics.get("model") if rep else None
-        if isinstance(model, dict) and "planning_model" in model:  # what the MPC planned the last tick with
-            used = str(model.get("kind", "?")) + (f" (learned unusable: {model['learned_unusable']})"
-                                                  if model.get("learned_unusable") else "")
-            details.append(("planner.model", f"{model['planning_model']}: {used}"))
-        dial = rep.result.diagnostics.get("reliability") if rep else None
-        if isinstance(dial, dict):  # the MPC's reliability dial in force (policies/mpc/dial.py)
-            details.append(("planner.reliability", dial_detail(dial)))
-        guard = rep.result.diagnostics.get("stream_guard") if rep else None
-        if isinstance(guard, dict):  # the MPC's standing in-flight ceilings (policies/mpc/plan_inputs.py stream_guards)
-            for pool, ceiling in sorted(guard.items()):
-                details.append((f"planner.stream_guard.{pool}",
-                                f"in-flight cap at most {ceiling} per replica (critical passes it)"))
-        memory = rep.result.diagnostics.get("memory") if rep else None
-        if isinstance(memory, dict):  # the MPC's framebuffer headroom and the batch-token ceiling it sets
-            for pool, h in sorted(memory.items()):
-                if isinstance(h, dict):
-                    details.append((f"memory.{pool}", memory_detail(h)))
+        if rep is not None:  # what the policy reports of the last tick (typed: PolicyStatus)
+            details.extend(rep.result.status.lines)
         if rep is not None and rep.costs is not None:
             details.extend(cost_details(rep.costs))
-        breaker = rep.result.diagnostics.get("breaker") if rep else None
-        if isinstance(breaker, dict):  # the cascading-failure breaker (core/breaker.py), when the policy runs one
-            for key in ("phase", "stage", "trigger", "pools", "trips"):
-                if key in breaker:
-                    details.append((f"breaker.{key}", str(breaker[key])))
+        if rep is not None and rep.result.breaker is not None:  # the cascading-failure breaker (core/breaker.py)
+            details.extend(rep.result.breaker.lines())
         return StatusView(
             mode=self.mode, profile=self.profile, policy=self.controller.policy.name,
             last_tick_s=self.last_tick_s, last_decision_id=decision.decision_id if decision else "",
@@ -569,22 +549,3 @@ def cost_details(c: CostSnapshot) -> list[tuple[str, str]]:
     out.append(("cost.per_successful_task", per + note))
     return out
 
-
-def dial_detail(d: dict) -> str:
-    """One line of `governor status` for the MPC's reliability dial (its diagnostics["reliability"]), e.g.
-    '0.9 (override): plans for 36 req/s at the 300 s start-up where the median forecast is 30 (+20%)'."""
-    head = f"{d.get('value')} ({d.get('source', '?')})"
-    if not isinstance(d.get("planned_rps"), (int, float)) or not isinstance(d.get("median_rps"), (int, float)):
-        return head
-    frac = d.get("margin_frac")
-    extra = f" ({frac:+.0%})" if isinstance(frac, (int, float)) else ""
-    return (f"{head}: plans for {d['planned_rps']:.4g} req/s at the {d.get('lead_s', 0):g} s lead (the longest "
-            f"start-up) where the median forecast is {d['median_rps']:.4g}{extra}")
-
-
-def memory_detail(h: dict) -> str:
-    """One line of `governor status` for a pool's framebuffer headroom (the MPC's diagnostics["memory"])."""
-    return (f"FB {h.get('fb_used_frac', float('nan')):.0%} used, {h.get('fb_free_gib', float('nan')):.1f} of "
-            f"{h.get('fb_total_gib', float('nan')):.0f} GiB free on the fullest GPU; max_num_batched_tokens may "
-            f"rise to {h.get('max_batched_tokens', '?')} ({h.get('activation_kib_per_token', '?')} KiB of "
-            "activation a token)")

@@ -52,7 +52,6 @@ def test_the_ceiling_takes_the_scenarios_router_and_split(tiny_scenario) -> None
     r = policy.routing["small"]
     assert (r.prefix_weight, r.queue_weight, r.kv_weight) == (sc.router.prefix_weight, sc.router.queue_weight,
                                                               sc.router.kv_weight)
-    assert policy.breaker_config is None  # a yardstick, replayed as defined
 
 
 def test_bench_policies_replays_the_ceiling(tiny_scenario, tmp_path) -> None:

@@ -201,7 +201,7 @@ def test_repair_turns_a_schedule_that_misses_into_one_that_meets(tiny_scenario) 
     def replay(r):
         targets = {"small": schedule_targets(spec, r["small"], window_s=60.0, tick_s=15.0)}
         return run_closed_loop(scenario, SchedulePolicy(targets, routing), seed=scenario.seed, tick_s=15.0,
-                               workload=ctx.workload, slo_check_from_s=35.0)
+                               breaker=None, workload=ctx.workload, slo_check_from_s=35.0)
 
     run = replay(reps)
     assert not task_slo_ok(run)[0]

@@ -66,7 +66,7 @@ def test_crash_pattern_trips_and_responds_as_a_unit():
     assert a.max_prefix_weight["a"] <= 1.0  # moved prefixes spread by load, not piled up
     assert a.protect_streams and a.pools == ("a",)  # in-flight cap at the SLO-safe batch
     assert a.min_shed == {"sheddable": 0.5}  # sheddable before standard
-    assert s.status()["replica_floors"] == {"a": 8} and "replica loss" in s.status()["trigger"]
+    assert s.status().replica_floors == {"a": 8} and "replica loss" in s.status().trigger
 
 
 def test_escalates_when_critical_stays_late_then_relaxes_in_steps():
@@ -159,7 +159,7 @@ def test_big_loss_is_measured_against_the_replicas_serving_while_scaling_up():
     s, t = healthy(n=7)
     s, a, notes = step(s, t + 15, obs(t + 15, 4, starting=7), target=11, lost=3)
     assert s.phase == "open", notes
-    assert "large replica loss" in s.status()["trigger"]
+    assert "large replica loss" in s.status().trigger
 
 
 def test_open_breaker_holds_until_the_lost_replicas_are_back():

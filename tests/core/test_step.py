@@ -116,15 +116,9 @@ def test_summary_line_says_what_moved_when_replicas_did_not():
     assert head == "d-3 (active) scale a 3→4"
 
 
-class _DeclaringPolicy(ScriptedPolicy):
-    """A scripted policy that may declare the breaker it runs under (undeclared until set)."""
-
-    breaker_config: BreakerConfig | None
-
-
-def _crash_run(policy):
+def _crash_run(policy, **breaker):
     """8 replicas serving, then 4 vanish (no drain, no lower target) and the hit rate collapses."""
-    c = Controller(FLEET, policy)
+    c = Controller(FLEET, policy, **breaker)
     s = c.initial_state()
     for k in range(1, 13):
         s, r = c.step(s, tick(15.0 * k, ready=8, hit_rate=0.5))
@@ -132,14 +126,12 @@ def _crash_run(policy):
 
 
 @pytest.mark.parametrize("label, config", [
-    ("a policy that declares nothing runs under the default breaker", "undeclared"),
-    ("a policy that declares a config runs under it", BreakerConfig(shed_stage2=0.25)),
+    ("a controller built without a breaker setting runs the default breaker", "undeclared"),
+    ("a controller runs the breaker it is given", BreakerConfig(shed_stage2=0.25)),
 ])
 def test_the_breaker_runs_in_step_for_every_policy(label, config):
-    pol = _DeclaringPolicy({"a": 8})
-    if config != "undeclared":
-        pol.breaker_config = config
-    _, r = _crash_run(pol)
+    pol = ScriptedPolicy({"a": 8})
+    _, r = _crash_run(pol, **({} if config == "undeclared" else {"breaker": config}))
     assert r.diagnostics["breaker"]["phase"] == "open", label
     assert r.policy_reasons[0].code == "breaker_open", label  # the breaker's reasons come before the policy's
     assert r.diagnostics["breaker_constraints"]["min_replicas"] == {"a": 8}, label
@@ -161,9 +153,8 @@ def test_the_breaker_floor_is_applied_to_a_proposal_below_it():
     assert "guard_breaker_floor" in {a.code for a in r.guard_adjustments}
 
 
-def test_a_policy_that_opts_out_runs_without_the_breaker():
-    pol = _DeclaringPolicy({"a": 8})
-    pol.breaker_config = None
-    _, r = _crash_run(pol)
+def test_a_controller_without_a_breaker_runs_none():
+    pol = ScriptedPolicy({"a": 8})
+    _, r = _crash_run(pol, breaker=None)
     assert "breaker" not in r.diagnostics and not pol.seen[-1].breaker.active
     assert not r.decision.admission

@@ -114,4 +114,11 @@ def test_framebuffer_in_steady_state_changes_no_decision():
     assert with_fb[-1].diagnostics["memory"]["p"]["fb_used_frac"] == 0.9
     assert with_fb[-1].diagnostics["memory"]["p"]["fb_free_gib"] == pytest.approx(8.0)
     assert without[-1].diagnostics["memory"] == {}
+    # the typed status the daemon renders and exports: a status row and the gauges, only when read
+    st = with_fb[-1].status
+    assert dict(st.lines)["memory.p"].startswith("FB 90% used, 8.0 of 80 GiB free")
+    assert st.pools["p"].gpu_mem_free_bytes == pytest.approx(8.0 * 2**30)
+    assert st.pools["p"].batch_tokens_ceiling == with_fb[-1].diagnostics["memory"]["p"]["max_batched_tokens"]
+    assert "memory.p" not in dict(without[-1].status.lines) and without[-1].status.pools == {}
+    assert st.candidates == with_fb[-1].diagnostics["evaluations"] > 0
 

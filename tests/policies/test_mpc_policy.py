@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controller.core.breaker import BreakerState, advance_breaker, breaker_reasons
+from controller.core.breaker import BreakerConfig, BreakerState, advance_breaker, breaker_reasons
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller, TickInput
 from controller.policies import ReplicaCapacity, build_policy
@@ -47,10 +47,10 @@ def pool_signals(rps: float, ready: int, *, starting: int = 0, hit: float = 0.3,
 def braked(pol, state, bstate: BreakerState, i: PolicyInput, rng) -> tuple[Any, BreakerState, PolicyOutput]:
     """One decision with the breaker stage in front of it, as Controller.step runs it (no guards): the
     output carries the breaker's reasons and status as a step's result would."""
-    bstate, action, notes = advance_breaker(bstate, pol.breaker_config, i, pol.breaker_signals(state, i))
+    bstate, action, notes = advance_breaker(bstate, BreakerConfig(), i, pol.breaker_signals(state, i))
     state, out = pol.decide(state, replace(i, breaker=action), rng)
     return state, bstate, replace(out, reasons=breaker_reasons(notes, bstate) + out.reasons,
-                                  diagnostics={**out.diagnostics, "breaker": bstate.status()})
+                                  diagnostics={**out.diagnostics, "breaker": bstate.status().to_dict()})
 
 
 def loop(pol, series, start: int = 4, profile: str = "balanced"):

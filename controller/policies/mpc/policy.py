@@ -19,11 +19,11 @@ class admission, with reasons a human can follow. The concerns live beside this 
 - first_step.py: the plan's first step → decisions (scale-down stabilisation, router weights);
 - reasons.py: reasons and diagnostics.
 
-The cascading-failure breaker (controller/core/breaker.py) runs in `Controller.step`, configured
-by the `breaker` parameter (`breaker_config`): `breaker_signals` tells it the crash replacements
-the replica accounting saw and whether the fleet carries its load, and the plan is made within
-the constraints it hands over in `PolicyInput.breaker` (replica floors, affinity ceiling, the
-SLO-safe in-flight cap, shed floors).
+The cascading-failure breaker (controller/core/breaker.py) runs in `Controller.step`, configured on the
+Controller (the `breaker` entry of the MPC's parameters, see policies/registry.py): `breaker_signals`
+tells it the crash replacements the replica accounting saw and whether the fleet carries its load, and
+the plan is made within the constraints it hands over in `PolicyInput.breaker` (replica floors,
+affinity ceiling, the SLO-safe in-flight cap, shed floors).
 
 Profiles: the objective's weights come from `PolicyInput.profile` (cost / balanced /
 latency / throughput, changeable at run time through PolicyService) merged with the
@@ -58,7 +58,6 @@ from typing import Any
 
 import numpy as np
 
-from controller.core.breaker import BreakerConfig
 from controller.core.forecast import LearnedForecaster, PriorForecaster
 from controller.core.mpc import MpcConfig, plan_steps, solve
 from controller.core.mpc_model import LearnedPlanModel, PlanModel, QueueingPrior
@@ -94,6 +93,7 @@ from controller.policies.mpc.reasons import (
     diagnostics,
     guard_reasons,
     memory_reasons,
+    planner_status,
     pool_reasons,
     redundancy_reasons,
 )
@@ -122,8 +122,7 @@ class MpcPolicy:
                  engine_figures: Mapping[str, Any] | None = None,
                  capacity: Mapping[str, ReplicaCapacity | Mapping[str, Any]] | None = None,
                  scale_down_stabilization_s: float = 120.0, bursty_down_window_s: float = 600.0,
-                 warm_node_ttl_s: float = 600.0,
-                 breaker: bool | Mapping[str, Any] = True, batch_review_s: float = 1200.0,
+                 warm_node_ttl_s: float = 600.0, batch_review_s: float = 1200.0,
                  correction_alpha: float = 0.15, client_retries: int = 2, standby_cost_frac: float = 1.0,
                  warmup_s: float = 60.0, min_history_s: float = 300.0, planner: Mapping[str, Any] | None = None,
                  protect_streams: bool = True, stream_guard: bool = True, min_serving_replicas: int = 2,
@@ -167,12 +166,6 @@ class MpcPolicy:
         self.min_serving = min_serving_replicas
         if self.alpha > 1:
             raise ValueError(f"mpc.correction_alpha must be in (0, 1] (got {correction_alpha!r})")
-        if isinstance(breaker, Mapping):
-            self.breaker_config = BreakerConfig(**dict(breaker))
-        elif isinstance(breaker, bool):
-            self.breaker_config = BreakerConfig(enabled=breaker)
-        else:
-            raise ValueError(f"mpc.breaker must be true/false or a mapping of BreakerConfig fields (got {breaker!r})")
         if planning_model not in PLANNING_MODELS:
             raise ValueError(f"mpc.planning_model must be one of {', '.join(PLANNING_MODELS)} (got {planning_model!r})")
         if planning_model == "learned" and coupling_source is None:
@@ -341,4 +334,4 @@ class MpcPolicy:
                                        if pt.get("need_by_step_p90")},
                              waiting=dict(fb.waiting), forecast_board=board)
         return new_state, PolicyOutput(pools=pools_out, admission=admission, reasons=tuple(reasons), diagnostics=diag,
-                                       confidence=conf)
+                                       confidence=conf, status=planner_status(diag, guards, headroom, result))

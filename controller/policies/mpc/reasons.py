@@ -21,11 +21,21 @@ from typing import Any
 from controller.core.forecast import LoadForecast
 from controller.core.mpc import PlanProblem, PlanResult, PoolInput, PoolPlan
 from controller.core.mpc_model import PlanModel
+from controller.jsonsafe import json_safe
 from controller.levers import LEVERS
 from controller.policies.common import reason, value
 from controller.policies.mpc.feedback import Feedback
 from controller.policies.mpc.plan_inputs import FB_MARGIN_GIB, MemoryHeadroom
-from controller.types import PRIORITY_CLASSES, BreakerAction, FleetObservation, PoolDecision, PoolSpec, Reason
+from controller.types import (
+    PRIORITY_CLASSES,
+    BreakerAction,
+    FleetObservation,
+    PolicyStatus,
+    PoolDecision,
+    PoolGauges,
+    PoolSpec,
+    Reason,
+)
 
 # the pool levers a move of which pool_reasons explains (the lever table's `reason` column)
 _EXPLAINED = tuple(lv for lv in LEVERS if lv.scope == "pool" and lv.reason and lv.threshold is not None)
@@ -220,3 +230,46 @@ def diagnostics(result: PlanResult, fc: LoadForecast, class_share: Mapping[str, 
         # per pool with a framebuffer reading: headroom and the ceiling it sets on max_num_batched_tokens
         "memory": {name: h.to_dict() for name, h in (headroom or {}).items()},
     }
+
+
+# --------------------------------------------------------------------------- status
+
+
+def planner_status(diag: Mapping[str, Any], guards: Mapping[str, int],
+                   headroom: Mapping[str, MemoryHeadroom], result: PlanResult) -> PolicyStatus:
+    """The tick's typed status for `governor status` and the daemon's metrics, from its diagnostics: what
+    the planner planned with, the reliability dial in force, the standing in-flight ceilings, each pool's
+    framebuffer headroom, and the search's size."""
+    model = json_safe(dict(diag["model"]))
+    used = str(model.get("kind", "?")) + (f" (learned unusable: {model['learned_unusable']})"
+                                          if model.get("learned_unusable") else "")
+    lines = [("planner.model", f"{model['planning_model']}: {used}"),
+             ("planner.reliability", dial_detail(json_safe(dict(diag["reliability"]))))]
+    lines += [(f"planner.stream_guard.{pool}", f"in-flight cap at most {ceiling} per replica (critical passes it)")
+              for pool, ceiling in sorted(guards.items())]
+    memory = {pool: json_safe(h.to_dict()) for pool, h in headroom.items()}
+    lines += [(f"memory.{pool}", memory_detail(h)) for pool, h in sorted(memory.items())]
+    gauges = {pool: PoolGauges(gpu_mem_free_bytes=float(h["fb_free_gib"]) * 2**30,
+                               batch_tokens_ceiling=float(h["max_batched_tokens"])) for pool, h in memory.items()}
+    return PolicyStatus(lines=tuple(lines), pools=gauges, candidates=int(result.evaluations),
+                        budget_cut=bool(result.budget_exhausted))
+
+
+def dial_detail(d: Mapping[str, Any]) -> str:
+    """One line of `governor status` for the reliability dial (diagnostics["reliability"]), e.g.
+    '0.9 (override): plans for 36 req/s at the 300 s start-up where the median forecast is 30 (+20%)'."""
+    head = f"{d.get('value')} ({d.get('source', '?')})"
+    if not isinstance(d.get("planned_rps"), (int, float)) or not isinstance(d.get("median_rps"), (int, float)):
+        return head
+    frac = d.get("margin_frac")
+    extra = f" ({frac:+.0%})" if isinstance(frac, (int, float)) else ""
+    return (f"{head}: plans for {d['planned_rps']:.4g} req/s at the {d.get('lead_s', 0):g} s lead (the longest "
+            f"start-up) where the median forecast is {d['median_rps']:.4g}{extra}")
+
+
+def memory_detail(h: Mapping[str, Any]) -> str:
+    """One line of `governor status` for a pool's framebuffer headroom (diagnostics["memory"])."""
+    return (f"FB {h.get('fb_used_frac', float('nan')):.0%} used, {h.get('fb_free_gib', float('nan')):.1f} of "
+            f"{h.get('fb_total_gib', float('nan')):.0f} GiB free on the fullest GPU; max_num_batched_tokens may "
+            f"rise to {h.get('max_batched_tokens', '?')} ({h.get('activation_kib_per_token', '?')} KiB of "
+            "activation a token)")
