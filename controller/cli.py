@@ -218,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --source prometheus: run the raw queries instead of reading Governor's recorded series")
     b.add_argument("--scrape-interval", type=float, default=10.0,
                    help="with --source prometheus: Prometheus' scrape and rule-evaluation interval, s (default 10)")
+    b.add_argument("--policy", choices=["slo-feedback", "mpc"], default="slo-feedback",
+                   help="the policy each tick steps: slo-feedback (default, cheap: the plumbing alone) or mpc (the "
+                        "planner's search too, on the planner bench's fleet of regions and route groups)")
+    b.add_argument("--budget-ms", type=float, default=None, metavar="MS",
+                   help="with --policy mpc: the search's time budget per tick (default the policy's, 200 ms)")
+    b.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="with --policy mpc: what the budget counts, wall time (the daemon's) or this thread's CPU time")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.tick:cmd_bench_tick"))
     b = bsub.add_parser("models", help="accuracy, fit time and bulk-predict time of the learned models")
