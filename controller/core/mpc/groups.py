@@ -202,17 +202,20 @@ class PartEvaluator(Evaluator):
     def part(self, c: Candidates) -> Others:
         """This part's own sums for its candidate c (one row), as the others of the other parts."""
         saved = self.others
-        if saved is not None:  # the rest's short steps and late sums stay: they set this part's load
-            self.set_others(replace(saved, cost_usd=0.0, change_usd=0.0))
-        _, info = self.score(c, detail=True)
+        # the rest's short steps and late sums stay (they set this part's load), its cost and change go
+        self.set_others(replace(saved, cost_usd=0.0, change_usd=0.0) if saved is not None else
+                        Others(0.0, 0.0, np.zeros((2, self.H, self.K)), np.zeros((2, self.H, self.K)),
+                               np.zeros(self.H, dtype=bool)))
+        self.score(c)
         self.set_others(saved)
-        assert info is not None and self.part_risk.own is not None and self.need is not None
+        assert self.last_cost_change is not None and self.part_risk.own is not None and self.need is not None
+        cost, change = self.last_cost_change
         own_f, own_d = self.part_risk.own
-        ready = info["ready"][0]  # (P,H)
+        ready = self.dynamics.run(c.repl, c.standby)[0][0]  # (P,H)
         short = np.zeros(self.H, dtype=bool)
         for m in self.traffic.group_masks:
             short |= ready[m].sum(axis=0) < self.need[m].sum(axis=0) - 1e-9
-        return Others(cost_usd=float(info["cost_usd"][0]), change_usd=float(info["change_usd"][0]),
+        return Others(cost_usd=float(cost[0]), change_usd=float(change[0]),
                       late_first=own_f[0].copy(), late_decode=own_d[0].copy(), short=short)
 
 
@@ -261,6 +264,7 @@ class _Run:
         self.costs = {id(e): BatchCost() for e in [s.ev, *self.evs]}
         self.exhausted = False
         self.parts: list[Others] = []
+        self.current_J = s.best_J  # the fleet's objective of its plan as the group moves leave it
         self.refresh()
 
     def refresh(self) -> None:
@@ -302,19 +306,21 @@ class _Run:
         if sl.best_J < self.s.best_J:
             self.s.best, self.s.best_J = sl.best, sl.best_J
             self.refresh()
+        self.current_J = self.s.best_J
 
     def group_move(self, g: int, move: Callable[[Search, list[np.ndarray]], None], share: float) -> None:
+        """One group's move against the others' latest plan. It starts from the fleet's objective of the
+        plan as it stands (the part scores it the same, but for the order of floating-point sums)."""
         e = self.evs[g]
         e.set_others(others_of(self.parts, g))
         sl = self.slice(e, share)
         assert self.s.best is not None
-        start = columns(self.s.best, e.idx)
-        sl.best, sl.best_J = start, float(sl.score(start)[0])
-        j0 = sl.best_J
+        sl.best, sl.best_J = columns(self.s.best, e.idx), self.current_J
         move(sl, self.needs[g])
         self.exhausted |= sl.exhausted
-        if sl.best is not None and sl.best_J < j0:
+        if sl.best is not None and sl.best_J < self.current_J * (1.0 - 1e-12):
             self.s.best = put_columns(self.s.best, sl.best, e.idx)
+            self.current_J = sl.best_J
             self.parts[g] = e.part(sl.best)
 
     def judge(self, before: tuple[Candidates, float]) -> None:
@@ -327,6 +333,7 @@ class _Run:
         else:
             self.s.best, self.s.best_J = before
             self.refresh()
+        self.current_J = self.s.best_J
 
 
 def _sweep(sl: Search, needs: list[np.ndarray]) -> None:

@@ -90,6 +90,7 @@ class Evaluator:
         self.work = WorkArrays()  # reused work arrays of `score`
         self.need: np.ndarray | None = None  # (P, H) replicas each step's p90 load needs (set by solve)
         self.others: Others | None = None  # scoring a part of the fleet: the rest's sums (groups.py)
+        self.last_cost_change: tuple[np.ndarray, np.ndarray] | None = None
 
     def _cheapest_cost_per_request(self) -> float:
         """USD per request of the pool that serves one cheapest: price / (3,600 × the rate one replica
@@ -189,6 +190,7 @@ class Evaluator:
         change += restart_usd * 2.0
         if self.others is not None:
             change = change + self.others.change_usd
+            self.last_cost_change = (cost, change)  # what the part adds to the fleet's sums (groups.py)
         J = cpr * (pen + risk) + change / succ
         J = np.where(np.isfinite(J), J, np.inf)
         if not detail:
