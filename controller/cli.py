@@ -218,19 +218,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --source prometheus: run the raw queries instead of reading Governor's recorded series")
     b.add_argument("--scrape-interval", type=float, default=10.0,
                    help="with --source prometheus: Prometheus' scrape and rule-evaluation interval, s (default 10)")
+    b.add_argument("--policy", choices=["slo-feedback", "mpc"], default="slo-feedback",
+                   help="the policy each tick steps: slo-feedback (default, cheap: the plumbing alone) or mpc (the "
+                        "planner's search too, on the planner bench's fleet of regions and route groups)")
+    b.add_argument("--budget-ms", type=float, default=None, metavar="MS",
+                   help="with --policy mpc: the search's time budget per tick (default the policy's, 200 ms)")
+    b.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="with --policy mpc: what the budget counts, wall time (the daemon's) or this thread's CPU time")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.tick:cmd_bench_tick"))
     b = bsub.add_parser("models", help="accuracy, fit time and bulk-predict time of the learned models")
     b.add_argument("--seed", type=int, default=0, help="seed of the recorded runs and the fits (default 0)")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.models:cmd_bench_models"))
-    b = bsub.add_parser("planner", help="the MPC planner's time per tick for a 10-pool fleet on one core")
-    b.add_argument("--pools", type=int, default=10, help="pools in the planned fleet (default 10)")
+    b = bsub.add_parser("planner", help="the MPC planner's time per tick and plan quality against the complete "
+                                        "search, for a fleet of N pools in route groups, on one core")
+    b.add_argument("--pools", default="10", metavar="N[,N...]",
+                   help="pools in the planned fleet, regions of ten route groups (default 10); several counts, "
+                        "comma-separated, run one after another (--json: {\"runs\": [...]})")
     b.add_argument("--ticks", type=int, default=120, help="ticks to time (default 120)")
     b.add_argument("--budget-ms", type=float, default=None, metavar="MS",
-                   help="search within this wall-time budget per tick, as the daemon does, and report how much worse "
-                        "its plans score than the full search (default: a fixed count of candidates, as the bench "
-                        "replays do)")
+                   help="search within this time budget per tick, as the daemon does, and report how much worse "
+                        "its plans score than the complete search (default: a fixed count of candidates, as the "
+                        "bench replays do)")
+    b.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="what --budget-ms counts: wall time (the daemon's default) or this thread's CPU time, which "
+                        "a loaded machine does not eat into (default wall)")
+    b.add_argument("--reference-every", type=int, default=None, metavar="K",
+                   help="run the complete search every K ticks (default: every tick below 20 pools, else every 4th; "
+                        "the output says when it is a sample)")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.planner:cmd_bench_planner"))
     b = bsub.add_parser("robustness", help="every policy on N generated cases (traffic shapes x shipped fleets x "

@@ -11,7 +11,9 @@ Setup, all on loopback:
   (controller/telemetry/rules.py) as often, and `PrometheusSource` reads the recorded
   series with one query (`--no-recording-rules`: the ~25 raw queries instead);
 - the pure `Controller` steps with the slo-feedback policy (cheap on purpose: this
-  measures the plumbing, not a planner's search);
+  measures the plumbing, not a planner's search), or with `--policy mpc` the MPC on the planner
+  bench's fleet of regions and route groups (controller/bench/planner.py), its search bounded as in
+  the daemon by a wall-clock budget (`--budget-ms`, `--clock cpu` for this thread's CPU time);
 - `GrpcActuator` sends each decision to a small in-process gRPC fake fleet
   (RouterControl + AutoscalerControl that ack with control.proto's generation rules).
 
@@ -213,16 +215,49 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
 
 
+POLICIES = ("slo-feedback", "mpc")
+BUDGET_CLOCKS = ("wall", "cpu")
+
+
+def _tick_fleet(pools: int, replicas: int, policy: str) -> FleetSpec:
+    """slo-feedback: `pools` Llama-3-8B A100 pools in one route group (what the plumbing needs). mpc: the
+    planner bench's fleet of regions and route groups (controller/bench/planner.py), each pool allowed up
+    to 4× its share of the replicas: the planner's cost depends on the route groups it searches."""
+    per_pool = replicas // pools
+    slos = {"critical": SloSpec(2.5, 0.1), "standard": SloSpec(5.0, 0.15), "sheddable": SloSpec(10.0, 0.3)}
+    if policy == "mpc":
+        from dataclasses import replace
+
+        from controller.bench.planner import _fleet
+
+        grouped = _fleet(pools)
+        return replace(grouped, pools=tuple(replace(p, max_replicas=4 * per_pool) for p in grouped.pools), slos=slos)
+    return FleetSpec(
+        pools=tuple(PoolSpec(name=f"pool-{k}", model="llama-3-8b", sku="a100-80gb", usd_per_replica_hour=2.0,
+                             min_replicas=1, max_replicas=4 * per_pool) for k in range(pools)),
+        slos=slos)
+
+
 def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", *, recording_rules: bool = True,
-            scrape_interval_s: float = PROMETHEUS_SCRAPE_S) -> dict[str, Any]:
-    """Run the bench; `recording_rules` and `scrape_interval_s` apply to `source_kind="prometheus"` only."""
+            scrape_interval_s: float = PROMETHEUS_SCRAPE_S, policy: str = "slo-feedback",
+            budget_ms: float | None = None, budget_clock: str = "wall") -> dict[str, Any]:
+    """Run the bench; `recording_rules` and `scrape_interval_s` apply to `source_kind="prometheus"` only;
+    `budget_ms` and `budget_clock` to the MPC's search (default: its own 200 ms, on the wall clock as in
+    the daemon; "cpu": this thread's CPU time, which other processes on a loaded machine do not eat)."""
     if source_kind not in ("scrape", "prometheus"):
         raise ValueError(f"source: {source_kind!r} is not one of ['scrape', 'prometheus']")
+    if policy not in POLICIES:
+        raise ValueError(f"policy: {policy!r} is not one of {list(POLICIES)}")
+    if budget_clock not in BUDGET_CLOCKS:
+        raise ValueError(f"budget clock: {budget_clock!r} is not one of {list(BUDGET_CLOCKS)}")
+    if budget_ms is not None and not (25.0 <= budget_ms <= 10_000.0):
+        raise ValueError(f"budget: {budget_ms:g} ms is outside [25, 10000]")
     if not 1 <= scrape_interval_s <= 60:
         raise ValueError(f"scrape interval: {scrape_interval_s:g} s is outside [1, 60]")
     if pools < 1 or replicas < pools or ticks < 1:
         raise ValueError(f"need pools >= 1, replicas >= pools and ticks >= 1 (got {pools}, {replicas}, {ticks})")
-    names = [f"pool-{k}" for k in range(pools)]
+    fleet = _tick_fleet(pools, replicas, policy)
+    names = [p.name for p in fleet.pools]
     ctx = multiprocessing.get_context("fork")
     ready, stop = ctx.Event(), ctx.Event()
     port = ctx.Value("i", 0)
@@ -252,12 +287,12 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
         else:
             prom, tmp, source = _prometheus_source(names, base, replicas, pools, recording_rules, scrape_interval_s)
             queries_per_read = 1 if recording_rules else len(source.queries)
-        per_pool = replicas // pools
-        fleet = FleetSpec(
-            pools=tuple(PoolSpec(name=n, model="llama-3-8b", sku="a100-80gb", usd_per_replica_hour=2.0,
-                                 min_replicas=1, max_replicas=4 * per_pool) for n in names),
-            slos={"critical": SloSpec(2.5, 0.1), "standard": SloSpec(5.0, 0.15), "sheddable": SloSpec(10.0, 0.3)})
-        controller = Controller(fleet, build_policy("slo-feedback", fleet, {}), seed=0, tick_s=TICK_S)
+        params: dict[str, Any] = {}
+        if policy == "mpc":  # as the daemon builds it (runtime/main.py): the search bounded by a clock
+            params["timer"] = WallClock().monotonic_s if budget_clock == "wall" else time.thread_time
+            if budget_ms is not None:
+                params["time_budget_s"] = budget_ms / 1e3
+        controller = Controller(fleet, build_policy(policy, fleet, params), seed=0, tick_s=TICK_S)
         grpc_server, address = _fake_fleet(set(names))
         vclock = VirtualClock(1_000_000.0)
         actuator = GrpcActuator(address, address, clock=vclock, call_timeout_s=5.0)
@@ -300,7 +335,9 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
             "actuate_p99_ms": round(_pct(phases["actuate"], 99), 2),
             "rss_mb": round(rss_mb, 1), "actuation_failures": failures, "pools_observed": pools_seen,
             "replicas_observed": int(sum(p.replicas_ready.value for p in obs.pools.values() if p.replicas_ready.ok)),
-            "policy": "slo-feedback", "source": source_kind,
+            "policy": policy, "source": source_kind,
+            **({"budget_ms": budget_ms, "budget_clock": budget_clock,
+                "route_groups": len({p.group for p in fleet.pools})} if policy == "mpc" else {}),
             **({"recording_rules": recording_rules, "scrape_interval_s": scrape_interval_s,
                 "queries_per_read": queries_per_read, "pace_s": PROMETHEUS_PACE_S,
                 "read_errors": list(obs.errors[:3])}
@@ -374,9 +411,13 @@ def _kept_fraction(source) -> float | None:
 
 def cmd_bench_tick(args: argparse.Namespace) -> int:
     try:
+        budget = getattr(args, "budget_ms", None)
         out = measure(int(args.pools), int(args.replicas), int(args.ticks), getattr(args, "source", "scrape"),
                       recording_rules=not getattr(args, "no_recording_rules", False),
-                      scrape_interval_s=float(getattr(args, "scrape_interval", PROMETHEUS_SCRAPE_S)))
+                      scrape_interval_s=float(getattr(args, "scrape_interval", PROMETHEUS_SCRAPE_S)),
+                      policy=getattr(args, "policy", "slo-feedback"),
+                      budget_ms=None if budget is None else float(budget),
+                      budget_clock=getattr(args, "clock", "wall"))
     except (ValueError, RuntimeError) as exc:
         print(f"governor bench tick: {exc}", file=sys.stderr)
         return 2

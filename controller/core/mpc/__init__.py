@@ -18,7 +18,9 @@ Where things are:
   controller/core/distributions.py) — and the objective
   (controller/core/objective.py); the hot loops of stages 1, 3 and 4 run compiled
   (controller/core/mpc_kernel.py, numba) where numba is installed, mirroring the numpy;
-- search.py, trajectories.py, vectors.py (the continuous levers as flat vectors): the search; solve.py: one tick.
+- search.py, trajectories.py, vectors.py (the continuous levers as flat vectors): the search; solve.py: one
+  tick; groups.py: the same search route group by route group on a large fleet, coordinated through what
+  couples the groups.
 
 Search (deterministic for a given rng): structured enumeration of replica trajectories per
 pool (constant levels, hold-then-change templates and a "need-ahead" trajectory around
@@ -28,6 +30,9 @@ weights, shed fractions) around the warm start; then another replica sweep with 
 levers; then the slow batch-cap options when a review is due. The budget is a count of
 evaluated candidate × pool rows (`max_evaluations`; see MpcConfig), or wall time through an
 injected monotonic `timer`, counted from the tick's start (the core reads no clock itself).
+A fleet of `group_search_min_pools` pools or more in several route groups runs these moves per
+route group, each scored against the rest of the fleet at its best plan, with the shed moves
+fleet-wide (groups.py): the search's cost then grows linearly with the pools, not as their square.
 
 This package's names below are the planner's public interface (the MPC policy, the tests and
 the bench import them from here); its modules' other names are internal.

@@ -62,6 +62,13 @@ class MpcConfig:
     batch_cap_gain: float = 0.1  # a batch-cap change must improve the objective by this share
     terminal_steps: float = 5.0  # extra weight of the last step (the state left behind the horizon)
     fixed_levers: tuple[str, ...] = ()  # levers (of LEVERS) held at what is in force, never searched
+    # Fleets of at least `group_search_min_pools` pools in two route groups or more are searched group
+    # by group, coordinated through what couples them (controller/core/mpc/groups.py): the complete
+    # search's cost grows as the square of the pools (each candidate scores every pool), 105 ms of CPU
+    # at 10 pools and over 200 ms, the daemon's default budget, from 12 (`governor bench planner`).
+    # Below it, or with `group_search` off, one search over the whole fleet.
+    group_search: bool = True
+    group_search_min_pools: int = 12
 
     def __post_init__(self) -> None:
         if not (isinstance(self.horizon_steps, int) and 2 <= self.horizon_steps <= 40):
@@ -70,7 +77,9 @@ class MpcConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"mpc.{name} must be a finite number > 0 (got {v!r})")
-        for name in ("max_evaluations", "ce_iterations", "ce_population"):
+        if not isinstance(self.group_search, bool):
+            raise ValueError(f"mpc.group_search must be true or false (got {self.group_search!r})")
+        for name in ("max_evaluations", "ce_iterations", "ce_population", "group_search_min_pools"):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"mpc.{name} must be an integer >= 1 (got {v!r})")
@@ -261,3 +270,4 @@ class PlanResult:
     evaluations: int
     budget_exhausted: bool
     incumbent_objective: float  # the plan in force (held), for comparison
+    groups: tuple[tuple[str, ...], ...] = ()  # the pools of each part searched on its own; () = one search

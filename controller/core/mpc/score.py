@@ -16,6 +16,7 @@ Must not: choose candidates (search.py), do I/O, read the clock or draw randomne
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,14 +36,28 @@ _LEVER_FIELDS = {g: tuple(lv.array for lv in LEVERS if lv.plan == g and lv.array
 _PRICED = tuple(lv for lv in LEVERS if lv.scope == "pool" and lv.threshold is not None and lv.array)
 
 
+@dataclass(frozen=True)
+class Others:
+    """The rest of the fleet when an evaluator scores a part of it (a route group, see groups.py), at
+    the rest's best plan: what the objective sums over pools, summed over theirs."""
+
+    cost_usd: float  # billed over the horizon (terminal-weighted, as `_objective` sums it)
+    change_usd: float  # change penalties and rolling restarts
+    late_first: np.ndarray  # (2,H,K) Σ share × late probability over their first-hop pools
+    late_decode: np.ndarray  # (2,H,K) the same over their decode pools
+    short: np.ndarray  # (H,) bool: some route group of theirs has fewer replicas ready than it needs
+
+
 class Evaluator:
     """Scores batches of candidates for one problem (each stage precomputes what does not depend on
-    the plan when the evaluator is built)."""
+    the plan when the evaluator is built). `steps` overrides the horizon (a part of a fleet is scored
+    over the fleet's)."""
 
-    def __init__(self, prob: PlanProblem, model: PlanModel, cfg: MpcConfig, compiled: bool = True) -> None:
+    def __init__(self, prob: PlanProblem, model: PlanModel, cfg: MpcConfig, compiled: bool = True,
+                 steps: int | None = None) -> None:
         self.prob, self.model, self.cfg = prob, model, cfg
         P, K = len(prob.pools), len(prob.classes)
-        H = plan_steps(cfg, prob.pools)
+        H = plan_steps(cfg, prob.pools) if steps is None else steps
         self.P, self.K, self.H = P, K, H
         dt = cfg.step_s
         self.dt = dt
@@ -74,6 +89,8 @@ class Evaluator:
         self.evaluations = 0
         self.work = WorkArrays()  # reused work arrays of `score`
         self.need: np.ndarray | None = None  # (P, H) replicas each step's p90 load needs (set by solve)
+        self.others: Others | None = None  # scoring a part of the fleet: the rest's sums (groups.py)
+        self.last_cost_change: tuple[np.ndarray, np.ndarray] | None = None
 
     def _cheapest_cost_per_request(self) -> float:
         """USD per request of the pool that serves one cheapest: price / (3,600 × the rate one replica
@@ -143,6 +160,8 @@ class Evaluator:
                 * wt[None, None, :, None]).sum(axis=2) * dt
         shed_n = req[None] - adm_n
         cost = (billed * self.price[None, :, None] * wt[None, None, :]).sum(axis=(1, 2)) * dt / 3600.0  # (C,)
+        if self.others is not None:  # a part of the fleet: the objective is the fleet's
+            cost = cost + self.others.cost_usd
         succ = np.maximum(adm_n[:, 0].sum(axis=1) - late[:, 0].sum(axis=1), 1e-6)
         total = max(float(req[0].sum()), 1e-6)
         # Penalties are priced in cost per success; a plan that buys (next to) nothing would price
@@ -169,6 +188,9 @@ class Evaluator:
         # drain overlap, the new engines' first minutes). The empty caches it leaves are in the hit rate.
         restart_usd = (pl.restart * self.ready_int * self.price * self.dynamics.d_warm / 3600.0).sum(axis=1)
         change += restart_usd * 2.0
+        if self.others is not None:
+            change = change + self.others.change_usd
+            self.last_cost_change = (cost, change)  # what the part adds to the fleet's sums (groups.py)
         J = cpr * (pen + risk) + change / succ
         J = np.where(np.isfinite(J), J, np.inf)
         if not detail:

@@ -223,11 +223,15 @@ def transfer_replicas(s: Search) -> None:
         s.run(Candidates.concat([c for _, c in parts[:room]]))
 
 
-def cross_entropy(s: Search) -> None:
+def cross_entropy(s: Search, shed: bool = True) -> None:
     """Cross-entropy refinement of the continuous levers around the best plan (population
-    `ce_population`, `ce_iterations` rounds), then each lever alone at its bounds and middle."""
+    `ce_population`, `ce_iterations` rounds), then each lever alone at its bounds and middle.
+    `shed` False: the delay level stays (a part of the fleet cannot move what loads every pool)."""
     ev, cfg, rng = s.ev, s.cfg, s.rng
     lo, hi, names = continuous_bounds(ev.prob, ev.cfg)
+    if not shed:
+        keep = [i for i, (kind, _) in enumerate(names) if kind != "delay"]
+        lo, hi, names = lo[keep], hi[keep], [names[i] for i in keep]
     if not names:
         return
     span = np.maximum(hi - lo, 1e-9)
@@ -323,19 +327,20 @@ def batch_caps(s: Search, needs: list[np.ndarray] | None = None) -> None:
                     s.best_J, s.best = float(J2[k2]), c2.take(np.array([k2]))
 
 
-def settle(s: Search, tolerance: float = 0.003) -> None:
+def settle(s: Search, tolerance: float = 0.003, pools: bool = True, shed: bool = True) -> None:
     """Put back every lever whose change does not pay: each continuous lever of the best plan is
     reset to the value in force (shedding: to what is in force, or to none) if that alone costs
     less than `tolerance` of the objective; the accepted resets are then checked together (one
     batch of single resets + one row for their combination). Levers thus move only when they
-    matter, and the explanation names only levers pulled for a reason. Not budgeted (a few rows)."""
+    matter, and the explanation names only levers pulled for a reason. Not budgeted (a few rows).
+    `pools` / `shed` False: leave the pools' levers / the shed fractions as they are."""
     ev = s.ev
     if s.best is None:
         return
     cur, best = ev.cur, s.best
     trials: list[Candidates] = []
     for j, p in enumerate(ev.prob.pools):
-        if p.frozen:
+        if p.frozen or not pools:
             continue
         for field_ in SETTLE_FIELDS:
             b = float(getattr(cur, field_)[0, j])
@@ -353,7 +358,7 @@ def settle(s: Search, tolerance: float = 0.003) -> None:
     lo = np.array([c.min_shed for c in ev.prob.classes])
     hi = np.array([max(c.max_shed, c.min_shed) for c in ev.prob.classes])
     for back in (lever_order(np.clip(cur.shed, lo, hi)), lever_order(lo[None, :].copy())):
-        if not np.allclose(back, best.shed):
+        if shed and not np.allclose(back, best.shed):
             c = best.tile(1)
             c.shed = back.copy()
             trials.append(c)

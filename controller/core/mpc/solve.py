@@ -1,7 +1,8 @@
 """`solve`: one tick of the planner, from a PlanProblem to the best plan found and its predicted terms.
 
 The plan in force (and a warm start, the previous plan shifted) is scored first, so a plan is
-always returned; then the search's moves run in a fixed order (search.py) and the best
+always returned; then the search's moves run in a fixed order (search.py; route group by route
+group on a large fleet, groups.py) and the best
 candidate is turned into a `Plan` with its terms (cost, successes, risk, per-pool figures).
 
 Must not: do I/O, read the clock other than through the injected timer, or draw randomness
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from controller.core.mpc.candidates import Candidates
+from controller.core.mpc.groups import plan_groups, search_groups
 from controller.core.mpc.problem import MpcConfig, Plan, PlanProblem, PlanResult, PoolPlan, Timer
 from controller.core.mpc.score import Evaluator
 from controller.core.mpc.search import (
@@ -115,23 +117,29 @@ def solve(problem: PlanProblem, model: PlanModel, config: MpcConfig, rng: np.ran
     needs = [need_per_step(ev, s.best, j) for j in range(len(problem.pools))]
     ev.need = np.array(needs, dtype=float)
     s.best_J = float(s.score(s.best)[0])  # rescore: shedding now releases once capacity is ready
-    delay_sweep(s)
-    sweep_replicas(s, needs, order)
-    transfer_replicas(s)
-    delay_sweep(s)
-    cross_entropy(s)
-    sweep_replicas(s, needs, order)
-    transfer_replicas(s)
-    delay_sweep(s)
-    batch_caps(s, needs)
-    settle(s)
+    groups = plan_groups(problem, config)
+    part_evaluations = 0
+    if groups:  # a large fleet of several route groups: the same moves, group by group (groups.py)
+        part_evaluations = search_groups(s, needs, groups)
+    else:
+        delay_sweep(s)
+        sweep_replicas(s, needs, order)
+        transfer_replicas(s)
+        delay_sweep(s)
+        cross_entropy(s)
+        sweep_replicas(s, needs, order)
+        transfer_replicas(s)
+        delay_sweep(s)
+        batch_caps(s, needs)
+        settle(s)
     assert s.best is not None
     J, info = ev.score(s.best, detail=True)
     assert info is not None
     plan = _to_plan(ev, s.best)
     terms = _terms(ev, info, needs)
-    return PlanResult(plan=plan, objective=float(J[0]), terms=terms, evaluations=ev.evaluations,
-                      budget_exhausted=s.exhausted, incumbent_objective=incumbent_J)
+    return PlanResult(plan=plan, objective=float(J[0]), terms=terms, evaluations=ev.evaluations + part_evaluations,
+                      budget_exhausted=s.exhausted, incumbent_objective=incumbent_J,
+                      groups=tuple(tuple(problem.pools[j].name for j in g) for g in groups))
 
 
 def _terms(ev: Evaluator, info: Mapping[str, Any], needs: list[np.ndarray]) -> dict[str, Any]:

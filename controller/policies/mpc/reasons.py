@@ -226,6 +226,8 @@ def diagnostics(result: PlanResult, fc: LoadForecast, class_share: Mapping[str, 
         "binding_constraints": binding,
         "objective": result.objective, "objective_plan_in_force": result.incumbent_objective,
         "evaluations": result.evaluations, "budget_exhausted": result.budget_exhausted,
+        # a large fleet searched route group by route group (controller/core/mpc/groups.py): its parts
+        **({"search_groups": [list(g) for g in result.groups]} if result.groups else {}),
         "model": {"corrections": dict(corr), "kind": type(model).__name__},
         # per pool with a framebuffer reading: headroom and the ceiling it sets on max_num_batched_tokens
         "memory": {name: h.to_dict() for name, h in (headroom or {}).items()},
