@@ -1,7 +1,8 @@
 """The MPC policy's explanation: reasons a human can follow, and the diagnostics a tick record keeps.
 
 Reason codes (Reason.code): mpc_scale_up, mpc_scale_up_early (the forecast needs more replicas
-within the start-up delay), mpc_scale_down, binding_max_replicas, binding_pin, lever_avoid
+within the start-up delay), mpc_scale_down, binding_max_replicas, binding_pin (an override pins the
+pool), binding_floor (floors raised its lower bound to its upper one: `pin_cause` names them), lever_avoid
 (cache-affinity weight), lever_share (in-flight cap, engine batch caps), lever_move (traffic
 split between pools), lever_standby (`pool_reasons`), lever_delay (shedding a class:
 `class_reasons`), backlog_floor (a measured backlog raised a pool's floor: `backlog_reasons`),
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller.core.forecast import LoadForecast
+from controller.core.guards import override_bounds
 from controller.core.mpc import PlanProblem, PlanResult, PoolInput, PoolPlan
 from controller.core.mpc_model import PlanModel
 from controller.levers import LEVERS
@@ -30,8 +32,22 @@ from controller.types import PRIORITY_CLASSES, BreakerAction, FleetObservation, 
 # the pool levers a move of which pool_reasons explains (the lever table's `reason` column)
 _EXPLAINED = tuple(lv for lv in LEVERS if lv.scope == "pool" and lv.reason and lv.threshold is not None)
 
+def pin_cause(spec: PoolSpec, pin: PoolInput, inp: Any, action: BreakerAction, fb: Feedback,
+              redundancy: Mapping[str, int] | None) -> str:
+    """What left a pool's planning bounds at one value (plan_inputs.py: the operator's overrides, then the
+    breaker's, the measured backlog's and the redundancy floors raise the lower bound up to the upper one):
+    "override" when the overrides alone pin it, else the floors that reached the upper bound, by name."""
+    lo, hi, _ = override_bounds(spec, inp.overrides, inp.now_s)
+    if lo == hi:
+        return "override"
+    floors = (("the breaker's replacements", action.min_replicas.get(spec.name)),
+              ("a measured backlog", fb.floors.get(spec.name)),
+              ("the redundancy floor", (redundancy or {}).get(spec.name)))
+    return ", ".join(name for name, f in floors if f is not None and f >= pin.hi) or "a floor"
+
+
 def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolPlan, cur_pd: PoolDecision | None,
-                 result: PlanResult, step_s: float) -> list[Reason]:
+                 result: PlanResult, step_s: float, pinned_by: str = "override") -> list[Reason]:
     out: list[Reason] = []
     t = result.terms["pools"][spec.name]
     need = t["need_by_step_p90"]
@@ -69,7 +85,13 @@ def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolP
                           f"at the pool maximum {spec.max_replicas}; the p90 load needs {max(need)}",
                           need=max(need)))
     if pin.lo == pin.hi and not pin.frozen and pin.lo != spec.min_replicas:
-        out.append(reason("binding_pin", spec.name, f"pinned to {pin.lo} by an override: planning around it"))
+        if pinned_by == "override":
+            out.append(reason("binding_pin", spec.name, f"pinned to {pin.lo} by an override: planning around it"))
+        else:  # no override pins it: floors raised its lower bound to its maximum (or an override's ceiling)
+            top = "maximum" if pin.hi >= spec.max_replicas else "ceiling (an override's)"
+            out.append(reason("binding_floor", spec.name,
+                              f"held at {pin.lo}, the pool's {top}: {pinned_by} raised its lower bound that far",
+                              floor=pin.lo, by=pinned_by))
     if cur_pd is not None:
         # every planned pool lever whose move is priced, in table order (controller/levers.py): prefix weight
         # (lever_avoid), in-flight cap (lever_share), traffic weight (lever_move), warm standby (lever_standby)
