@@ -16,6 +16,7 @@ Must not: change a decision; do I/O or read a clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,39 @@ def pin_cause(spec: PoolSpec, pin: PoolInput, inp: Any, action: BreakerAction, f
               ("a measured backlog", fb.floors.get(spec.name)),
               ("the redundancy floor", (redundancy or {}).get(spec.name)))
     return ", ".join(name for name, f in floors if f is not None and f >= pin.hi) or "a floor"
+
+
+def _predicted(t: Mapping[str, Any], key: str, step: int = 0) -> float | None:
+    """The plan's prediction `key` for the pool at `step` (clipped to the horizon), or None."""
+    xs = t.get(key) or []
+    x = xs[min(step, len(xs) - 1)] if xs else None
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def lever_why(code: str, before: float, after: float, t: Mapping[str, Any]) -> str:
+    """What a pool lever's move does and what the plan expects of it, as an operator would say it (the
+    quadrants' names — avoid, share, move — say where the lever acts, not why it moved)."""
+    up = after > before
+    ttft, tpot = _predicted(t, "ttft_p95_s_p90"), _predicted(t, "tpot_p95_s_p90")
+    util, hit = _predicted(t, "utilisation_p90"), _predicted(t, "hit_rate", 2)
+    if code == "lever_move":
+        seen = (f"; the plan predicts p95 TTFT {ttft:.2f} s at {util:.0%} busy here at p90 load"
+                if ttft is not None and util is not None else "")
+        return f"{'more' if up else 'less'} of its route group's requests come here{seen}"
+    if code == "lever_share":  # the in-flight cap per replica; 0 = none
+        tighter = after != 0 and (before == 0 or after < before)
+        kept = f" (predicted p95 TPOT {tpot * 1000:.0f} ms)" if tpot is not None else ""
+        return ("fewer requests run at once on each replica and the rest wait at the router, so the streams "
+                f"already running keep their pace{kept}" if tighter else
+                f"more requests may run at once on each replica: the engines have room{kept}")
+    if code == "lever_avoid":
+        what = ("prompts that share a prefix go to the replica that caches it" if up else
+                "load spreads over the replicas ahead of cache affinity")
+        return what + (f" (predicted hit rate {hit:.2f})" if hit is not None else "")
+    if code == "lever_standby":
+        return ("replicas kept warm so that the forecast's peaks start in seconds" if up else
+                "fewer replicas kept warm: the forecast no longer needs them")
+    return ""
 
 
 def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolPlan, cur_pd: PoolDecision | None,
@@ -98,10 +132,9 @@ def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolP
         for lv in _EXPLAINED:
             before, after = getattr(cur_pd, lv.field), getattr(pp, lv.field)
             if abs(after - before) > (lv.threshold or 0.0):
-                # affinity: what it buys, the hit rate the plan predicts a few steps on
-                extra = (f" (predicted hit rate {t['hit_rate'][min(2, len(t['hit_rate']) - 1)]:.2f})"
-                         if lv.array == "pw" else "")
-                out.append(reason(lv.reason or "", spec.name, f"{lv.label} {lv.show(before)}→{lv.show(after)}{extra}",
+                why = lever_why(lv.reason or "", before, after, t)
+                out.append(reason(lv.reason or "", spec.name,
+                                  f"{lv.label} {lv.show(before)}→{lv.show(after)}" + (f": {why}" if why else ""),
                                   before=before, after=after))
     if (pp.max_num_seqs, pp.max_num_batched_tokens) != (pin.max_num_seqs, pin.max_num_batched_tokens):
         out.append(reason("lever_share", spec.name,
