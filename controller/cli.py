@@ -150,6 +150,35 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="bound on the whole run")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.dataplane:cmd_bench_dataplane"))
+    b = bsub.add_parser("tasks", help="the picker's task book under hostile ids: decision time per request, memory "
+                        "bounded (a million distinct task ids, headers that break the convention)")
+    b.add_argument("--requests", type=int, default=1_000_000, help="hostile requests, each a new task id")
+    b.add_argument("--tenants", type=int, default=10_000, help="distinct tenant ids among them")
+    b.add_argument("--bad-every", type=int, default=100,
+                   help="one request in this many breaks the header convention (0 = none)")
+    b.add_argument("--max-tasks", type=int, default=100_000, help="the picker's --max-tasks")
+    b.add_argument("--max-tenants", type=int, default=64, help="the picker's --max-tenants")
+    b.add_argument("--seed", type=int, default=0, help="seed of the ids (and of the live run's arrivals)")
+    b.add_argument("--live", action="store_true",
+                   help="also agentic tasks through Envoy and the picker beyond a static fleet's capacity: step-aware "
+                        "vs step-blind admission, then two tenants (one sending 10x the other's tokens)")
+    b.add_argument("--skip-hostile", action="store_true", help="only the --live part")
+    b.add_argument("--task-rate", type=float, default=1.5, help="live: tasks per second (default 1.5)")
+    b.add_argument("--duration", type=float, default=60.0, metavar="SECONDS", help="live: arrivals for this long")
+    b.add_argument("--drain", type=float, default=60.0, metavar="SECONDS",
+                   help="live: at most this long after the last arrival for tasks under way")
+    b.add_argument("--cap", type=int, default=4, help="live: in-flight cap per replica (default 4)")
+    b.add_argument("--budget", type=int, default=16, help="live: the standard class's queue budget (default 16)")
+    b.add_argument("--hold-timeout", type=float, default=10.0, metavar="SECONDS", help="live: the picker's")
+    b.add_argument("--think", type=float, default=1.0, metavar="SECONDS", help="live: time between a task's steps")
+    b.add_argument("--slo-ttft", type=float, default=10.0, metavar="SECONDS", help="live: a step's TTFT bound")
+    b.add_argument("--length-scale", type=float, default=1.0, help="live: scale the trace's context lengths")
+    b.add_argument("--max-output", type=int, default=128, help="live: cap a step's output tokens")
+    b.add_argument("--no-tenants", action="store_true", help="live: skip the two-tenant runs")
+    b.add_argument("--light-rate", type=float, default=0.5,
+                   help="live: the light tenant's tasks per second (the heavy one sends 5x the tasks, 2x as long)")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
+    b.set_defaults(func=_handler("controller.bench.tasks:cmd_bench_tasks"))
     b = bsub.add_parser("api-load", help="the PolicyService under load while the daemon ticks, the picker beside "
                         "it: latency per RPC, errors, tick overruns (make loadtest)")
     b.add_argument("--duration", type=float, default=60.0, metavar="SECONDS", help="load window (default 60)")

@@ -93,6 +93,7 @@ from controller.policies.mpc.reasons import (
     diagnostics,
     guard_reasons,
     memory_reasons,
+    pin_cause,
     planner_status,
     pool_reasons,
     redundancy_reasons,
@@ -305,7 +306,8 @@ class MpcPolicy:
         reasons.extend(held)
         for spec, pin, cur, final, pp, cur_pd in applied:
             pp = replace(pp, traffic_weight=pools_out[spec.name].traffic_weight)
-            reasons.extend(pool_reasons(spec, pin, cur, final, pp, cur_pd, result, cfg.step_s))
+            reasons.extend(pool_reasons(spec, pin, cur, final, pp, cur_pd, result, cfg.step_s,
+                                        pinned_by=pin_cause(spec, pin, inp, action, fb, plan_floors)))
         admission: dict[str, ClassAdmission] = {}
         for c in PRIORITY_CLASSES:
             s = result.plan.shed.get(c, 0.0)

@@ -1,7 +1,8 @@
 """The MPC policy's explanation: reasons a human can follow, and the diagnostics a tick record keeps.
 
 Reason codes (Reason.code): mpc_scale_up, mpc_scale_up_early (the forecast needs more replicas
-within the start-up delay), mpc_scale_down, binding_max_replicas, binding_pin, lever_avoid
+within the start-up delay), mpc_scale_down, binding_max_replicas, binding_pin (an override pins the
+pool), binding_floor (floors raised its lower bound to its upper one: `pin_cause` names them), lever_avoid
 (cache-affinity weight), lever_share (in-flight cap, engine batch caps), lever_move (traffic
 split between pools), lever_standby (`pool_reasons`), lever_delay (shedding a class:
 `class_reasons`), backlog_floor (a measured backlog raised a pool's floor: `backlog_reasons`),
@@ -15,10 +16,12 @@ Must not: change a decision; do I/O or read a clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from controller.core.forecast import LoadForecast
+from controller.core.guards import override_bounds
 from controller.core.mpc import PlanProblem, PlanResult, PoolInput, PoolPlan
 from controller.core.mpc_model import PlanModel
 from controller.jsonsafe import json_safe
@@ -40,8 +43,55 @@ from controller.types import (
 # the pool levers a move of which pool_reasons explains (the lever table's `reason` column)
 _EXPLAINED = tuple(lv for lv in LEVERS if lv.scope == "pool" and lv.reason and lv.threshold is not None)
 
+def pin_cause(spec: PoolSpec, pin: PoolInput, inp: Any, action: BreakerAction, fb: Feedback,
+              redundancy: Mapping[str, int] | None) -> str:
+    """What left a pool's planning bounds at one value (plan_inputs.py: the operator's overrides, then the
+    breaker's, the measured backlog's and the redundancy floors raise the lower bound up to the upper one):
+    "override" when the overrides alone pin it, else the floors that reached the upper bound, by name."""
+    lo, hi, _ = override_bounds(spec, inp.overrides, inp.now_s)
+    if lo == hi:
+        return "override"
+    floors = (("the breaker's replacements", action.min_replicas.get(spec.name)),
+              ("a measured backlog", fb.floors.get(spec.name)),
+              ("the redundancy floor", (redundancy or {}).get(spec.name)))
+    return ", ".join(name for name, f in floors if f is not None and f >= pin.hi) or "a floor"
+
+
+def _predicted(t: Mapping[str, Any], key: str, step: int = 0) -> float | None:
+    """The plan's prediction `key` for the pool at `step` (clipped to the horizon), or None."""
+    xs = t.get(key) or []
+    x = xs[min(step, len(xs) - 1)] if xs else None
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def lever_why(code: str, before: float, after: float, t: Mapping[str, Any]) -> str:
+    """What a pool lever's move does and what the plan expects of it, as an operator would say it (the
+    quadrants' names — avoid, share, move — say where the lever acts, not why it moved)."""
+    up = after > before
+    ttft, tpot = _predicted(t, "ttft_p95_s_p90"), _predicted(t, "tpot_p95_s_p90")
+    util, hit = _predicted(t, "utilisation_p90"), _predicted(t, "hit_rate", 2)
+    if code == "lever_move":
+        seen = (f"; the plan predicts p95 TTFT {ttft:.2f} s at {util:.0%} busy here at p90 load"
+                if ttft is not None and util is not None else "")
+        return f"{'more' if up else 'less'} of its route group's requests come here{seen}"
+    if code == "lever_share":  # the in-flight cap per replica; 0 = none
+        tighter = after != 0 and (before == 0 or after < before)
+        kept = f" (predicted p95 TPOT {tpot * 1000:.0f} ms)" if tpot is not None else ""
+        return ("fewer requests run at once on each replica and the rest wait at the router, so the streams "
+                f"already running keep their pace{kept}" if tighter else
+                f"more requests may run at once on each replica: the engines have room{kept}")
+    if code == "lever_avoid":
+        what = ("prompts that share a prefix go to the replica that caches it" if up else
+                "load spreads over the replicas ahead of cache affinity")
+        return what + (f" (predicted hit rate {hit:.2f})" if hit is not None else "")
+    if code == "lever_standby":
+        return ("replicas kept warm so that the forecast's peaks start in seconds" if up else
+                "fewer replicas kept warm: the forecast no longer needs them")
+    return ""
+
+
 def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolPlan, cur_pd: PoolDecision | None,
-                 result: PlanResult, step_s: float) -> list[Reason]:
+                 result: PlanResult, step_s: float, pinned_by: str = "override") -> list[Reason]:
     out: list[Reason] = []
     t = result.terms["pools"][spec.name]
     need = t["need_by_step_p90"]
@@ -79,17 +129,22 @@ def pool_reasons(spec: PoolSpec, pin: PoolInput, cur: int, final: int, pp: PoolP
                           f"at the pool maximum {spec.max_replicas}; the p90 load needs {max(need)}",
                           need=max(need)))
     if pin.lo == pin.hi and not pin.frozen and pin.lo != spec.min_replicas:
-        out.append(reason("binding_pin", spec.name, f"pinned to {pin.lo} by an override: planning around it"))
+        if pinned_by == "override":
+            out.append(reason("binding_pin", spec.name, f"pinned to {pin.lo} by an override: planning around it"))
+        else:  # no override pins it: floors raised its lower bound to its maximum (or an override's ceiling)
+            top = "maximum" if pin.hi >= spec.max_replicas else "ceiling (an override's)"
+            out.append(reason("binding_floor", spec.name,
+                              f"held at {pin.lo}, the pool's {top}: {pinned_by} raised its lower bound that far",
+                              floor=pin.lo, by=pinned_by))
     if cur_pd is not None:
         # every planned pool lever whose move is priced, in table order (controller/levers.py): prefix weight
         # (lever_avoid), in-flight cap (lever_share), traffic weight (lever_move), warm standby (lever_standby)
         for lv in _EXPLAINED:
             before, after = getattr(cur_pd, lv.field), getattr(pp, lv.field)
             if abs(after - before) > (lv.threshold or 0.0):
-                # affinity: what it buys, the hit rate the plan predicts a few steps on
-                extra = (f" (predicted hit rate {t['hit_rate'][min(2, len(t['hit_rate']) - 1)]:.2f})"
-                         if lv.array == "pw" else "")
-                out.append(reason(lv.reason or "", spec.name, f"{lv.label} {lv.show(before)}→{lv.show(after)}{extra}",
+                why = lever_why(lv.reason or "", before, after, t)
+                out.append(reason(lv.reason or "", spec.name,
+                                  f"{lv.label} {lv.show(before)}→{lv.show(after)}" + (f": {why}" if why else ""),
                                   before=before, after=after))
     if (pp.max_num_seqs, pp.max_num_batched_tokens) != (pin.max_num_seqs, pin.max_num_batched_tokens):
         out.append(reason("lever_share", spec.name,
