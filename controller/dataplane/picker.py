@@ -122,6 +122,7 @@ class HeldRequest:
     later: bool = False  # a later step of a task under way (held ahead of first steps of its class)
     tenant: str = ""
     ticket: StepTicket | None = None
+    rejected: str = ""  # set when it gave its place up to another tenant's request (`Picker.take_evicted`)
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,14 @@ class HeldQueue:
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._q.values())
+
+    def newest(self, tenant: str, later: bool) -> HeldRequest | None:
+        """The tenant's most recently held request of that kind still waiting, or None."""
+        q = self._q.get((not later, tenant))
+        for h in reversed(q or ()):
+            if not h.done:
+                return h
+        return None
 
     def head(self, book: TaskBook) -> deque[HeldRequest] | None:
         """The queue whose first request goes next (requests already done are dropped on the way), or None."""
@@ -271,6 +280,8 @@ class Picker:
         self._cold: dict[str, list[deque[HeldRequest]]] = {g: [deque() for _ in PRIORITY_CLASSES] for g in self.groups}
         self._cold_count = 0
         self.book = book if book is not None else TaskBook()
+        self._held_by_tenant: dict[tuple[str, str], int] = {}  # (class, tenant) → requests held
+        self._evicted: list[HeldRequest] = []
 
     # ------------------------------------------------------------------ membership and readings
 
@@ -353,7 +364,8 @@ class Picker:
         st = self._classes[cls]
         # the budget bounds what a class holds; step-aware, first steps count everything held and later steps only
         # the later steps held, so new tasks cannot take the room of the tasks under way
-        if budget >= 0 and (st.held_later if later else st.held) >= budget:
+        if budget >= 0 and (st.held_later if later else st.held) >= budget and not self._displace(
+                cls, tenant, later, settings):
             return self._reject(cls, 503, 1, "queue_budget")
         self._seq += 1
         h = HeldRequest(cls, PRIORITY_CLASSES.index(cls), self._seq, pool, key, later=later, tenant=tenant)
@@ -472,12 +484,52 @@ class Picker:
         st = self._classes[h.cls]
         st.held += 1
         st.held_later += h.later
+        k = (h.cls, h.tenant)
+        self._held_by_tenant[k] = self._held_by_tenant.get(k, 0) + 1
         self.counters.held[h.cls] += 1
 
     def _unhold(self, h: HeldRequest) -> None:
         st = self._classes[h.cls]
         st.held -= 1
         st.held_later -= h.later
+        k = (h.cls, h.tenant)
+        n = self._held_by_tenant.get(k, 0) - 1
+        if n > 0:
+            self._held_by_tenant[k] = n
+        else:
+            self._held_by_tenant.pop(k, None)
+
+    def _displace(self, cls: str, tenant: str, later: bool, settings: Settings) -> bool:
+        """A class's full queue budget is shared by the tenants' weights: when another tenant holds more of it
+        per weight than the arriving one would with this request, that tenant's newest held request of the same
+        kind (a first step for a first step, a later step for a later step) gives its place up (503
+        queue_budget, answered by the edge from `take_evicted`). True if a place was freed."""
+        def share(t: str, extra: int = 0) -> float:
+            return (self._held_by_tenant.get((cls, t), 0) + extra) / settings.tenant_limits(t).weight
+
+        mine = share(tenant, 1)
+        for top in sorted((t for c, t in self._held_by_tenant if c == cls and t != tenant), key=share,
+                          reverse=True):
+            if share(top) <= mine:
+                return False
+            prio = PRIORITY_CLASSES.index(cls)
+            victims = [h for hqs in self._held.values() if (h := hqs[prio].newest(top, later)) is not None]
+            if not victims:
+                continue  # what it holds is of the other kind: the next tenant down
+            h = max(victims, key=lambda v: v.seq)
+            h.done = True
+            h.rejected = "queue_budget"
+            self._unhold(h)
+            self._release(h.ticket, ok=False)
+            self.counters.rejected[(cls, "queue_budget")] = self.counters.rejected.get((cls, "queue_budget"), 0) + 1
+            self._evicted.append(h)
+            return True
+        return False
+
+    def take_evicted(self) -> list[HeldRequest]:
+        """Held requests that gave their place up since the last call (the edge answers them 503)."""
+        out, self._evicted = self._evicted, []
+        return out
 
     def _dispatched(self, h: HeldRequest, ep: Endpoint, settings: Settings) -> None:
         self._start(ep)

@@ -335,6 +335,10 @@ class PickerService:
             r = self.picker.route(cls, prompt, self.settings(), time.monotonic(), group, ident, tokens)
         except ValueError as exc:
             return None, immediate(400, 0, str(exc)), None
+        for h in self.picker.take_evicted():  # held requests that gave their place up to this one's tenant
+            fut = h.token
+            if isinstance(fut, asyncio.Future) and not fut.done():
+                fut.set_result(None)
         if r.endpoint is not None:
             resp = self._route_to(r.endpoint)
             self.pick_latency.observe(time.perf_counter() - t0)
@@ -352,7 +356,7 @@ class PickerService:
         return immediate(400, 0, "bad_header", str(exc))
 
     async def _hold(self, h: HeldRequest) -> tuple[Endpoint | None, ep_pb.ProcessingResponse]:
-        fut: asyncio.Future[Endpoint] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Endpoint | None] = asyncio.get_running_loop().create_future()
         h.token = fut
         t0 = time.monotonic()
         cold = not h.pool  # held for a route group with no ready replica: its class's bound, not the hold timeout
@@ -368,6 +372,8 @@ class PickerService:
             if not self.picker.abandon(h, "client_gone") and h.endpoint is not None:
                 self.release(h.endpoint, h.ticket)  # dispatched as the client left: a failed step
             raise
+        if ep is None:  # it gave its place in the queue budget up to another tenant (picker.py `_displace`)
+            return None, immediate(503, 1, h.rejected or "queue_budget")
         self.hold_time.observe(time.monotonic() - t0)
         return ep, self._route_to(ep)
 

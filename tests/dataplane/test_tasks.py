@@ -272,3 +272,56 @@ def test_tenant_flags_reach_the_defaults_and_bad_ones_are_named():
     for bad in ("acme=x", "acme=1,2,3,4", "acme=1,2,0"):
         with pytest.raises(ValueError, match="--tenant acme"):
             _cfg("--tenant", bad)
+
+
+def test_a_full_queue_budget_is_shared_by_the_tenants_weights():
+    p = _picker()
+    s = _s(True, cap=1, standard=ClassSettings(queue_budget=2))
+    _saturate(p, s)
+    heavy = [p.route("standard", "", s, 0.0, ident=_first(f"h{i}", "heavy")) for i in range(2)]
+    assert all(r.held is not None for r in heavy)
+    light = p.route("standard", "", s, 0.0, ident=_first("l0", "light"))
+    assert light.held is not None  # heavy held the whole budget: its newest gives its place up
+    evicted = p.take_evicted()
+    assert evicted == [heavy[1].held] and evicted[0].rejected == "queue_budget" and p.take_evicted() == []
+    again = p.route("standard", "", s, 0.0, ident=_first("l1", "light"))
+    assert again.status == 503  # one each now: light's second would take more than its share
+    assert p.held_count("standard") == 2
+    # held later steps are never displaced by a first step
+    q = _picker()
+    s2 = _s(True, cap=1, standard=ClassSettings(queue_budget=2))
+    _saturate(q, s2)
+    for t in ("hx", "hy"):
+        q.book.admit("heavy", "standard", t, 0, 3, 1.0)
+        assert q.route("standard", "", s2, 0.0, ident=_later(t, "heavy")).held is not None
+    assert q.route("standard", "", s2, 0.0, ident=_first("l0", "light")).status == 503
+    assert q.take_evicted() == []
+
+
+def test_the_edge_answers_a_displaced_request_503_queue_budget():
+    import asyncio
+
+    from controller.dataplane.server import PickerConfig, PickerService
+
+    async def run() -> list[int]:
+        defaults = Settings({"a": PoolSettings(inflight_cap=1)}, {"standard": ClassSettings(queue_budget=2)})
+        svc = PickerService(PickerConfig(groups={"g": ["a"]}, endpoints={"a": ["10.0.0.1:8000"]},
+                                         defaults=defaults, hold_timeout_s=30.0))
+        ep, _, _ = await svc.decide("standard", None, "", None, Identity("heavy", "h0", 0, 3))
+        assert ep is not None
+        held = [asyncio.create_task(svc.decide("standard", None, "", None, Identity("heavy", f"h{i}", 0, 3)))
+                for i in (1, 2)]
+        while svc.picker.held_count("standard") < 2:  # both parked on the loop (no timing: a condition)
+            await asyncio.sleep(0)
+        light = asyncio.create_task(svc.decide("standard", None, "", None, Identity("light", "l0", 0, 3)))
+        _, resp, _ = await held[1]  # heavy's newest gave its place up
+        assert not light.done()
+        svc.release(ep)  # the replica frees up: heavy's older request goes first (level virtual times, FCFS)
+        ep1, _, _ = await held[0]
+        assert ep1 is not None and not light.done()
+        svc.release(ep1)  # then light's
+        ep2, _, _ = await light
+        assert ep2 is not None
+        return [resp.immediate_response.status.code, int(resp.immediate_response.details == "governor_queue_budget")]
+
+    assert asyncio.run(run()) == [503, 1]
