@@ -175,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--length-scale", type=float, default=1.0, help="live: scale the trace's context lengths")
     b.add_argument("--max-output", type=int, default=128, help="live: cap a step's output tokens")
     b.add_argument("--no-tenants", action="store_true", help="live: skip the two-tenant runs")
+    b.add_argument("--tenants-only", action="store_true", help="live: only the two-tenant runs")
     b.add_argument("--light-rate", type=float, default=0.5,
                    help="live: the light tenant's tasks per second (the heavy one sends 5x the tasks, 2x as long)")
     b.add_argument("--json", action="store_true", help=JSON_HELP)

@@ -121,7 +121,8 @@ def cmd_bench_tasks(args: argparse.Namespace) -> int:
         res["live"] = run_live(task_rate=args.task_rate, duration_s=args.duration, cap=args.cap, budget=args.budget,
                                hold_s=args.hold_timeout, think_s=args.think, slo_ttft_s=args.slo_ttft,
                                drain_s=args.drain, length_scale=args.length_scale, max_output=args.max_output,
-                               seed=args.seed, tenants=not args.no_tenants, light_rate=args.light_rate)
+                               seed=args.seed, tenants=not args.no_tenants, light_rate=args.light_rate,
+                               steps=not args.tenants_only)
     if args.json:
         print(json.dumps(res))
     elif "hostile" in res:

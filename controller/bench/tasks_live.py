@@ -9,8 +9,8 @@ cap of `--cap` and the standard class a queue budget of `--budget`; the picker h
 Clients: tasks arrive open loop (Poisson, `--task-rate` a second, seeded) for `--duration` seconds. A task has S
 steps, S uniform in [3, 8] (the agentic scenario's range); its lengths come from one request of the shared Azure
 LLM conversation trace: step k sends the first (k + 1)/S of its context (`prompt_tokens`, the text growing with it
-so the replicas' prefix caches see the shared part) and asks for that request's output length (at most
-`--max-output`); the next step leaves `--think` seconds after the previous one returned (the agent's tool call). A
+so the replicas' prefix caches see the shared part; within the model's context length, read from a replica's
+/v1/models) and asks for that request's output length (at most `--max-output`); the next step leaves `--think` seconds after the previous one returned (the agent's tool call). A
 step succeeds if it is answered 200, its stream ends with [DONE] and its first token comes within `--slo-ttft`; a
 task succeeds if every step does; an agent abandons its task at the first failed step.
 
@@ -74,6 +74,7 @@ class RunResult:
     by_tenant: dict[str, list[int]] = field(default_factory=dict)  # tenant → [tasks, completed]
     requests_client: int = 0
     refused: int = 0
+    why_failed: dict[str, dict[str, int]] = field(default_factory=dict)  # tenant → cause → tasks
 
 
 def trace_lengths() -> tuple[np.ndarray, np.ndarray]:
@@ -121,6 +122,8 @@ class Rig:
             sim = GovernorChild(["sim", str(SCENARIO), "--step-wall", "0.005"])
             s.callback(sim.stop)
             self.replicas = sim.info["replicas"]
+            models = json.loads(_scrape(f"http://{self.replicas[0]['address']}/v1/models"))
+            self.max_model_len = int(models["data"][0]["max_model_len"])
             pools: dict[str, list[str]] = {}
             for r in self.replicas:
                 pools.setdefault(r["pool"], []).append(r["address"])
@@ -157,25 +160,26 @@ class Rig:
     def served(self) -> float:
         return sum(_metric_sum(_scrape(r["metrics"]), "vllm:request_success_total") for r in self.replicas)
 
-    def picker_tasks(self) -> dict[str, float]:
-        text = _scrape(self.picker.info["metrics"])
+    def picker_counts(self, family: str, label: str) -> dict[str, float]:
+        """The picker's `family` summed by `label` (e.g. tasks by outcome, rejections by reason)."""
         out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("governor_picker_tasks_total{"):
-                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-                out[outcome] = out.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+        for line in _scrape(self.picker.info["metrics"]).splitlines():
+            if line.startswith(family + "{") and f'{label}="' in line:
+                key = line.split(f'{label}="', 1)[1].split('"', 1)[0]
+                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
 
 
 async def _run_task(url: str, t: TaskSpec, t0: float, res: RunResult, *, think_s: float, slo_ttft_s: float,
-                    timeout_s: float, fairness_id: bool) -> None:
+                    timeout_s: float, fairness_id: bool, max_model_len: int) -> None:
     await asyncio.sleep(max(0.0, t0 + t.at_s - time.monotonic()))  # its arrival time (open loop)
     res.started += 1
     tenant = res.by_tenant.setdefault(t.tenant, [0, 0])
     tenant[0] += 1
     spent = 0.0
     for k in range(t.steps):
-        n = max(1, t.context * (k + 1) // t.steps)
+        # within the model's context with its output (a longer one is the client's mistake: 400)
+        n = max(1, min(t.context * (k + 1) // t.steps, max_model_len - t.output))
         body = json.dumps({"prompt": _text(t.task_id, n), "prompt_tokens": n, "max_tokens": t.output,
                            "stream": True}).encode()
         headers = {"x-governor-class": "standard", TASK_HEADER: t.task_id, STEP_HEADER: str(k),
@@ -190,6 +194,10 @@ async def _run_task(url: str, t: TaskSpec, t0: float, res: RunResult, *, think_s
         if r.status == 200:
             spent += n + r.tokens  # what the replica computed for it (before any prefix-cache hit)
         if not ok:
+            cause = (str(r.status) if r.status != 200 else "late" if r.ttft_s > slo_ttft_s else "cut") \
+                if r.status else "no answer"
+            why = res.why_failed.setdefault(t.tenant, {})
+            why[cause] = why.get(cause, 0) + 1
             res.failed += 1
             res.failed_task_tokens += spent
             res.ok_tokens += spent
@@ -213,7 +221,7 @@ def run_one(tasks: list[TaskSpec], *, step_blind: bool, fairness_id: bool, cap: 
             horizon = max(t.at_s for t in tasks) + drain_s
             jobs = [asyncio.create_task(_run_task(rig.url, t, t0, res, think_s=think_s, slo_ttft_s=slo_ttft_s,
                                                   timeout_s=hold_s + slo_ttft_s + 60,
-                                                  fairness_id=fairness_id))
+                                                  fairness_id=fairness_id, max_model_len=rig.max_model_len))
                     for t in tasks]
             done, pending = await asyncio.wait(jobs, timeout=horizon)
             for j in pending:  # past the drain: unfinished tasks count as failed (not completed)
@@ -223,7 +231,8 @@ def run_one(tasks: list[TaskSpec], *, step_blind: bool, fairness_id: bool, cap: 
 
         wall = asyncio.run(main())
         served = rig.served() - served0
-        picker = rig.picker_tasks()
+        picker = rig.picker_counts("governor_picker_tasks_total", "outcome")
+        rejected = rig.picker_counts("governor_picker_rejected_total", "reason")
         usd_per_hour = sum(prices[r["pool"]] for r in rig.replicas)
         gpus = sum(gpus_per_replica[r["pool"]] for r in rig.replicas)
     unfinished = res.started - res.completed - res.failed
@@ -234,9 +243,10 @@ def run_one(tasks: list[TaskSpec], *, step_blind: bool, fairness_id: bool, cap: 
             "tasks_per_usd": res.completed / cost if cost > 0 else None, "cost_usd": cost,
             "gpu_s": gpu_s, "wasted_gpu_s": gpu_s * res.failed_task_tokens / res.ok_tokens if res.ok_tokens else 0.0,
             "requests_client": res.requests_client, "requests_served_replicas": served, "refused": res.refused,
-            "by_tenant": {k: {"tasks": v[0], "completed": v[1], "on_time": v[1] / v[0] if v[0] else None}
+            "by_tenant": {k: {"tasks": v[0], "completed": v[1], "on_time": v[1] / v[0] if v[0] else None,
+                              "failed_by": res.why_failed.get(k, {})}
                           for k, v in sorted(res.by_tenant.items())},
-            "picker_tasks": picker}
+            "picker_tasks": picker, "picker_rejected": rejected}
 
 
 def _bill_alike(*runs: dict) -> None:
@@ -253,7 +263,7 @@ def _bill_alike(*runs: dict) -> None:
 
 def run_live(*, task_rate: float, duration_s: float, cap: int, budget: int, hold_s: float, think_s: float,
              slo_ttft_s: float, drain_s: float, length_scale: float, max_output: int, seed: int,
-             tenants: bool, light_rate: float = 0.5) -> dict:
+             tenants: bool, light_rate: float = 0.5, steps: bool = True) -> dict:
     from controller.sim.fleetspec import fleet_spec_from_scenario
     from controller.sim.scenario import load_scenario
 
@@ -265,16 +275,19 @@ def run_live(*, task_rate: float, duration_s: float, cap: int, budget: int, hold
                               "gpus_per_replica": {p.name: p.gpus_per_replica for p in spec.pools}}
     rng = np.random.default_rng(seed)
     tasks = make_tasks(rng, task_rate, duration_s, "default", length_scale, ctx, out, max_output, "agent")
-    aware = run_one(tasks, step_blind=False, fairness_id=True, **common)
-    blind = run_one(tasks, step_blind=True, fairness_id=True, **common)
-    _bill_alike(aware, blind)
     res: dict[str, Any] = {"config": {"task_rate": task_rate, "duration_s": duration_s, "cap": cap, "budget": budget,
-                      "hold_s": hold_s, "think_s": think_s, "slo_ttft_s": slo_ttft_s, "length_scale": length_scale,
-                      "max_output": max_output, "seed": seed, "light_rate": light_rate},
-           "step_aware": aware, "step_blind": blind,
-           "tasks_per_usd_ratio": (aware["tasks_per_usd"] / blind["tasks_per_usd"]
-                                   if aware["tasks_per_usd"] and blind["tasks_per_usd"] else None),
-           "wasted_gpu_s_ratio": (aware["wasted_gpu_s"] / blind["wasted_gpu_s"] if blind["wasted_gpu_s"] else None)}
+                                      "hold_s": hold_s, "think_s": think_s, "slo_ttft_s": slo_ttft_s,
+                                      "length_scale": length_scale, "max_output": max_output, "seed": seed,
+                                      "light_rate": light_rate}}
+    if steps:
+        aware = run_one(tasks, step_blind=False, fairness_id=True, **common)
+        blind = run_one(tasks, step_blind=True, fairness_id=True, **common)
+        _bill_alike(aware, blind)
+        res |= {"step_aware": aware, "step_blind": blind,
+                "tasks_per_usd_ratio": (aware["tasks_per_usd"] / blind["tasks_per_usd"]
+                                        if aware["tasks_per_usd"] and blind["tasks_per_usd"] else None),
+                "wasted_gpu_s_ratio": (aware["wasted_gpu_s"] / blind["wasted_gpu_s"]
+                                       if blind["wasted_gpu_s"] else None)}
     if tenants:
         rng = np.random.default_rng(seed + 1)
         # heavy: five times light's tasks, twice as long: ten times its tokens

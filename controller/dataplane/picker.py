@@ -6,8 +6,9 @@ Per request, in this order (the simulated router's order, controller/sim/router.
    a token bucket like the class's below → 429 `tenant_rate_limit`. Step-aware (`Settings.step_aware`, the
    default), a later step of a task under way is favoured at every stage of pressure below: the class's shed
    share is taken from first steps only, a later step may borrow one second of a bucket's rate, the queue budget
-   refuses first steps before later ones, and held later steps go before held first steps; among tenants, held
-   requests go by the token-weighted fair share (`HeldQueue`).
+   refuses first steps before later ones, and a tenant's held later steps go before its held first steps; among
+   tenants, held requests go by the token-weighted fair share (`HeldQueue`) and a full queue budget is shared by
+   weight (`_displace`).
 1. Admission of its priority class: `shed_frac` (`shed_fraction` on the wire) rejects that fraction of arrivals at once
    (429; deterministic: a running sum sheds the request that carries it past the next whole
    one, so 0.25 sheds exactly every 4th); then the rate limit, a token bucket refilled at
@@ -168,9 +169,11 @@ class _ClassState:
 
 
 class HeldQueue:
-    """One class's held requests in one pool: later steps of tasks under way before first steps (step-aware), then
-    the tenant furthest below its token-weighted fair share (least virtual time: tokens dispatched / weight), FCFS
-    within a tenant. At most two queues a tenant, and the tenants are bounded (tasks.TaskBook.max_tenants)."""
+    """One class's held requests in one pool: the tenant furthest below its token-weighted fair share goes first
+    (least virtual time: tokens dispatched / weight), and within a tenant later steps of its tasks under way before
+    its first steps (step-aware), FCFS within each. Step-awareness orders a tenant's own requests: a tenant with many
+    tasks under way does not get ahead of another tenant's share by it. At most two queues a tenant, and the tenants
+    are bounded (tasks.TaskBook.max_tenants)."""
 
     def __init__(self) -> None:
         self._q: dict[tuple[bool, str], deque[HeldRequest]] = {}
@@ -192,7 +195,7 @@ class HeldQueue:
     def head(self, book: TaskBook) -> deque[HeldRequest] | None:
         """The queue whose first request goes next (requests already done are dropped on the way), or None."""
         best: deque[HeldRequest] | None = None
-        best_key: tuple[bool, float, int] | None = None
+        best_key: tuple[float, bool, int] | None = None
         for k, q in list(self._q.items()):
             while q and q[0].done:
                 q.popleft()
@@ -200,7 +203,7 @@ class HeldQueue:
                 del self._q[k]
                 continue
             st = book.tenants.get(k[1])
-            key = (k[0], st.vtime if st is not None else 0.0, q[0].seq)
+            key = (st.vtime if st is not None else 0.0, k[0], q[0].seq)
             if best_key is None or key < best_key:
                 best, best_key = q, key
         return best
@@ -501,9 +504,11 @@ class Picker:
 
     def _displace(self, cls: str, tenant: str, later: bool, settings: Settings) -> bool:
         """A class's full queue budget is shared by the tenants' weights: when another tenant holds more of it
-        per weight than the arriving one would with this request, that tenant's newest held request of the same
-        kind (a first step for a first step, a later step for a later step) gives its place up (503
-        queue_budget, answered by the edge from `take_evicted`). True if a place was freed."""
+        per weight than the arriving one would with this request, that tenant's newest held request gives its
+        place up (503 queue_budget, answered by the edge from `take_evicted`): for a later step, a later step
+        (first steps do not count against its budget); for a first step, a first step if it holds one, else a
+        later step — step-awareness orders a tenant's own requests, it does not let a tenant with many tasks under
+        way take more than its share from the others. True if a place was freed."""
         def share(t: str, extra: int = 0) -> float:
             return (self._held_by_tenant.get((cls, t), 0) + extra) / settings.tenant_limits(t).weight
 
@@ -513,9 +518,13 @@ class Picker:
             if share(top) <= mine:
                 return False
             prio = PRIORITY_CLASSES.index(cls)
-            victims = [h for hqs in self._held.values() if (h := hqs[prio].newest(top, later)) is not None]
+            victims: list[HeldRequest] = []
+            for kind in ((True,) if later else (False, True)):
+                victims = [h for hqs in self._held.values() if (h := hqs[prio].newest(top, kind)) is not None]
+                if victims:
+                    break
             if not victims:
-                continue  # what it holds is of the other kind: the next tenant down
+                continue  # nothing it holds frees the kind of place this request needs: the next tenant down
             h = max(victims, key=lambda v: v.seq)
             h.done = True
             h.rejected = "queue_budget"

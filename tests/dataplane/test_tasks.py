@@ -287,15 +287,18 @@ def test_a_full_queue_budget_is_shared_by_the_tenants_weights():
     again = p.route("standard", "", s, 0.0, ident=_first("l1", "light"))
     assert again.status == 503  # one each now: light's second would take more than its share
     assert p.held_count("standard") == 2
-    # held later steps are never displaced by a first step
+    # a tenant over its share holding only later steps gives one up to a first step of a tenant under its share
+    # (many tasks under way do not buy a bigger share); a first step never displaces a later step of its own tenant
     q = _picker()
     s2 = _s(True, cap=1, standard=ClassSettings(queue_budget=2))
     _saturate(q, s2)
+    later = []
     for t in ("hx", "hy"):
         q.book.admit("heavy", "standard", t, 0, 3, 1.0)
-        assert q.route("standard", "", s2, 0.0, ident=_later(t, "heavy")).held is not None
-    assert q.route("standard", "", s2, 0.0, ident=_first("l0", "light")).status == 503
-    assert q.take_evicted() == []
+        later.append(q.route("standard", "", s2, 0.0, ident=_later(t, "heavy")))
+    assert q.route("standard", "", s2, 0.0, ident=_first("h9", "heavy")).status == 503
+    assert q.route("standard", "", s2, 0.0, ident=_first("l0", "light")).held is not None
+    assert q.take_evicted() == [later[1].held]
 
 
 def test_the_edge_answers_a_displaced_request_503_queue_budget():
@@ -325,3 +328,24 @@ def test_the_edge_answers_a_displaced_request_503_queue_budget():
         return [resp.immediate_response.status.code, int(resp.immediate_response.details == "governor_queue_budget")]
 
     assert asyncio.run(run()) == [503, 1]
+
+
+def test_fair_share_orders_tenants_before_step_kind_across_tenants():
+    """Heavy's later steps wait behind light's first step once heavy is ahead of its share; within heavy, its later
+    step still goes before its own first step."""
+    p = _picker()
+    s = _s(True, cap=1)
+    r = p.route("standard", "", s, 0.0, ident=Identity(tenant="light"), tokens=10.0)
+    assert r.endpoint is not None
+    p.finish(r.endpoint, s, r.ticket)
+    r = p.route("standard", "", s, 0.0, ident=Identity(tenant="heavy"), tokens=1000.0)  # heavy gets ahead in tokens
+    assert r.endpoint is not None
+    p.book.admit("heavy", "standard", "hx", 0, 3, 1.0)
+    heavy_first = p.route("standard", "", s, 0.0, ident=_first("hy", "heavy"))
+    heavy_later = p.route("standard", "", s, 0.0, ident=_later("hx", "heavy"))
+    light_first = p.route("standard", "", s, 0.0, ident=_first("l0", "light"))
+    ep = p.endpoints["a"][0]
+    order = []
+    for _ in range(3):
+        order += p.finish(ep, s)
+    assert order == [light_first.held, heavy_later.held, heavy_first.held]
