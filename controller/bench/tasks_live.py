@@ -10,9 +10,10 @@ Clients: tasks arrive open loop (Poisson, `--task-rate` a second, seeded) for `-
 steps, S uniform in [3, 8] (the agentic scenario's range); its lengths come from one request of the shared Azure
 LLM conversation trace: step k sends the first (k + 1)/S of its context (`prompt_tokens`, the text growing with it
 so the replicas' prefix caches see the shared part; within the model's context length, read from a replica's
-/v1/models) and asks for that request's output length (at most `--max-output`); the next step leaves `--think` seconds after the previous one returned (the agent's tool call). A
-step succeeds if it is answered 200, its stream ends with [DONE] and its first token comes within `--slo-ttft`; a
-task succeeds if every step does; an agent abandons its task at the first failed step.
+/v1/models) and asks for that request's output length (at most `--max-output`); the next step leaves `--think`
+seconds after the previous one returned (the agent's tool call). A step succeeds if it is answered 200, its
+stream ends with [DONE] and its first token comes within `--slo-ttft`; a task succeeds if every step does; an
+agent abandons its task at the first failed step.
 
 Runs, on the same fleet with the same arrivals: step-aware admission (the picker's default) and step-blind
 (`--step-blind`); then the two-tenant run: tenant `heavy` sends ten times the tokens of tenant `light` (five

@@ -24,7 +24,7 @@ from typing import Any
 
 from controller.bench.benchdoc import charts, regions, render, sources
 
-DOCS = ("docs/BENCHMARKS.md", "README.md")  # the files whose bench regions the renderer owns
+DOCS = ("docs/BENCHMARKS.md", "docs/RELIABILITY.md", "README.md")  # the files whose bench regions the renderer owns
 
 
 class ReportError(ValueError):

@@ -413,6 +413,53 @@ def dataplane(results: Results) -> str:
     return provenance(env) + "\n\n" + table(head, rows, [True, True, False] + [True] * 5)
 
 
+def tasks_hostile(results: Results) -> str:
+    env = results["tasks-hostile"]
+    h = env["result"]["hostile"]
+    d = h["decide_us"]
+    rss = h["rss_mib"]
+    full = next((k for k, n in enumerate(h.get("book_at_checkpoints") or []) if n >= h["max_tasks"]), None)
+    mem = (f"{rss[full][1]:,.1f} → {rss[-1][1]:,.1f} (+{h['rss_growth_after_full_mib']:,.1f})"
+           if full is not None else "–")
+    rows = [[f"{h['requests']:,}", f"{h['refused_bad_header']:,}", f"{h['book_size']:,} of {h['max_tasks']:,}",
+             f"{h['tasks_evicted']:,}", f"{h['tenants_named']} of {h['tenant_ids']:,}",
+             f"{num(d['p50'])} / **{num(d['p99'])}** / {num(d['p999'])} / {d['max']:,.0f}", mem,
+             f"{h['requests_per_s']:,.0f}"]]
+    head = ["requests (new task id each)", "refused (bad header)", "book", "evicted", "tenants named",
+            "decide µs p50 / p99 / p99.9 / max", "RSS MiB: book full → end", "req/s"]
+    return provenance(env) + "\n\n" + table(head, rows)
+
+
+def _ratio(x: Any) -> str:
+    return f"{x:.2f}" if _finite(x) else "–"
+
+
+def tasks_live(results: Results) -> str:
+    env = results["tasks-live"]
+    live = env["result"]["live"]
+    c = live["config"]
+    runs = [("step-aware", live["step_aware"]), ("step-blind", live["step_blind"])]
+    if "tenants_fair" in live:
+        runs += [("two tenants, fairness id", live["tenants_fair"]),
+                 ("two tenants, one queue", live["tenants_one_queue"])]
+    rows = []
+    for name, r in runs:
+        tenants = ", ".join(f"{t} {v['completed']}/{v['tasks']}" for t, v in r["by_tenant"].items())
+        rows.append([name, str(r["tasks"]), str(r["completed"]), str(r["failed"]), num(r["tasks_per_usd"]),
+                     num(r["wasted_gpu_s"]), str(r["refused"]),
+                     f"{r['requests_client']:,} / {r['requests_served_replicas']:,.0f}", tenants])
+    head = ["run", "tasks", "completed", "failed", "completed per $", "GPU-s on tasks that failed",
+            "steps refused", "requests: client / replicas", "completed on time per tenant"]
+    setup = (f"Fleet: scenarios/dataplane/fleet.yaml's four replicas, nothing scaling them; in-flight cap {c['cap']} "
+             f"per replica, standard queue budget {c['budget']}, hold timeout {c['hold_s']:g} s; {c['task_rate']:g} "
+             f"tasks/s for {c['duration_s']:g} s (light tenant {c.get('light_rate', 0.5):g}/s, heavy 5x its tasks "
+             f"at 2x the length), think {c['think_s']:g} s, TTFT bound {c['slo_ttft_s']:g} s, seed {c['seed']}.")
+    ratios = (f"Step-aware ÷ step-blind: completed tasks per dollar **{_ratio(live['tasks_per_usd_ratio'])}**, "
+              f"GPU-seconds on tasks that later failed **{_ratio(live['wasted_gpu_s_ratio'])}**.")
+    return provenance(env) + " " + setup + "\n\n" + table(head, rows, [False] + [True] * 7 + [False]) + \
+        "\n\n" + ratios
+
+
 def api_load(results: Results) -> str:
     env = results["api-load"]
     r = env["result"]
@@ -552,6 +599,8 @@ REGIONS: dict[str, Renderer] = {
     "models-forecast": Renderer(("models",), models_forecast),
     "dataplane": Renderer(("dataplane",), dataplane),
     "api-load": Renderer(("api-load",), api_load),
+    "tasks-hostile": Renderer(("tasks-hostile",), tasks_hostile),
+    "tasks-live": Renderer(("tasks-live",), tasks_live),
     "aiperf": Renderer(("aiperf",), aiperf),
     "aiperf-governor": Renderer(("aiperf",), aiperf_governor),
     "sim-speed": Renderer(("sim-speed-azure-conv-rate1", "sim-speed-mooncake-conv", "sim-speed-azure-conv"),

@@ -131,6 +131,13 @@ SOURCES: tuple[Source, ...] = (
     Source("dataplane", "governor bench dataplane --json",
            "Envoy + governor picker on loopback at 500 req/s: shares, pick latency, added latency", 1.0,
            keys=("share_error_max",)),
+    Source("tasks-hostile", "governor bench tasks --json",
+           "the picker's task book under a million distinct task ids and bad headers: decision time, memory", 1.5,
+           keys=("hostile",)),
+    Source("tasks-live",
+           "governor bench tasks --skip-hostile --live --task-rate 6 --duration 30 --drain 40 --json",
+           "agentic tasks through Envoy and the picker beyond a static fleet: step-aware vs step-blind, two tenants",
+           6.0, keys=("live",)),
     Source("api-load", "governor bench api-load --json",
            "1,000 status/list + 50 override RPCs per second for 60 s while ticking, the picker beside it "
            "(= make loadtest)", 2.0, keys=("read_rps", "errors", "tick_overruns")),
