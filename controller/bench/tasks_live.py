@@ -75,6 +75,7 @@ class RunResult:
     by_tenant: dict[str, list[int]] = field(default_factory=dict)  # tenant → [tasks, completed]
     requests_client: int = 0
     refused: int = 0
+    refused_first: int = 0  # tasks refused at their first step (never started at the picker)
     why_failed: dict[str, dict[str, int]] = field(default_factory=dict)  # tenant → cause → tasks
 
 
@@ -191,6 +192,7 @@ async def _run_task(url: str, t: TaskSpec, t0: float, res: RunResult, *, think_s
         res.requests_client += 1
         if r.status in (429, 503):
             res.refused += 1
+            res.refused_first += k == 0
         ok = r.status == 200 and not r.error and r.ttft_s <= slo_ttft_s
         if r.status == 200:
             spent += n + r.tokens  # what the replica computed for it (before any prefix-cache hit)
@@ -210,14 +212,63 @@ async def _run_task(url: str, t: TaskSpec, t0: float, res: RunResult, *, think_s
     res.ok_tokens += spent
 
 
+class DaemonCosts:
+    """The daemon's own cost accounting (runtime/costs.py, obs/task_cost.py, obs/daemon_metrics.py) beside the run:
+    it ticks every second, reads the picker's /metrics and the static fleet, and its /metrics text says what a
+    successful task cost — the figure `governor status` and the dashboard show, to compare with the bench's."""
+
+    def __init__(self, rig: Rig, prices: dict[str, float]) -> None:
+        import threading
+
+        from controller.obs.daemon_metrics import DaemonMetrics
+        from controller.obs.task_cost import CostTracker, PickerTasksReader
+        from controller.types import FleetObservation, PoolObservation, Reading
+
+        counts: dict[str, int] = {}
+        for r in rig.replicas:
+            counts[r["pool"]] = counts.get(r["pool"], 0) + 1
+        self._obs = FleetObservation(at_s=0.0, pools={p: PoolObservation(p, replicas_ready=Reading(float(n)),
+                                                                         replicas_starting=Reading(0.0))
+                                                      for p, n in counts.items()})
+        self.metrics = DaemonMetrics()
+        self.tracker = CostTracker(prices, PickerTasksReader([rig.picker.info["metrics"]],
+                                                             lambda url, _timeout: _scrape(url)))
+        self._stop = threading.Event()
+        self.tick()  # the baseline, before the first task
+        self._thread = threading.Thread(target=self._loop, name="daemon-costs", daemon=True)
+        self._thread.start()
+
+    def tick(self, at_s: float | None = None) -> None:
+        self.metrics.observe_costs(self.tracker.observe(time.monotonic() if at_s is None else at_s, self._obs))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):  # the daemon's tick period in the demo is 3 s; a second is finer
+            self.tick()
+
+    def stop(self, end_s: float) -> dict[str, float]:
+        """A last tick as of `end_s` (when the run's last task ended; its counts read after the picker settled
+        them), then the cost per successful task as the daemon's /metrics shows it, by basis."""
+        from prometheus_client import generate_latest
+
+        self._stop.set()
+        self._thread.join(5.0)
+        self.tick(end_s)
+        out = {}
+        for line in generate_latest(self.metrics.registry).decode().splitlines():
+            if line.startswith("governor_cost_per_successful_task_usd{"):
+                out[line.split('basis="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+        return out
+
+
 def run_one(tasks: list[TaskSpec], *, step_blind: bool, fairness_id: bool, cap: int, budget: int, hold_s: float,
             think_s: float, slo_ttft_s: float, drain_s: float, prices: dict[str, float],
             gpus_per_replica: dict[str, int]) -> dict:
     with Rig(step_blind=step_blind, cap=cap, budget=budget, hold_timeout_s=hold_s) as rig:
         served0 = rig.served()
         res = RunResult()
+        daemon = DaemonCosts(rig, prices)
 
-        async def main() -> float:
+        async def main() -> tuple[float, float]:
             t0 = time.monotonic()
             horizon = max(t.at_s for t in tasks) + drain_s
             jobs = [asyncio.create_task(_run_task(rig.url, t, t0, res, think_s=think_s, slo_ttft_s=slo_ttft_s,
@@ -228,9 +279,19 @@ def run_one(tasks: list[TaskSpec], *, step_blind: bool, fairness_id: bool, cap: 
             for j in pending:  # past the drain: unfinished tasks count as failed (not completed)
                 j.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-            return time.monotonic() - t0
+            return t0, time.monotonic()
 
-        wall = asyncio.run(main())
+        t0, t_end = asyncio.run(main())
+        wall = t_end - t0
+        # the picker settles the last steps on Envoy's access log (flushed every 0.2 s): its counts stop moving
+        deadline, last, still = time.monotonic() + 3.0, -1.0, 0
+        while time.monotonic() < deadline and still < 5:
+            got = rig.picker_counts("governor_picker_tasks_total", "outcome")
+            now = got.get("completed", 0) + got.get("failed", 0)
+            still = still + 1 if now == last else 0
+            last = now
+            time.sleep(0.1)  # polling a condition under a deadline
+        daemon_cost = daemon.stop(t_end)
         served = rig.served() - served0
         picker = rig.picker_counts("governor_picker_tasks_total", "outcome")
         rejected = rig.picker_counts("governor_picker_rejected_total", "reason")
@@ -244,10 +305,14 @@ def run_one(tasks: list[TaskSpec], *, step_blind: bool, fairness_id: bool, cap: 
             "tasks_per_usd": res.completed / cost if cost > 0 else None, "cost_usd": cost,
             "gpu_s": gpu_s, "wasted_gpu_s": gpu_s * res.failed_task_tokens / res.ok_tokens if res.ok_tokens else 0.0,
             "requests_client": res.requests_client, "requests_served_replicas": served, "refused": res.refused,
+            "refused_first_steps": res.refused_first,
             "by_tenant": {k: {"tasks": v[0], "completed": v[1], "on_time": v[1] / v[0] if v[0] else None,
                               "failed_by": res.why_failed.get(k, {})}
                           for k, v in sorted(res.by_tenant.items())},
-            "picker_tasks": picker, "picker_rejected": rejected}
+            "picker_tasks": picker, "picker_rejected": rejected,
+            # the daemon's /metrics against the bench's own figure for the same run (cost / tasks completed)
+            "daemon_cost_per_success_usd": daemon_cost.get("tasks"),
+            "bench_cost_per_success_usd": cost / res.completed if res.completed else None}
 
 
 def _bill_alike(*runs: dict) -> None:

@@ -45,7 +45,7 @@ from controller.obs.task_cost import CostSnapshot
 from controller.types import FleetObservation, Mode, PoolPhases
 
 if TYPE_CHECKING:
-    from controller.runtime.costs import CostTracker
+    from controller.obs.task_cost import CostTracker
 
 
 class Leadership(Protocol):

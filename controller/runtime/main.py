@@ -30,10 +30,10 @@ from controller.learning.physics import physics_for_pool_spec
 from controller.obs.daemon_metrics import DaemonMetrics
 from controller.obs.logs import setup_logging
 from controller.obs.otel import build_tick_telemetry
+from controller.obs.task_cost import CostTracker, PickerTasksReader
 from controller.policies.registry import POLICY_NAMES, breaker_for, build_policy
 from controller.rpc.transport import Authenticator, TlsConfig, TokenEntry, load_tokens_file
 from controller.runtime.actuators import build_actuator
-from controller.runtime.costs import CostTracker, PickerTasksReader
 from controller.runtime.daemon import Daemon, TickReport
 from controller.runtime.leader import (
     ANNOTATION_ADDRESS,
@@ -187,7 +187,10 @@ def build_costs(settings: Settings, controller: Controller) -> CostTracker:
     Prometheus as the source the daemon exports the spend and the dashboard divides it by the pickers' series)."""
     urls = [t.url for t in settings.telemetry.scrape.targets if t.kind == "router"] \
         if settings.telemetry.source == "scrape" else []
-    reader = PickerTasksReader(urls, timeout_s=min(1.0, settings.telemetry.scrape.timeout_s)) if urls else None
+    from controller.telemetry.scrape import fetch_text
+
+    reader = (PickerTasksReader(urls, fetch_text, timeout_s=min(1.0, settings.telemetry.scrape.timeout_s))
+              if urls else None)
     return CostTracker({p.name: p.usd_per_replica_hour for p in controller.fleet.pools}, reader)
 
 

@@ -11,8 +11,7 @@ from prometheus_client import generate_latest
 from controller.dataplane.server import PickerConfig, PickerService
 from controller.dataplane.tasks import Identity
 from controller.obs.daemon_metrics import DaemonMetrics
-from controller.obs.task_cost import PickerTasks, TaskCost
-from controller.runtime.costs import PickerTasksReader, parse_picker_tasks
+from controller.obs.task_cost import PickerTasks, PickerTasksReader, TaskCost, parse_picker_tasks
 from controller.runtime.daemon import cost_details
 
 K_OK = ("standard", "acme", "completed")
@@ -81,10 +80,10 @@ def test_the_reader_sums_pickers_and_leaves_out_one_that_fails():
             raise OSError("connection refused")
         return page
 
-    r = PickerTasksReader(["p1", "p2", "bad"], fetch=fetch)
+    r = PickerTasksReader(["p1", "p2", "bad"], fetch)
     got = r.read()
     assert got is not None and got.tasks[("standard", "acme", "completed")] == 2 and r.errors == 1
-    assert PickerTasksReader(["bad"], fetch=fetch).read() is None
+    assert PickerTasksReader(["bad"], fetch).read() is None
 
 
 def test_daemon_metrics_export_spend_tasks_and_cost():

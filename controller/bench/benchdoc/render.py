@@ -445,18 +445,21 @@ def tasks_live(results: Results) -> str:
     rows = []
     for name, r in runs:
         tenants = ", ".join(f"{t} {v['completed']}/{v['tasks']}" for t, v in r["by_tenant"].items())
+        b, d = r.get("bench_cost_per_success_usd"), r.get("daemon_cost_per_success_usd")
+        agree = (f"{b * 1000:.2f} / {d * 1000:.2f} ({(d - b) / b:+.1%})" if _finite(b) and _finite(d) else "–")
         rows.append([name, str(r["tasks"]), str(r["completed"]), str(r["failed"]), num(r["tasks_per_usd"]),
                      num(r["wasted_gpu_s"]), str(r["refused"]),
-                     f"{r['requests_client']:,} / {r['requests_served_replicas']:,.0f}", tenants])
+                     f"{r['requests_client']:,} / {r['requests_served_replicas']:,.0f}", agree, tenants])
     head = ["run", "tasks", "completed", "failed", "completed per $", "GPU-s on tasks that failed",
-            "steps refused", "requests: client / replicas", "completed on time per tenant"]
+            "steps refused", "requests: client / replicas", "m$ per successful task: bench / daemon /metrics",
+            "completed on time per tenant"]
     setup = (f"Fleet: scenarios/dataplane/fleet.yaml's four replicas, nothing scaling them; in-flight cap {c['cap']} "
              f"per replica, standard queue budget {c['budget']}, hold timeout {c['hold_s']:g} s; {c['task_rate']:g} "
              f"tasks/s for {c['duration_s']:g} s (light tenant {c.get('light_rate', 0.5):g}/s, heavy 5x its tasks "
              f"at 2x the length), think {c['think_s']:g} s, TTFT bound {c['slo_ttft_s']:g} s, seed {c['seed']}.")
     ratios = (f"Step-aware ÷ step-blind: completed tasks per dollar **{_ratio(live['tasks_per_usd_ratio'])}**, "
               f"GPU-seconds on tasks that later failed **{_ratio(live['wasted_gpu_s_ratio'])}**.")
-    return provenance(env) + " " + setup + "\n\n" + table(head, rows, [False] + [True] * 7 + [False]) + \
+    return provenance(env) + " " + setup + "\n\n" + table(head, rows, [False] + [True] * 8 + [False]) + \
         "\n\n" + ratios
 
 
