@@ -83,11 +83,12 @@ def cost_line(c) -> str:
     if c.basis == "none":
         return line + " · tasks: no picker counts"
     share = c.success_share()
-    unit = "task" if c.basis == "tasks" else "request (no task ids)"
+    unit = "task" if c.basis == "tasks" else "request"
     line += (f" · {c.count('completed'):.0f} of {c.count('started'):.0f} {unit}s completed"
+             + (" (no task ids: each request a task)" if c.basis == "requests" else "")
              + (f" ({share:.0%} of settled)" if share is not None else ""))
     if c.cost_per_success_usd is not None:
-        line += f" · ${c.cost_per_success_usd:.5f} per successful {unit.split()[0]}"
+        line += f" · ${c.cost_per_success_usd:.5f} per successful {unit}"
     return line
 
 

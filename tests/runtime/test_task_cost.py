@@ -99,3 +99,20 @@ def test_daemon_metrics_export_spend_tasks_and_cost():
                  if line.startswith('governor_cost_per_successful_task_usd{basis="tasks"}'))
     assert math.isclose(value, 0.05)
     assert 'basis="requests"' not in text
+
+
+def test_the_live_view_line_says_spend_tasks_and_cost_and_the_basis():
+    from controller.runtime.view import cost_line
+
+    c = TaskCost({"a": 3.6})
+    c.observe(0.0, {"a": 2}, PickerTasks({}))
+    snap = c.observe(100.0, {"a": 2}, PickerTasks({K_OK: 4.0, K_START: 5.0, ("standard", "acme", "failed"): 1.0}))
+    line = cost_line(snap)
+    assert line.startswith("spend $7.20/h · $0.2000 so far")
+    assert "4 of 5 tasks completed (80% of settled)" in line and "$0.05000 per successful task" in line
+    req = TaskCost({"a": 3.6})
+    req.observe(0.0, {"a": 2}, PickerTasks({}, 0.0))
+    snap = req.observe(100.0, {"a": 2}, PickerTasks({K_OK: 4.0, K_START: 5.0}, 5.0))
+    assert "4 of 5 requests completed (no task ids: each request a task)" in cost_line(snap)
+    assert "per successful request" in cost_line(snap)
+    assert cost_line(TaskCost({"a": 1.0}).observe(0.0, {"a": 1}, None)).endswith("tasks: no picker counts")
