@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -33,6 +34,21 @@ class WallClock:
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds)
+
+
+BUDGET_CLOCKS = ("wall", "cpu")
+
+
+def budget_timer(kind: str) -> Callable[[], float]:
+    """The clock a planner's time budget counts (`policy_params.budget_clock`): "wall", monotonic wall
+    time (the tick ends within its budget; on a loaded machine the search gets less done), or "cpu",
+    the calling thread's CPU time (the search gets its budget's worth of work whatever else the machine
+    runs; the tick may then take longer in wall time)."""
+    if kind == "wall":
+        return WallClock().monotonic_s
+    if kind == "cpu":
+        return time.thread_time
+    raise ValueError(f"budget_clock must be one of {', '.join(BUDGET_CLOCKS)} (got {kind!r})")
 
 
 class VirtualClock:

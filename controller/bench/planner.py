@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 
+from controller.clock import BUDGET_CLOCKS, budget_timer
 from controller.types import (
     ClassObservation,
     Decision,
@@ -115,7 +116,6 @@ def _observation(t: float, fleet: FleetSpec, current: Decision, rng: np.random.G
 
 
 COMPLETE_EVALUATIONS = 10**7  # rows: enough that no phase of the search is cut
-CLOCKS = ("wall", "cpu")
 
 
 def reference_every(n_pools: int) -> int:
@@ -139,8 +139,8 @@ def measure(n_pools: int = 10, ticks: int = 120, budget_ms: float | None = None,
         raise ValueError(f"need pools >= 1 and ticks >= 1 (got {n_pools}, {ticks})")
     if budget_ms is not None and not (math.isfinite(budget_ms) and 25.0 <= budget_ms <= 10_000.0):
         raise ValueError(f"--budget-ms must be between 25 and 10000 (got {budget_ms:g})")
-    if clock not in CLOCKS:
-        raise ValueError(f"--clock must be one of {', '.join(CLOCKS)} (got {clock!r})")
+    if clock not in BUDGET_CLOCKS:
+        raise ValueError(f"--clock must be one of {', '.join(BUDGET_CLOCKS)} (got {clock!r})")
     every = reference_every(n_pools) if every is None else every
     if every < 1:
         raise ValueError(f"--reference-every must be >= 1 (got {every})")
@@ -148,7 +148,7 @@ def measure(n_pools: int = 10, ticks: int = 120, budget_ms: float | None = None,
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     fleet = _fleet(n_pools)
     complete = MpcPolicy(max_evaluations=COMPLETE_EVALUATIONS, planner={"group_search": False})
-    timer = time.perf_counter if clock == "wall" else time.thread_time
+    timer = budget_timer(clock)
     policy = MpcPolicy() if budget_ms is None else MpcPolicy(timer=timer, time_budget_s=budget_ms / 1e3)
     rng = np.random.default_rng(0)
     state = policy.initial_state()

@@ -22,7 +22,7 @@ from controller.actuation.shadow import ShadowActuator
 from controller.api.kube_store import GovernorStateApi, KubeStateStore
 from controller.api.server import PolicyServer
 from controller.api.store import StateStore, StoreError
-from controller.clock import Clock, WallClock
+from controller.clock import Clock, WallClock, budget_timer
 from controller.config import ConfigError, Settings
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller
@@ -89,8 +89,9 @@ def build_controller(settings: Settings, learning: Learning | None = None) -> Co
     g = settings.guards
     params = dict(settings.policy_params)
     if settings.policy == "mpc":
-        # In the daemon the planner's search is bounded by wall time (the bench uses an evaluation count).
-        params.setdefault("timer", WallClock().monotonic_s)
+        # In the daemon the planner's search is bounded by time (the bench uses an evaluation count): wall
+        # time by default, or the thread's CPU time (`budget_clock: cpu`, for a machine shared with others)
+        params.setdefault("timer", budget_timer(str(params.pop("budget_clock", "wall"))))
         # every pool's step-time figures as its engine resolved (calibrated table or roofline), so a model
         # or SKU declared in the config plans like a built-in one; figures set in policy_params win
         params["engine_figures"] = {**{n: e.figures for n, e in settings.engines().items()},

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from controller.clock import budget_timer
 from controller.config import ConfigError, Settings, load_settings
 from controller.config.tick_budget import tick_budget_problems
 from controller.policies.registry import build_policy
@@ -37,10 +38,14 @@ def preflight(path: str | Path | None) -> Settings:
     if budget:
         raise ConfigError([f"{source}: {p}" for p in budget], source)
     params = dict(settings.policy_params)
+    problems = []
     if settings.policy == "mpc":
         params["engine_figures"] = {**{n: e.figures for n, e in settings.engines().items()},
                                     **dict(params.get("engine_figures") or {})}
-    problems = []
+        try:  # what the time budget counts: the daemon picks the clock (runtime/main.py), the policy gets a timer
+            budget_timer(str(params.pop("budget_clock", "wall")))
+        except ValueError as exc:
+            problems.append(f"{source}: policy_params: {exc}")
     try:
         build_policy(settings.policy, settings.fleet_spec(), params)
     except (ValueError, TypeError) as exc:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.bench.benchdoc.render import COST, Results, scenario_order, shipped_rows
+from controller.bench.benchdoc.render import COST, PLANNER_SCALE, Results, scenario_order, shipped_rows
 from controller.bench.report import meets_bar
 
 DPI = 80
@@ -97,9 +97,43 @@ def robustness(results: Results, path: Path) -> None:
     _save(fig, path)
 
 
+def planner_scale(results: Results, path: Path) -> None:
+    """Left: the planner's CPU per tick against the pools (the budgeted search p50 and p99, the complete
+    search p50). Right: the daemon's tick per phase (p50) against pools and replicas."""
+    plt = _plt()
+    runs = [results[n]["result"] for n in PLANNER_SCALE]
+    pools = [r["pools"] for r in runs]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
+    ax.plot(pools, [r["cpu_p50_ms"] for r in runs], "o-", color="#2a7ab9", label="planner p50 (budgeted)")
+    ax.plot(pools, [r["cpu_p99_ms"] for r in runs], "o--", color="#2a7ab9", label="planner p99 (budgeted)")
+    ax.plot(pools, [r["complete_cpu_p50_ms"] for r in runs], "s-", color="#c0392b", label="complete search p50")
+    for r in runs:
+        ax.annotate(f"budget {r['budget_ms']:g}", (r["pools"], r["cpu_p99_ms"]), fontsize=7,
+                    textcoords="offset points", xytext=(4, -10))
+    ax.set_yscale("log")
+    ax.set_xlabel("pools (route groups of 1-3 pools)", fontsize=8)
+    ax.set_ylabel("CPU ms per tick, one core", fontsize=8)
+    ax.legend(fontsize=7)
+    ax.set_title("governor bench planner", fontsize=9)
+    ticks = [(n, results[n]["result"]) for n in ("tick-prometheus", "tick-mpc-100") if n in results]
+    labels = [f"{r['pools']} pools\n{r['replicas']:,} replicas\n{r.get('policy', 'slo-feedback')}" for _, r in ticks]
+    bottom = [0.0] * len(ticks)
+    for phase, colour in (("read", "#7fb3d5"), ("step", "#2a7ab9"), ("actuate", "#f5b041")):
+        vals = [r["phases_p50_ms"][phase] for _, r in ticks]
+        bx.bar(labels, vals, bottom=bottom, color=colour, label=phase)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    bx.set_yscale("log")
+    bx.set_ylabel("ms per tick (p50), through Prometheus", fontsize=8)
+    bx.tick_params(labelsize=7)
+    bx.legend(fontsize=7)
+    bx.set_title("governor bench tick", fontsize=9)
+    _save(fig, path)
+
+
 CHARTS: tuple[Chart, ...] = (
     Chart("shipped-scenarios.png", ("all",), shippedshipped_rows),
     Chart("robustness-seed1.png", ("robustness-seed1",), robustness),
+    Chart("planner-scale.png", (*PLANNER_SCALE, "tick-prometheus", "tick-mpc-100"), planner_scale),
 )
 
 

@@ -313,6 +313,33 @@ def planner(results: Results) -> str:
     return prov + "\n\n" + table(head, rows, [False] + [True] * 6)
 
 
+PLANNER_SCALE = ("planner-scale-10", "planner-scale-40", "planner-scale-100")
+
+
+def planner_scale(results: Results) -> str:
+    """Per pool count: the budgeted search's CPU and wall time per tick, its gap to the complete search
+    (sampled where that takes seconds), what the complete search costs, and the grouping."""
+    rows = []
+    for name in PLANNER_SCALE:
+        r = results[name]["result"]
+        ref = r.get("reference") or {}
+        sizes = r.get("search_group_sizes") or []
+        grouping = (f"{len(sizes)} route groups of {min(sizes)}-{max(sizes)} pools" if sizes
+                    else f"one search ({r.get('route_groups', '–')} route groups)")
+        sample = (f"every {ref['every']}th tick ({ref['ticks']})" if ref.get("sampled")
+                  else f"every tick ({ref.get('ticks', r['ticks'])})")
+        rows.append([f"{r['pools']} pools, {num(r['budget_ms'], 0)} ms {r['budget']}",
+                     f"{num(r['cpu_p50_ms'])} / **{num(r['cpu_p99_ms'])}**",
+                     f"{num(r['wall_p50_ms'])} / {num(r['wall_p99_ms'])}",
+                     f"{pct(r['objective_gap_median'], 2)} / **{pct(r['objective_gap_p90'], 2)}**",
+                     sample, f"{num(r['complete_cpu_p50_ms'], 0)}", grouping, num(r.get("load_average_1m"))])
+    head = ["fleet, budget (one core, 40 ticks)", "CPU per tick p50 / p99 ms", "wall p50 / p99 ms",
+            "objective gap median / p90", "complete search run", "complete search CPU p50 ms", "searched as",
+            "load average"]
+    prov = "<br>".join(provenance(results[n]) for n in PLANNER_SCALE)
+    return prov + "\n\n" + table(head, rows, [False] + [True] * 5 + [False, True])
+
+
 def tick(results: Results) -> str:
     rows = []
     for name, label in (("tick-prometheus", "Prometheus, recording rules (1 query)"),
@@ -326,6 +353,20 @@ def tick(results: Results) -> str:
             "RSS MB", "actuation failures"]
     prov = "<br>".join(provenance(results[n]) for n in ("tick-prometheus", "tick-scrape"))
     return prov + "\n\n" + table(head, rows)
+
+
+def tick_mpc(results: Results) -> str:
+    """The daemon's whole tick at 100 pools and 2,000 replicas under the MPC, per phase."""
+    env = results["tick-mpc-100"]
+    r = env["result"]
+    p50, p99 = r["phases_p50_ms"], r["phases_p99_ms"]
+    row = [f"{r['pools']} pools, {r['replicas']:,} replicas, mpc ({num(r.get('budget_ms'), 0)} ms "
+           f"{r.get('budget_clock', 'wall')} budget)", num(r["tick_p50_ms"]), f"**{num(r['tick_p99_ms'])}**",
+           *(f"{num(p50[k])} / {num(p99[k])}" for k in ("read", "step", "actuate")), num(r["rss_mb"], 0),
+           str(r.get("actuation_failures", "–"))]
+    head = ["fleet, policy", "tick p50 ms", "tick p99 ms", "read p50 / p99", "step p50 / p99", "actuate p50 / p99",
+            "RSS MB", "actuation failures"]
+    return provenance(env) + "\n\n" + table(head, [row])
 
 
 # --------------------------------------------------------------------------- models
@@ -596,6 +637,8 @@ REGIONS: dict[str, Renderer] = {
     "robustness-mpc-crit97": Renderer(("robustness-seed1",), robustness_mpc_crit97),
     "planner": Renderer(("planner-budget", "planner-count"), planner),
     "tick": Renderer(("tick-prometheus", "tick-scrape"), tick),
+    "planner-scale": Renderer(PLANNER_SCALE, planner_scale),
+    "tick-mpc": Renderer(("tick-mpc-100",), tick_mpc),
     "tick-p99": Renderer(("tick-prometheus",), tick_inline),
     "models-headline": Renderer(("models",), models_headline),
     "models-per-trace": Renderer(("models",), models_per_trace),

@@ -119,6 +119,16 @@ SOURCES: tuple[Source, ...] = (
     Source("planner-count", "taskset -c 0 governor bench planner --ticks 60 --json",
            "the same with the search by count (4,000 candidate rows), as the bench replays run it", 1.0,
            keys=("cpu_p99_ms", "objective_gap_p90")),
+    *(Source(f"planner-scale-{n}",
+             f"taskset -c 0 governor bench planner --pools {n} --ticks 40 --budget-ms {b} --clock cpu --json",
+             f"the MPC on {n} pools in route groups on one core within a {b} ms CPU-time budget, against the "
+             "complete search", m, keys=("cpu_p99_ms", "wall_p99_ms", "objective_gap_p90", "search_group_sizes"))
+      for n, b, m in ((10, 200, 1.0), (40, 400, 2.0), (100, 1000, 6.0))),
+    Source("tick-mpc-100",
+           "taskset -c 0 governor bench tick --pools 100 --replicas 2000 --source prometheus --policy mpc "
+           "--budget-ms 1000 --clock cpu --ticks 30 --json",
+           "read + step + actuate for 2,000 replicas in 100 pools through a real Prometheus, under the MPC", 4.0,
+           keys=("tick_p99_ms", "phases_p99_ms")),
     Source("tick-prometheus", "governor bench tick --source prometheus --json",
            "read + step + actuate for 200 replicas in 10 pools through a real Prometheus with the recording rules",
            1.5, keys=("tick_p99_ms", "phases_p99_ms")),
