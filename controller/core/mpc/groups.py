@@ -59,7 +59,6 @@ POOL_FIELDS = tuple(f for f in CAND_FIELDS if f != "shed")  # the candidate arra
 # the bench's fleets): a replica sweep ~45 templates a pool plus transfers; cross-entropy 4 × 48 plus
 # three probes per lever; the delay grid 78 fleet rows.
 _SWEEP_ROWS_PER_POOL = 50
-_CE_ROWS = 4 * 48
 _DELAY_ROWS = 78
 
 
@@ -242,8 +241,15 @@ class _Slice(Search):
         return self._deadline_s
 
     def left(self) -> int:
+        """What the slice allows: like `Search.left`, without its room for `settle`, which each group's
+        last move runs within its own slice and the tick's reserve covers."""
         if self.timer is not None:
-            return super().left()
+            remaining = self._deadline_s - self.timer()
+            room = 10**9 if remaining > 0 and not self.cost.known() else (
+                self.cost.fits(remaining) if remaining > 0 else 0)
+            if room <= 0:
+                self.exhausted = True
+            return room
         room = (self._rows - (self.ev.evaluations - self._ev0) * self.ev.P) // self.ev.P
         if room <= 0:
             self.exhausted = True
@@ -364,12 +370,13 @@ def search_groups(s: Search, needs: list[np.ndarray], groups: list[list[int]]) -
     sizes = [len(g) for g in groups]
     P = s.ev.P
     sweep_rows = [_SWEEP_ROWS_PER_POOL * n * n for n in sizes]
-    ce_rows = [(_CE_ROWS + 9 * n) * n for n in sizes]
+    ce_rows = [(s.cfg.ce_iterations * s.cfg.ce_population + 9 * n) * n for n in sizes]
     # (expected rows, what runs): the fleet-wide moves and each group's, in the complete search's order
     fleet: list[tuple[float, Move]] = [(float(_DELAY_ROWS * P), delay_sweep)]
     plan: list[tuple[float, int, Callable[..., None]]] = [(r, -1, m) for r, m in fleet]  # -1: fleet-wide
+    # (no delay grid between the sweep and the cross-entropy: the groups' cross-entropy leaves the
+    # shed fractions where they are, so the grid after it sees what it would)
     plan += [(float(r), g, _sweep) for g, r in enumerate(sweep_rows)]
-    plan += [(r, -1, m) for r, m in fleet]
     plan += [(float(r), g, _levers) for g, r in enumerate(ce_rows)]
     plan += [(float(r), g, _sweep) for g, r in enumerate(sweep_rows)]
     plan += [(r, -1, m) for r, m in fleet]
