@@ -59,13 +59,21 @@ def test_a_fleet_is_searched_per_route_group_largest_spend_first() -> None:
     assert plan_groups(one, cfg) == []  # one route group: nothing to split
 
 
-@pytest.mark.parametrize("label, total, floor, shed", [
-    ("served, no shedding", 30.0, 0.0, 0.0),
-    ("short, shedding applies while a group is short", 160.0, 0.1, 0.6),
+@pytest.mark.parametrize("label, total, floor, shed, variant", [
+    ("served, no shedding", 30.0, 0.0, 0.0, None),
+    ("short, shedding applies while a group is short", 160.0, 0.1, 0.6, None),
+    ("tier rules: a pool serves half of standard and no critical", 30.0, 0.0, 0.0, "tiers"),
+    ("the other group disaggregated: prefill and decode hops", 60.0, 0.0, 0.3, "pd"),
 ])
-def test_a_part_scores_a_candidate_as_the_fleet_does(label, total, floor, shed) -> None:
+def test_a_part_scores_a_candidate_as_the_fleet_does(label, total, floor, shed, variant) -> None:
     layout = [("a", "8b-a100", 2), ("a", "8b-h100", 1), ("b", "70b-h100", 2), ("b", "70b-a100", 1)]
     prob, model = fleet(layout, total, shed_floor=floor)
+    pools = list(prob.pools)
+    if variant == "tiers":
+        pools[1] = replace(pools[1], eligible=(("critical", 0.0), ("standard", 0.5)))
+    if variant == "pd":
+        pools[2], pools[3] = replace(pools[2], role="prefill"), replace(pools[3], role="decode")
+    prob = replace(prob, pools=tuple(pools))
     cfg = MpcConfig()
     full = Evaluator(prob, model, cfg)
     full.need = np.full((4, full.H), 3.0)
