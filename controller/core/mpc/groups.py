@@ -361,8 +361,12 @@ def _levers(sl: Search, needs: list[np.ndarray]) -> None:
 
 
 def _finish(sl: Search, needs: list[np.ndarray]) -> None:
-    batch_caps(sl, needs)
-    settle(sl, shed=False)
+    """The slow batch-cap lever, then settle: each only within the group's slice (unlike in the
+    complete search, where they are not budgeted: on a large fleet their rows add up)."""
+    if sl.left() > 0:
+        batch_caps(sl, needs)
+    if sl.left() > 0:
+        settle(sl, shed=False)
 
 
 def _settle_shed(sl: Search) -> None:
@@ -387,7 +391,7 @@ def search_groups(s: Search, needs: list[np.ndarray], groups: list[list[int]]) -
     plan += [(float(r), g, _levers) for g, r in enumerate(ce_rows)]
     plan += [(float(r), g, _sweep) for g, r in enumerate(sweep_rows)]
     plan += [(r, -1, m) for r, m in fleet]
-    plan += [(4.0 * n * n, g, _finish) for g, n in enumerate(sizes)]
+    plan += [(float((8 * n + 3) * n), g, _finish) for g, n in enumerate(sizes)]  # caps, settle's resets
     plan += [(4.0 * P, -1, _settle_shed)]
     left = sum(x[0] for x in plan)
     before: tuple[Candidates, float] | None = None
