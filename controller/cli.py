@@ -255,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --policy mpc: the search's time budget per tick (default the policy's, 200 ms)")
     b.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="with --policy mpc: what the budget counts, wall time (the daemon's) or this thread's CPU time")
+    b.add_argument("--one-core", action="store_true",
+                   help="run the daemon's side (read, step, actuate) on one CPU, once the fleet's side (the /metrics "
+                        "server, Prometheus) has started on any")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.tick:cmd_bench_tick"))
     b = bsub.add_parser("models", help="accuracy, fit time and bulk-predict time of the learned models")

@@ -14,6 +14,8 @@ Setup, all on loopback:
   measures the plumbing, not a planner's search), or with `--policy mpc` the MPC on the planner
   bench's fleet of regions and route groups (controller/bench/planner.py), its search bounded as in
   the daemon by a wall-clock budget (`--budget-ms`, `--clock cpu` for this thread's CPU time);
+  `--one-core` pins the daemon's side to one CPU once the fleet's side (the /metrics server,
+  Prometheus) is running, as on a machine where those are elsewhere;
 - `GrpcActuator` sends each decision to a small in-process gRPC fake fleet
   (RouterControl + AutoscalerControl that ack with control.proto's generation rules).
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -239,7 +242,7 @@ def _tick_fleet(pools: int, replicas: int, policy: str) -> FleetSpec:
 
 def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", *, recording_rules: bool = True,
             scrape_interval_s: float = PROMETHEUS_SCRAPE_S, policy: str = "slo-feedback",
-            budget_ms: float | None = None, budget_clock: str = "wall") -> dict[str, Any]:
+            budget_ms: float | None = None, budget_clock: str = "wall", one_core: bool = False) -> dict[str, Any]:
     """Run the bench; `recording_rules` and `scrape_interval_s` apply to `source_kind="prometheus"` only;
     `budget_ms` and `budget_clock` to the MPC's search (default: its own 200 ms, on the wall clock as in
     the daemon; "cpu": this thread's CPU time, which other processes on a loaded machine do not eat)."""
@@ -285,6 +288,10 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
         else:
             prom, tmp, source = _prometheus_source(names, base, replicas, pools, recording_rules, scrape_interval_s)
             queries_per_read = 1 if recording_rules else len(source.queries)
+        if one_core and hasattr(os, "sched_setaffinity"):
+            # the daemon's side on one CPU from here (this thread and those it starts: the policy, the
+            # gRPC actuation); the fleet's side started above (the exporters' process, Prometheus) is not
+            os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
         params: dict[str, Any] = {}
         if policy == "mpc":  # as the daemon builds it (runtime/main.py): the search bounded by a clock
             params["timer"] = budget_timer(budget_clock)
@@ -333,7 +340,7 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
             "actuate_p99_ms": round(_pct(phases["actuate"], 99), 2),
             "rss_mb": round(rss_mb, 1), "actuation_failures": failures, "pools_observed": pools_seen,
             "replicas_observed": int(sum(p.replicas_ready.value for p in obs.pools.values() if p.replicas_ready.ok)),
-            "policy": policy, "source": source_kind,
+            "policy": policy, "source": source_kind, "one_core": one_core,
             **({"budget_ms": budget_ms, "budget_clock": budget_clock,
                 "route_groups": len({p.group for p in fleet.pools})} if policy == "mpc" else {}),
             **({"recording_rules": recording_rules, "scrape_interval_s": scrape_interval_s,
@@ -415,7 +422,7 @@ def cmd_bench_tick(args: argparse.Namespace) -> int:
                       scrape_interval_s=float(getattr(args, "scrape_interval", PROMETHEUS_SCRAPE_S)),
                       policy=getattr(args, "policy", "slo-feedback"),
                       budget_ms=None if budget is None else float(budget),
-                      budget_clock=getattr(args, "clock", "wall"))
+                      budget_clock=getattr(args, "clock", "wall"), one_core=getattr(args, "one_core", False))
     except (ValueError, RuntimeError) as exc:
         print(f"governor bench tick: {exc}", file=sys.stderr)
         return 2

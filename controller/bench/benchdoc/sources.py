@@ -125,8 +125,8 @@ SOURCES: tuple[Source, ...] = (
              "complete search", m, keys=("cpu_p99_ms", "wall_p99_ms", "objective_gap_p90", "search_group_sizes"))
       for n, b, m in ((10, 200, 1.0), (40, 400, 2.0), (100, 1000, 6.0))),
     Source("tick-mpc-100",
-           "taskset -c 0 governor bench tick --pools 100 --replicas 2000 --source prometheus --policy mpc "
-           "--budget-ms 1000 --clock cpu --ticks 30 --json",
+           "governor bench tick --pools 100 --replicas 2000 --source prometheus --policy mpc --budget-ms 1000 "
+           "--clock cpu --one-core --ticks 30 --json",
            "read + step + actuate for 2,000 replicas in 100 pools through a real Prometheus, under the MPC", 4.0,
            keys=("tick_p99_ms", "phases_p99_ms")),
     Source("tick-prometheus", "governor bench tick --source prometheus --json",
