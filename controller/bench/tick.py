@@ -21,9 +21,10 @@ Setup, all on loopback:
 
 Ticks run back to back on a virtual clock (15 s of fleet time each; through
 Prometheus, on the wall clock and 0.1 s apart, so that they meet its scrapes and
-rule evaluations) and each phase is timed with the wall clock's monotonic time. Output: p50/p99 of the whole tick
-and p99 per phase in ms, and the process RSS (MB), as a table or one JSON object
-(`tick_p50_ms`, `tick_p99_ms`, `rss_mb`, `phases_p99_ms`, ...). The server runs in
+rule evaluations) and each phase is timed with the wall clock's monotonic time, and with this thread's
+CPU time (`thread_cpu_*`: what the tick costs a core, whatever else the machine runs). Output: p50/p99
+of the whole tick and p99 per phase in ms, and the process RSS (MB), as a table or one JSON object
+(`tick_p50_ms`, `tick_p99_ms`, `rss_mb`, `phases_p99_ms`, `thread_cpu_p99_ms`, ...). The server runs in
 another process so its rendering does not compete with the measured process for
 the GIL (as a real fleet's exporters would not). Must not: listen anywhere but 127.0.0.1.
 """
@@ -304,6 +305,7 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
         wall = WallClock()
         state = controller.initial_state()
         phases: dict[str, list[float]] = {"read": [], "step": [], "actuate": []}
+        cpu: dict[str, list[float]] = {"read": [], "step": [], "actuate": [], "tick": []}
         totals: list[float] = []
         failures = 0
         warmup = min(3, ticks)
@@ -314,13 +316,13 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
                 time.sleep(PROMETHEUS_PACE_S)
             # Prometheus stamps samples with wall time; staleness is judged against it
             now = vclock.advance(TICK_S) if prom is None else wall.now_s()
-            t0 = wall.monotonic_s()
+            t0, c0 = wall.monotonic_s(), time.thread_time()
             obs = source.read(now)
-            t1 = wall.monotonic_s()
+            t1, c1 = wall.monotonic_s(), time.thread_time()
             state, result = controller.step(state, TickInput(now_s=now, observation=obs))
-            t2 = wall.monotonic_s()
+            t2, c2 = wall.monotonic_s(), time.thread_time()
             outcome = actuator.apply(result.decision) if result.decision is not None else None
-            t3 = wall.monotonic_s()
+            t3, c3 = wall.monotonic_s(), time.thread_time()
             if k < warmup:
                 continue  # connection set-up and first-window effects are not steady state
             failures += int(outcome is not None and not outcome.ok)
@@ -328,12 +330,17 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
             phases["step"].append(1000 * (t2 - t1))
             phases["actuate"].append(1000 * (t3 - t2))
             totals.append(1000 * (t3 - t0))
+            # this thread's CPU per phase: what the tick costs a core, whatever else runs beside it
+            for name, dt in (("read", c1 - c0), ("step", c2 - c1), ("actuate", c3 - c2), ("tick", c3 - c0)):
+                cpu[name].append(1000 * dt)
         rss_mb = psutil.Process().memory_info().rss / 2**20
         pools_seen = sum(1 for p in obs.pools.values() if p.replicas_ready.ok)
         return {
             "pools": pools, "replicas": replicas, "ticks": ticks,
             "tick_p50_ms": round(_pct(totals, 50), 2), "tick_p99_ms": round(_pct(totals, 99), 2),
             "tick_max_ms": round(max(totals), 2),
+            "thread_cpu_p50_ms": {k: round(_pct(v, 50), 2) for k, v in cpu.items()},
+            "thread_cpu_p99_ms": {k: round(_pct(v, 99), 2) for k, v in cpu.items()},
             "phases_p50_ms": {k: round(_pct(v, 50), 2) for k, v in phases.items()},
             "phases_p99_ms": {k: round(_pct(v, 99), 2) for k, v in phases.items()},
             "read_p99_ms": round(_pct(phases["read"], 99), 2), "step_p99_ms": round(_pct(phases["step"], 99), 2),

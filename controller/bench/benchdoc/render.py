@@ -360,12 +360,14 @@ def tick_mpc(results: Results) -> str:
     env = results["tick-mpc-100"]
     r = env["result"]
     p50, p99 = r["phases_p50_ms"], r["phases_p99_ms"]
+    c50, c99 = r.get("thread_cpu_p50_ms") or {}, r.get("thread_cpu_p99_ms") or {}
     row = [f"{r['pools']} pools, {r['replicas']:,} replicas, mpc ({num(r.get('budget_ms'), 0)} ms "
-           f"{r.get('budget_clock', 'wall')} budget)", num(r["tick_p50_ms"]), f"**{num(r['tick_p99_ms'])}**",
+           f"{r.get('budget_clock', 'wall')} budget)", f"{num(c50.get('tick'))} / **{num(c99.get('tick'))}**",
+           f"{num(c50.get('step'))} / {num(c99.get('step'))}", f"{num(r['tick_p50_ms'])} / {num(r['tick_p99_ms'])}",
            *(f"{num(p50[k])} / {num(p99[k])}" for k in ("read", "step", "actuate")), num(r["rss_mb"], 0),
            str(r.get("actuation_failures", "–"))]
-    head = ["fleet, policy", "tick p50 ms", "tick p99 ms", "read p50 / p99", "step p50 / p99", "actuate p50 / p99",
-            "RSS MB", "actuation failures"]
+    head = ["fleet, policy", "tick CPU p50 / p99 ms", "step CPU p50 / p99", "tick wall p50 / p99",
+            "read wall p50 / p99", "step wall p50 / p99", "actuate wall p50 / p99", "RSS MB", "actuation failures"]
     return provenance(env) + "\n\n" + table(head, [row])
 
 
