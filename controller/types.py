@@ -320,6 +320,13 @@ class FleetEstimate:
     scaled_to_zero: tuple[str, ...] = ()  # pools read as 0 ready because the autoscaler reports no replica
     pools: Mapping[str, PoolAccount] = field(default_factory=dict)  # the replica accounting, per pool
     carried: bool | None = None  # the fleet carries the load it admits now (None: not known)
+    # demand history: fleet demand (req/s, retries excluded) per tick for the forecasters, and the class mix
+    demand_rps: float | None = None  # this tick's (None: no reading)
+    t_hist: tuple[float, ...] = ()
+    demand_hist: tuple[float, ...] = ()
+    class_share: Mapping[str, float] = field(default_factory=dict)
+    first_s: float | None = None  # the first tick's time
+    warming: bool = False  # the telemetry windows still cover less than the warm-up since the first tick
     # what the policy decided this tick, for the next tick's accounting: the batch caps it set per pool
     # (a change sets off a rolling restart) and the replicas it says each pool needs now
     decided_caps: Mapping[str, tuple[int, int]] = field(default_factory=dict)

@@ -56,6 +56,7 @@ from controller.types import (
 # a rolling restart's next surge replica starts when the previous one is ready; this long past a
 # cold start-up without one, the restart is taken as over
 ROLLOUT_GAP_S = 120.0
+HISTORY_KEEP_S = 1800.0  # the demand history the forecasters see
 
 
 Estimate = FleetEstimate  # the stage's value (controller/types.py: it crosses into the policies)
@@ -67,6 +68,7 @@ class EstimatorConfig:
 
     warm_node_ttl_s: float = 600.0  # a drained replica's slot stays warm (weights on the node) this long
     step_s: float = 30.0  # an overdue start-up is expected within half of this
+    warmup_s: float = 60.0  # the telemetry windows are full this long after the first tick
 
 
 DEFAULT_ESTIMATOR = EstimatorConfig()
@@ -255,7 +257,57 @@ def account_fleet(est: FleetEstimate, previous: FleetEstimate | None, fleet: Fle
         pools[spec.name] = account(a, spec, est.observation.pools.get(spec.name), target, now, last_s,
                                    warm_ttl_s=config.warm_node_ttl_s, step_s=config.step_s)
     needs = previous.needs if previous is not None else {}
-    return replace(est, pools=pools, carried=carried(est.observation, fleet, needs))
+    return _with_history(replace(est, pools=pools, carried=carried(est.observation, fleet, needs)), previous,
+                         fleet, config.warmup_s)
+
+
+def demand(obs: FleetObservation) -> tuple[float | None, dict[str, float]]:
+    """Fleet demand (req/s, retries excluded) and the class mix; pool arrivals if the router is silent."""
+    per: dict[str, float] = {}
+    for c, co in obs.classes.items():
+        a = _value(co.arrival_rps)
+        if a is None:
+            continue
+        # arrivals count every attempt; a shed request comes back as retries. What was
+        # admitted is a floor (an admitted retry counts once there).
+        per[c] = max(a - (_value(co.retry_rps) or 0.0), _value(co.admitted_rps) or 0.0, 0.0)
+    total = sum(per.values())
+    if per and total > 0:
+        return total, {c: v / total for c, v in per.items()}
+    if per:
+        return 0.0, {}
+    read = [_value(p.arrival_rps) for p in obs.pools.values()]
+    served = [s for s in read if s is not None]
+    if served:
+        return float(sum(served)), {}
+    return None, {}
+
+
+def _with_history(est: FleetEstimate, previous: FleetEstimate | None, fleet: FleetSpec,
+                  warmup_s: float) -> FleetEstimate:
+    """`est` with the demand history and class mix brought up to this tick's reading."""
+    now = est.at_s
+    demand_now, shares = demand(est.observation)
+    t_hist = previous.t_hist if previous is not None else ()
+    d_hist = previous.demand_hist if previous is not None else ()
+    first_s = previous.first_s if previous is not None and previous.first_s is not None else now
+    # While warming the telemetry windows cover only the time since the first tick, so a reading
+    # may read low: the history holds one reading, the highest so far (so a surge in the first
+    # minute reaches the forecast), and starts for real once warm.
+    warming = now - first_s < warmup_s
+    if demand_now is not None and (not warming or not t_hist or demand_now > d_hist[-1]):
+        keep = [(t, d) for t, d in zip(t_hist, d_hist, strict=True) if now - t < HISTORY_KEEP_S and t < now]
+        if warming:
+            keep = []
+        t_hist = tuple(t for t, _ in keep) + (now,)
+        d_hist = tuple(d for _, d in keep) + (demand_now,)
+    class_share = dict(previous.class_share) if previous is not None else {}
+    for c, s in shares.items():
+        class_share[c] = _ewma(class_share.get(c), s, 0.3)
+    if not class_share:
+        class_share = {c: 1.0 / len(fleet.slos) for c in fleet.slos} if fleet.slos else {"standard": 1.0}
+    return replace(est, demand_rps=demand_now, t_hist=t_hist, demand_hist=d_hist, class_share=class_share,
+                   first_s=first_s, warming=warming)
 
 
 def before_target(current: Decision | None, spec: PoolSpec) -> int:

@@ -66,7 +66,8 @@ def estimator_for(name: str, params: Mapping[str, Any] | None = None) -> Estimat
     if name != "mpc":
         return EstimatorConfig()
     p = params or {}
-    return EstimatorConfig(warm_node_ttl_s=float(p.get("warm_node_ttl_s", 600.0)), step_s=float(p.get("step_s", 30.0)))
+    return EstimatorConfig(warm_node_ttl_s=float(p.get("warm_node_ttl_s", 600.0)), step_s=float(p.get("step_s", 30.0)),
+                           warmup_s=float(p.get("warmup_s", 60.0)))
 
 
 def _policy_classes() -> dict[str, type]:

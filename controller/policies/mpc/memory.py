@@ -2,8 +2,8 @@
 
 All of it lives in the frozen `MpcState` the policy carries (never in the policy object):
 
-- the fleet's demand history (router arrivals minus client retries, per class) for the
-  forecaster, and the class mix (`update_history`);
+- (the fleet's demand history and class mix the forecaster reads are the core's estimate's,
+  controller/core/estimate.py);
 - per pool (`MpcPoolMemory`): this tick's replica accounting, copied from the core's estimate
   (`accounted`: ETAs, warm slots, serving, crash replacements, the prompt/output mix; the estimator
   is controller/core/estimate.py, built once a tick by `Controller.step`), the traffic's reuse
@@ -31,15 +31,11 @@ from controller.policies.common import value
 from controller.policies.mpc.forecasting import Scoreboard
 from controller.types import (
     FleetEstimate,
-    FleetObservation,
-    FleetSpec,
     PolicyInput,
     PoolDecision,
     PoolObservation,
     PoolSpec,
 )
-
-HISTORY_KEEP_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -68,14 +64,10 @@ class MpcPoolMemory:
 
 @dataclass(frozen=True)
 class MpcState:
-    t_hist: tuple[float, ...] = ()
-    demand_hist: tuple[float, ...] = ()
-    class_share: Mapping[str, float] = field(default_factory=dict)
     pools: Mapping[str, MpcPoolMemory] = field(default_factory=dict)
     plan: Plan | None = None
     plan_at_s: float | None = None
     last_s: float | None = None
-    first_s: float | None = None
     shed_in_force: Mapping[str, float] = field(default_factory=dict)
     need_now: Mapping[str, int] = field(default_factory=dict)  # replicas the last plan's first step needed
     waiting: Mapping[str, float] = field(default_factory=dict)  # engine queue per pool last tick (feedback.py)
@@ -86,53 +78,6 @@ class MpcState:
 
 def ewma(old: float | None, new: float, alpha: float) -> float:
     return new if old is None else (1 - alpha) * old + alpha * new
-
-
-def demand(obs: FleetObservation) -> tuple[float | None, dict[str, float]]:
-    """Fleet demand (req/s, retries excluded) and the class mix; pool arrivals if the router is silent."""
-    per: dict[str, float] = {}
-    for c, co in obs.classes.items():
-        a = value(co.arrival_rps)
-        if a is None:
-            continue
-        # arrivals count every attempt; a shed request comes back as retries. What was
-        # admitted is a floor (an admitted retry counts once there).
-        per[c] = max(a - (value(co.retry_rps) or 0.0), value(co.admitted_rps) or 0.0, 0.0)
-    total = sum(per.values())
-    if per and total > 0:
-        return total, {c: v / total for c, v in per.items()}
-    if per:
-        return 0.0, {}
-    read = [value(p.arrival_rps) for p in obs.pools.values()]
-    served = [s for s in read if s is not None]
-    if served:
-        return float(sum(served)), {}
-    return None, {}
-
-
-def update_history(state: MpcState, obs: FleetObservation, fleet: FleetSpec, now: float,
-                   warmup_s: float) -> tuple[tuple[float, ...], tuple[float, ...], float, bool, dict[str, float]]:
-    """The demand history and class mix with this tick's reading: (times, demand, first tick, still
-    warming, class shares)."""
-    demand_now, shares = demand(obs)
-    t_hist, d_hist = state.t_hist, state.demand_hist
-    first_s = state.first_s if state.first_s is not None else now
-    # While warming the telemetry windows cover only the time since the first tick, so a reading
-    # may read low: the history holds one reading, the highest so far (so a surge in the first
-    # minute reaches the forecast), and starts for real once warm.
-    warming = now - first_s < warmup_s
-    if demand_now is not None and (not warming or not t_hist or demand_now > d_hist[-1]):
-        keep = [(t, d) for t, d in zip(t_hist, d_hist, strict=True) if now - t < HISTORY_KEEP_S and t < now]
-        if warming:
-            keep = []
-        t_hist = tuple(t for t, _ in keep) + (now,)
-        d_hist = tuple(d for _, d in keep) + (demand_now,)
-    class_share = dict(state.class_share)
-    for c, s in shares.items():
-        class_share[c] = ewma(class_share.get(c), s, 0.3)
-    if not class_share:
-        class_share = {c: 1.0 / len(fleet.slos) for c in fleet.slos} if fleet.slos else {"standard": 1.0}
-    return t_hist, d_hist, first_s, warming, class_share
 
 
 def accounted(state: MpcState, inp: PolicyInput, est: FleetEstimate,

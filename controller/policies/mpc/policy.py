@@ -72,7 +72,7 @@ from controller.policies.mpc.dial import dial_diagnostics, dial_in_force
 from controller.policies.mpc.feedback import measure
 from controller.policies.mpc.first_step import down_window_s, first_step
 from controller.policies.mpc.forecasting import forecast
-from controller.policies.mpc.memory import MpcState, accounted, demand, update_history
+from controller.policies.mpc.memory import MpcState, accounted
 from controller.policies.mpc.plan_inputs import (
     build_problem,
     memory_headrooms,
@@ -225,7 +225,7 @@ class MpcPolicy:
 
     def estimator(self) -> EstimatorConfig:
         """How the core's replica accounting reads the fleet under this policy's parameters."""
-        return EstimatorConfig(warm_node_ttl_s=self.warm_ttl_s, step_s=self.config.step_s)
+        return EstimatorConfig(warm_node_ttl_s=self.warm_ttl_s, step_s=self.config.step_s, warmup_s=self.warmup_s)
 
     def _estimate(self, state: MpcState, inp: PolicyInput) -> FleetEstimate:
         """The core's estimate of this tick: the Controller's (`inp.estimate`), or, driven without one
@@ -249,16 +249,15 @@ class MpcPolicy:
         reasons: list[Reason] = []
 
         # --- demand history, class mix, forecast
-        t_hist, d_hist, first_s, warming, class_share = update_history(state, inp.observation, fleet, now,
-                                                                       self.warmup_s)
+        est = self._estimate(state, inp)  # the core's: replica accounting and demand history
+        t_hist, d_hist, warming, class_share = est.t_hist, est.demand_hist, est.warming, dict(est.class_share)
         lead = (np.arange(plan_steps(cfg, pool_inputs_for_steps(fleet))) + 0.5) * cfg.step_s
         startup = max((p.startup_cold_s for p in fleet.pools), default=0.0)
         fc, board, fc_method = forecast(self.forecaster, self._learned_forecaster(), state.forecast_board,
                                         np.array(t_hist), np.array(d_hist), now, lead, startup,
-                                        demand(inp.observation)[0])
+                                        est.demand_rps)
 
         # --- per pool: replicas on the way, warm slots, mix (the core's estimate), reuse, corrections
-        est = self._estimate(state, inp)
         mem, targets = accounted(state, inp, est, prior)
         j_of = {p.name: j for j, p in enumerate(fleet.pools)}
         settled = len(t_hist) > 1 and t_hist[-1] - t_hist[0] >= self.min_history_s
@@ -272,7 +271,7 @@ class MpcPolicy:
         action = inp.breaker  # the breaker's constraints (Controller.step runs it: core/breaker.py)
         # a measured backlog sets floors within this tick, whatever the model predicts (feedback.py)
         dt = now - state.last_s if state.last_s is not None else None
-        fb = measure(inp.observation, fleet, mem, state.waiting, dt, class_share, demand(inp.observation)[0])
+        fb = measure(inp.observation, fleet, mem, state.waiting, dt, class_share, est.demand_rps)
 
         # --- the problem
         history_s = t_hist[-1] - t_hist[0] if len(t_hist) > 1 else 0.0
@@ -329,8 +328,7 @@ class MpcPolicy:
                     if pt.get("need_by_step_p90")}
         kept = (None if inp.estimate is not None
                 else replace(est, decided_caps=decided_caps(fleet, pools_out), needs=need_now))
-        new_state = MpcState(t_hist=t_hist, demand_hist=d_hist, class_share=class_share, pools=new_mem,
-                             plan=result.plan, plan_at_s=now, last_s=now, first_s=first_s,
+        new_state = MpcState(pools=new_mem, plan=result.plan, plan_at_s=now, last_s=now,
                              shed_in_force={c: a.shed_frac for c, a in admission.items()}, need_now=need_now,
                              waiting=dict(fb.waiting), forecast_board=board, estimate=kept)
         return new_state, PolicyOutput(pools=pools_out, admission=admission, reasons=tuple(reasons), diagnostics=diag,
