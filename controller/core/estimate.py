@@ -25,9 +25,13 @@ paused check), the replica accounting the breaker and the policies read in `Poli
   `FleetEstimate.decided_caps`): its surge replicas are expected, warm, and are not losses;
 - the warm slots, the prompt/output mix;
 - whether the fleet carries the load it admits (`carried`: the replicas the policy said last tick
-  each pool needs, `PolicyOutput.needs`, are ready and no queue stands).
+  each pool needs, `PolicyOutput.needs`, are ready and no queue stands);
 
-What a policy learns for itself (the MPC's demand history and forecast, reuse, correction factors:
+and, fleet-wide, the demand (router arrivals minus client retries), its history for the forecasters
+and the class mix (`demand`, with `warmup_s`: while the telemetry windows are still filling the
+history holds only the highest reading).
+
+What a policy learns for itself (the MPC's forecast scores, reuse, correction factors:
 controller/policies/mpc/memory.py, corrections.py) stays with it.
 
 Must not: do I/O, read a clock (time is `now_s`), or import an edge; it never invents a reading the
