@@ -293,6 +293,47 @@ class BreakerSignals:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolAccount:
+    """One pool's replicas as the core's estimator accounts for them (controller/core/estimate.py)."""
+
+    etas: tuple[float, ...] = ()  # absolute times the starting replicas should be ready
+    warm: tuple[float, ...] = ()  # times replicas were drained (their slots stay warm for a while)
+    serving: int | None = None  # ready + starting after this tick's accounting
+    target: int | None = None  # the target in force at this tick
+    unordered: int = 0  # replicas the fleet started this tick that nobody ordered (crash replacements)
+    # old-cap replicas still to be replaced by a rolling restart a batch-cap change set off (their surge
+    # replicas are started by the fleet, warm, and are not losses)
+    rollout_left: int = 0
+    rollout_seen_s: float = -math.inf  # the caps change or the latest surge replica seen
+    prompt_tokens: float | None = None  # mean prompt tokens per request (EWMA of windowed rates)
+    output_tokens: float | None = None  # mean output tokens per request
+    caps: tuple[int, int] | None = None  # the engine batch caps last decided (max_num_seqs, max_num_batched_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEstimate:
+    """What the controller takes the fleet to be at `at_s`, built once a tick by the core's estimator
+    (controller/core/estimate.py) and read by the breaker and every policy (`PolicyInput.estimate`)."""
+
+    at_s: float
+    observation: FleetObservation  # telemetry with the autoscaler's replica phases merged in
+    scaled_to_zero: tuple[str, ...] = ()  # pools read as 0 ready because the autoscaler reports no replica
+    pools: Mapping[str, PoolAccount] = field(default_factory=dict)  # the replica accounting, per pool
+    carried: bool | None = None  # the fleet carries the load it admits now (None: not known)
+    # demand history: fleet demand (req/s, retries excluded) per tick for the forecasters, and the class mix
+    demand_rps: float | None = None  # this tick's (None: no reading)
+    t_hist: tuple[float, ...] = ()
+    demand_hist: tuple[float, ...] = ()
+    class_share: Mapping[str, float] = field(default_factory=dict)
+    first_s: float | None = None  # the first tick's time
+    warming: bool = False  # the telemetry windows still cover less than the warm-up since the first tick
+    # what the policy decided this tick, for the next tick's accounting: the batch caps it set per pool
+    # (a change sets off a rolling restart) and the replicas it says each pool needs now
+    decided_caps: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    needs: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyInput:
     now_s: float
     observation: FleetObservation
@@ -302,6 +343,7 @@ class PolicyInput:
     profile: str = "balanced"
     tick_s: float = 15.0
     breaker: BreakerAction = field(default_factory=BreakerAction)  # the breaker's constraints this tick
+    estimate: FleetEstimate | None = None  # the core's estimate this tick (None: driven without a Controller)
     # the newest active `reliability` override (the MPC's dial, controller/core/objective.py); None: none set
     reliability: float | None = None
 
@@ -335,6 +377,7 @@ class PolicyOutput:
     diagnostics: Mapping[str, Any] = field(default_factory=dict)  # predictions, objective terms, binding constraints
     confidence: float | None = None  # the policy's model confidence, 0..1 (None: it reports none)
     status: PolicyStatus = field(default_factory=PolicyStatus)  # typed, for status and metrics
+    needs: Mapping[str, int] = field(default_factory=dict)  # replicas each pool needs now, by the policy's model
 
 
 class Policy(Protocol):

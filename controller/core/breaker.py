@@ -109,6 +109,10 @@ class BreakerConfig:
     overload_waiting_per_replica: float = 8.0  # queued requests per ready replica that mean "swamped"
     overload_batch_frac: float = 0.8  # ...or running batches this close to max_num_seqs
     overload_ticks: int = 2
+    # count replica losses from the estimate's accounting (replacements the fleet started that nobody
+    # ordered, core/estimate.py) rather than from drops in ready replicas; on under the MPC (whose
+    # figures were measured so), off for the others (a change to their figures, to be measured first)
+    count_replacements: bool = False
 
     def __post_init__(self) -> None:
         for name in ("loss_frac", "big_loss_frac", "hit_drop_frac", "baseline_alpha", "shed_stage2", "shed_stage3",

@@ -32,7 +32,7 @@ from controller.core.breaker import (
     breaker_reasons,
 )
 from controller.core.capacity import CapacityState, advance_capacity, capped_fleet
-from controller.core.estimate import Estimate, estimate
+from controller.core.estimate import DEFAULT_ESTIMATOR, Estimate, EstimatorConfig, account_fleet, decided_caps, estimate
 from controller.core.guards import GuardConfig, GuardState, apply_guards, pool_telemetry_status
 from controller.jsonsafe import json_safe
 from controller.names import PROFILES
@@ -119,10 +119,11 @@ class TickResult:
         }
 
 
-def _breaker_signals(policy: Policy, state: Any, inp: PolicyInput) -> BreakerSignals:
-    """What the policy's own estimator tells the breaker (`breaker_signals`), if it has one."""
-    hook = getattr(policy, "breaker_signals", None)
-    return hook(state, inp) if callable(hook) else BreakerSignals()
+def _breaker_signals(est: Estimate, cfg: BreakerConfig) -> BreakerSignals:
+    """What the estimate tells the breaker: the replacements the fleet started that nobody ordered (when
+    the breaker counts losses that way, `count_replacements`) and whether the fleet carries its load."""
+    lost = {p: a.unordered for p, a in est.pools.items()} if cfg.count_replacements else None
+    return BreakerSignals(lost=lost, carried=est.carried)
 
 
 def _confidence(out: PolicyOutput) -> float | None:
@@ -157,11 +158,12 @@ class Controller:
     """Pure: holds only configuration; all mutable state travels in ControllerState.
 
     `breaker`: the cascading-failure breaker every policy runs under (core/breaker.py; None: no breaker,
-    as the bench's yardsticks replay their schedules as found)."""
+    as the bench's yardsticks replay their schedules as found); `estimator`: how the estimate stage's
+    replica accounting reads the fleet (core/estimate.py)."""
 
     def __init__(self, fleet: FleetSpec, policy: Policy, *, guards: GuardConfig | None = None,
-                 breaker: BreakerConfig | None = DEFAULT_BREAKER, decision_validity_s: float = 120.0,
-                 seed: int = 0, tick_s: float = 15.0) -> None:
+                 breaker: BreakerConfig | None = DEFAULT_BREAKER, estimator: EstimatorConfig = DEFAULT_ESTIMATOR,
+                 decision_validity_s: float = 120.0, seed: int = 0, tick_s: float = 15.0) -> None:
         if decision_validity_s <= 0:
             raise ValueError(f"decision_validity_s must be > 0 (got {decision_validity_s})")
         self.fleet = fleet
@@ -171,6 +173,7 @@ class Controller:
         self.seed = seed
         self.tick_s = tick_s
         self.breaker = breaker
+        self.estimator = estimator
 
     def initial_state(self, generation: int = 0, current: Decision | None = None) -> ControllerState:
         return ControllerState(generation=generation, current=current, policy_state=self.policy.initial_state())
@@ -223,15 +226,18 @@ class Controller:
         current = self._observed_current(obs, state.current) if tick.mode is Mode.SHADOW else state.current
         generation = state.generation + 1
         rng = np.random.default_rng([self.seed, generation])
-        inp = PolicyInput(now_s=now_s, observation=obs, fleet=fleet, current=current,
-                          overrides=active, profile=profile, tick_s=self.tick_s, reliability=reliability)
+        est = account_fleet(est, state.estimate, fleet, current, self.estimator)  # once a tick, for everyone
+        inp = PolicyInput(now_s=now_s, observation=obs, fleet=fleet, current=current, overrides=active,
+                          profile=profile, tick_s=self.tick_s, estimate=est, reliability=reliability)
         bstate, action = state.breaker, BreakerAction()
         notes: list[str] = []
         if self.breaker is not None:
-            signals = _breaker_signals(self.policy, state.policy_state, inp)
+            signals = _breaker_signals(est, self.breaker)
             bstate, action, notes = advance_breaker(state.breaker, self.breaker, inp, signals)
             inp = replace(inp, breaker=action)
         policy_state, out = self.policy.decide(state.policy_state, inp, rng)
+        # what the policy set in motion, for the next tick's accounting (a batch-cap change's restart)
+        est = replace(est, decided_caps=decided_caps(fleet, out.pools), needs=dict(out.needs))
         reasons = capacity_reasons + breaker_reasons(notes, bstate) + tuple(out.reasons)
         proposal, admission, held = apply_breaker(action, fleet=fleet, pools=out.pools, admission=out.admission,
                                                   overrides=active, now_s=now_s)

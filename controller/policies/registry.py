@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from controller.core.breaker import BreakerConfig, breaker_setting
+from controller.core.estimate import EstimatorConfig
 from controller.names import POLICY_NAMES
 from controller.policies.aibrix_stack import AibrixStackPolicy
 from controller.policies.common import RoutingWeights
@@ -33,7 +35,7 @@ from controller.policies.slo_feedback import SloFeedbackPolicy
 from controller.policies.static import StaticPolicy
 from controller.types import FleetSpec, Policy
 
-__all__ = ["POLICY_NAMES", "breaker_for", "build_policy", "policy_params"]
+__all__ = ["POLICY_NAMES", "breaker_for", "build_policy", "estimator_for", "policy_params"]
 
 # Parameters a policy's config carries that set up the controller around the policy rather than the policy:
 # the cascading-failure breaker (`breaker`: true/false or BreakerConfig fields; the MPC's parameters have
@@ -47,10 +49,25 @@ def breaker_for(name: str, params: Mapping[str, Any] | None = None) -> BreakerCo
     own = CONTROLLER_PARAMS.get(name, {})
     if "breaker" not in own:
         return BreakerConfig()
+    given = (params or {}).get("breaker", own["breaker"])
     try:
-        return breaker_setting((params or {}).get("breaker", own["breaker"]))
+        cfg = breaker_setting(given)
     except (TypeError, ValueError) as e:
         raise ValueError(f"policy {name}: {e}") from None
+    # the MPC's breaker counts losses from the estimate's replica accounting (core/estimate.py)
+    if cfg is not None and name == "mpc" and not (isinstance(given, Mapping) and "count_replacements" in given):
+        cfg = replace(cfg, count_replacements=True)
+    return cfg
+
+
+def estimator_for(name: str, params: Mapping[str, Any] | None = None) -> EstimatorConfig:
+    """How the controller's estimate stage accounts for replicas under `name` (the MPC's `warm_node_ttl_s`
+    and `step_s`; the defaults for every other policy)."""
+    if name != "mpc":
+        return EstimatorConfig()
+    p = params or {}
+    return EstimatorConfig(warm_node_ttl_s=float(p.get("warm_node_ttl_s", 600.0)), step_s=float(p.get("step_s", 30.0)),
+                           warmup_s=float(p.get("warmup_s", 60.0)))
 
 
 def _policy_classes() -> dict[str, type]:

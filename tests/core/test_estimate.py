@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -66,3 +66,57 @@ def test_step_hands_the_policy_the_estimate():
     assert res.estimate.observation.pools["a"].replicas_ready.value == 0.0
     assert res.telemetry["a"] != "missing"
     assert pol.seen[-1].observation.pools["a"].replicas_ready.value == 0.0  # what the policy saw
+
+
+# --------------------------------------------------------------------------- the replica accounting
+
+
+def _caps_policy(caps_at: dict[int, int]):
+    """A scripted policy holding 3 replicas that sets max_num_seqs to caps_at[call] when given, and says
+    each pool needs 3 replicas now."""
+
+    class CapsPolicy(ScriptedPolicy):
+        def decide(self, state, inp, rng):
+            state, out = super().decide(state, inp, rng)
+            n = caps_at.get(state)
+            pools = {p: replace(d, max_num_seqs=n, max_num_batched_tokens=8192) if n else d
+                     for p, d in out.pools.items()}
+            return state, replace(out, pools=pools, needs={"a": 3})
+
+    return CapsPolicy({"a": 3})
+
+
+def _tick(t: float, ready: int, starting: int = 0, waiting: float = 0.0) -> TickInput:
+    from tests.fakes.observations import fleet_obs, pool_obs
+    return TickInput(now_s=t, observation=fleet_obs(t, pool_obs("a", ready=ready, starting=starting, waiting=waiting)))
+
+
+FLEET3 = FleetSpec(pools=(PoolSpec("a", "llama-3-8b", "a100-80gb", min_replicas=1, max_replicas=8,
+                                   startup_warm_s=30.0, startup_cold_s=180.0),), slos={})
+
+
+def test_the_core_accounts_replicas_once_a_tick_and_every_policy_reads_it():
+    pol = _caps_policy({})
+    c = Controller(FLEET3, pol)
+    s = c.initial_state()
+    s, _ = c.step(s, _tick(15.0, ready=3))
+    s, r = c.step(s, _tick(30.0, ready=2, starting=1))  # one replica crashed; the fleet replaces it
+    est = pol.seen[-1].estimate
+    assert est is not None and est.pools == r.estimate.pools  # the policy read the tick's estimate
+    acc = est.pools["a"]
+    assert (acc.unordered, acc.serving, acc.target) == (1, 3, 3)  # a replacement nobody ordered: cold
+    assert acc.etas == (30.0 + 180.0,)
+    assert est.carried is False  # the policy said 3 are needed now; 2 are ready
+    s, _ = c.step(s, _tick(45.0, ready=3))
+    assert pol.seen[-1].estimate.pools["a"].unordered == 0 and pol.seen[-1].estimate.carried is True
+
+
+def test_a_batch_cap_change_the_policy_decided_is_a_rolling_restart_not_a_loss():
+    pol = _caps_policy({1: 128})  # its first decision halves max_num_seqs
+    c = Controller(FLEET3, pol)
+    s = c.initial_state()
+    s, r = c.step(s, _tick(15.0, ready=3))
+    assert r.estimate.decided_caps == {"a": (128, 8192)}
+    s, _ = c.step(s, _tick(30.0, ready=3, starting=1))  # the fleet's surge replica for the restart
+    acc = pol.seen[-1].estimate.pools["a"]
+    assert (acc.unordered, acc.rollout_left, acc.etas) == (0, 2, (30.0 + 30.0,))  # expected, warm

@@ -9,18 +9,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controller.core.breaker import BreakerConfig, BreakerState, advance_breaker, breaker_reasons
+from controller.core.breaker import BreakerState, advance_breaker, breaker_reasons
+from controller.core.estimate import account_fleet, carried
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller, TickInput
 from controller.policies import ReplicaCapacity, build_policy
 from controller.policies.mpc import MpcPolicy
 from controller.policies.mpc.first_step import down_window_s
-from controller.policies.mpc.memory import carried
 from controller.policies.mpc.plan_inputs import redundancy_floor, split_floors
+from controller.policies.registry import breaker_for
 from controller.types import (
     MISSING,
+    BreakerSignals,
     ClassObservation,
     Decision,
+    FleetEstimate,
     FleetObservation,
     PolicyInput,
     PolicyOutput,
@@ -47,7 +50,13 @@ def pool_signals(rps: float, ready: int, *, starting: int = 0, hit: float = 0.3,
 def braked(pol, state, bstate: BreakerState, i: PolicyInput, rng) -> tuple[Any, BreakerState, PolicyOutput]:
     """One decision with the breaker stage in front of it, as Controller.step runs it (no guards): the
     output carries the breaker's reasons and status as a step's result would."""
-    bstate, action, notes = advance_breaker(bstate, BreakerConfig(), i, pol.breaker_signals(state, i))
+    # the breaker reads the core's estimate (as Controller.step builds it; the policy advances the same one)
+    est = account_fleet(FleetEstimate(at_s=i.now_s, observation=i.observation), state.estimate, i.fleet, i.current,
+                        pol.estimator())
+    signals = BreakerSignals(lost={p: a.unordered for p, a in est.pools.items()}, carried=est.carried)
+    cfg = breaker_for("mpc")
+    assert cfg is not None
+    bstate, action, notes = advance_breaker(bstate, cfg, i, signals)
     state, out = pol.decide(state, replace(i, breaker=action), rng)
     return state, bstate, replace(out, reasons=breaker_reasons(notes, bstate) + out.reasons,
                                   diagnostics={**out.diagnostics, "breaker": bstate.status().to_dict()})
@@ -478,9 +487,10 @@ def test_rolling_restart_surge_is_not_a_replica_loss(label, rollout_left, seen_s
     pol = MpcPolicy(**FAST)
     state, outs, bstate = loop(pol, [(4.0, 3)] * 12, start=3)
     cur = Decision("d", 1, 180.0, 300.0, pools={"p": replace(outs[-1].pools["p"], replicas=3)})
-    mem = state.pools["p"]
-    state = replace(state, pools={"p": replace(mem, target=3, serving=3, rollout_left=rollout_left,
-                                               rollout_seen_s=seen_s)})
+    est = state.estimate  # the core's replica accounting (the policy, driven alone, advances it)
+    assert est is not None
+    acc = replace(est.pools["p"], target=3, serving=3, rollout_left=rollout_left, rollout_seen_s=seen_s)
+    state = replace(state, estimate=replace(est, pools={"p": acc}))
     classes = {c: ClassObservation(priority_class=c, arrival_rps=Reading(4.0 * s), retry_rps=Reading(0.0),
                                    shed_rps=Reading(0.0), ttft_p95_s=Reading(3.5), tpot_p95_s=Reading(0.16))
                for c, s in (("critical", 0.2), ("standard", 0.6), ("sheddable", 0.2))}

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from controller.core.estimate import standing_queue
 from controller.core.mpc_model import LatencyQuery, PlanModel, QueueingPrior
 from controller.perf.replica_capacity import ReplicaCapacity
 from controller.policies.common import value
-from controller.policies.mpc.memory import MpcPoolMemory, standing_queue
+from controller.policies.mpc.memory import MpcPoolMemory
 from controller.types import FleetSpec, PolicyInput
 
 CORRECTION_BOUNDS = (0.4, 10.0)

@@ -47,8 +47,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from controller.core.estimate import standing_queue
 from controller.policies.common import value
-from controller.policies.mpc.memory import MpcPoolMemory, standing_queue
+from controller.policies.mpc.memory import MpcPoolMemory
 from controller.types import FleetObservation, FleetSpec
 
 # A backlog should be gone within one telemetry window once the capacity for it is up: a window's

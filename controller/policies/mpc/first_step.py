@@ -99,12 +99,8 @@ def first_step(fleet: FleetSpec, problem: PlanProblem, result: PlanResult, mem: 
         caps = m.caps or (spec.max_num_seqs, spec.max_num_batched_tokens)
         new_caps = (pp.max_num_seqs, pp.max_num_batched_tokens)
         caps_changed_s = m.caps_changed_s
-        rollout_left, rollout_seen_s = m.rollout_left, m.rollout_seen_s
-        if new_caps != caps:
+        if new_caps != caps:  # (the rolling restart it sets off is the core's estimator's: core/estimate.py)
             caps_changed_s = now
-            # every replica serving now restarts with the new caps (the fleet rolls them)
-            rollout_left = m.serving if m.serving is not None else int(final)
-            rollout_seen_s = now
         pools_out[spec.name] = PoolDecision(
             replicas=int(final), warm_standby=int(pp.warm_standby), inflight_cap=int(pp.inflight_cap),
             traffic_weight=float(pp.traffic_weight), prefix_weight=float(pp.prefix_weight),
@@ -112,8 +108,7 @@ def first_step(fleet: FleetSpec, problem: PlanProblem, result: PlanResult, mem: 
             max_num_seqs=int(new_caps[0]) if new_caps != (spec.max_num_seqs, spec.max_num_batched_tokens) else 0,
             max_num_batched_tokens=int(new_caps[1]) if new_caps != (spec.max_num_seqs,
                                                                     spec.max_num_batched_tokens) else 0)
-        new_mem[spec.name] = replace(m, recs=recs, caps=new_caps, caps_changed_s=caps_changed_s,
-                                     rollout_left=rollout_left, rollout_seen_s=rollout_seen_s)
+        new_mem[spec.name] = replace(m, recs=recs, caps=new_caps, caps_changed_s=caps_changed_s)
         explain.append((spec, pin, cur, int(final), pp, cur_pd))
     # router weights for the targets applied (a held scale-down serves with its replicas too)
     weights_applied = applied_router_weights(problem, result.plan, {n: d.replicas for n, d in pools_out.items()},

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.special import ndtri
 
+from controller.core.estimate import standing_queue
 from controller.core.forecast import LoadForecast
 from controller.core.guards import override_bounds
 from controller.core.mpc import ClassInput, PlanProblem, PoolInput, hop
@@ -33,7 +34,7 @@ from controller.perf.catalogue import GIB, NON_TORCH_GIB_PER_GPU
 from controller.perf.engines import Catalogue, EngineError
 from controller.policies.common import value
 from controller.policies.mpc.feedback import PROTECTED, Feedback
-from controller.policies.mpc.memory import MpcPoolMemory, reuse, standing_queue
+from controller.policies.mpc.memory import MpcPoolMemory, reuse
 from controller.types import PRIORITY_CLASSES, BreakerAction, FleetSpec, PolicyInput, PoolObservation, PoolSpec
 
 _CATALOGUE = Catalogue.builtin()

@@ -20,10 +20,10 @@ class admission, with reasons a human can follow. The concerns live beside this 
 - reasons.py: reasons and diagnostics.
 
 The cascading-failure breaker (controller/core/breaker.py) runs in `Controller.step`, configured on the
-Controller (the `breaker` entry of the MPC's parameters, see policies/registry.py): `breaker_signals`
-tells it the crash replacements the replica accounting saw and whether the fleet carries its load, and
-the plan is made within the constraints it hands over in `PolicyInput.breaker` (replica floors,
-affinity ceiling, the SLO-safe in-flight cap, shed floors).
+Controller (the `breaker` entry of the MPC's parameters, see policies/registry.py); it reads the core's
+estimate (the crash replacements the replica accounting saw, and whether the fleet carries the load
+the policy said it needs: `PolicyOutput.needs`), and the plan is made within the constraints it hands
+over in `PolicyInput.breaker` (replica floors, affinity ceiling, the SLO-safe in-flight cap, shed floors).
 
 Profiles: the objective's weights come from `PolicyInput.profile` (cost / balanced /
 latency / throughput, changeable at run time through PolicyService) merged with the
@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.core.estimate import EstimatorConfig, account_fleet, decided_caps
 from controller.core.forecast import LearnedForecaster, PriorForecaster
 from controller.core.mpc import MpcConfig, plan_steps, solve
 from controller.core.mpc_model import LearnedPlanModel, PlanModel, QueueingPrior
@@ -71,14 +72,7 @@ from controller.policies.mpc.dial import dial_diagnostics, dial_in_force
 from controller.policies.mpc.feedback import measure
 from controller.policies.mpc.first_step import down_window_s, first_step
 from controller.policies.mpc.forecasting import forecast
-from controller.policies.mpc.memory import (
-    MpcPoolMemory,
-    MpcState,
-    accounted,
-    carried,
-    demand,
-    update_history,
-)
+from controller.policies.mpc.memory import MpcState, accounted
 from controller.policies.mpc.plan_inputs import (
     build_problem,
     memory_headrooms,
@@ -100,8 +94,8 @@ from controller.policies.mpc.reasons import (
 )
 from controller.types import (
     PRIORITY_CLASSES,
-    BreakerSignals,
     ClassAdmission,
+    FleetEstimate,
     FleetSpec,
     PolicyInput,
     PolicyOutput,
@@ -229,16 +223,17 @@ class MpcPolicy:
             self._learned_fc = (id(model), LearnedForecaster(model))
         return self._learned_fc[1]
 
-    def _accounted(self, state: MpcState, inp: PolicyInput,
-                   prior: QueueingPrior) -> tuple[dict[str, MpcPoolMemory], dict[str, int]]:
-        return accounted(state, inp, prior, warm_ttl_s=self.warm_ttl_s, step_s=self.config.step_s)
+    def estimator(self) -> EstimatorConfig:
+        """How the core's replica accounting reads the fleet under this policy's parameters."""
+        return EstimatorConfig(warm_node_ttl_s=self.warm_ttl_s, step_s=self.config.step_s, warmup_s=self.warmup_s)
 
-    def breaker_signals(self, state: MpcState, inp: PolicyInput) -> BreakerSignals:
-        """For the breaker (run by Controller.step before `decide`): the replacements the fleet started
-        this tick that nobody ordered, and whether the fleet carries its load (`carried`)."""
-        mem, _ = self._accounted(state, inp, self._prior(inp.fleet))
-        return BreakerSignals(lost={p: m.unordered for p, m in mem.items()},
-                              carried=carried(inp.observation, inp.fleet, state.need_now))
+    def _estimate(self, state: MpcState, inp: PolicyInput) -> FleetEstimate:
+        """The core's estimate of this tick: the Controller's (`inp.estimate`), or, driven without one
+        (tests), the same estimator advanced here from the last one the policy kept."""
+        if inp.estimate is not None:
+            return inp.estimate
+        return account_fleet(FleetEstimate(at_s=inp.now_s, observation=inp.observation), state.estimate,
+                             inp.fleet, inp.current, self.estimator())
 
     # ------------------------------------------------------------------ the tick
 
@@ -254,16 +249,16 @@ class MpcPolicy:
         reasons: list[Reason] = []
 
         # --- demand history, class mix, forecast
-        t_hist, d_hist, first_s, warming, class_share = update_history(state, inp.observation, fleet, now,
-                                                                       self.warmup_s)
+        est = self._estimate(state, inp)  # the core's: replica accounting and demand history
+        t_hist, d_hist, warming, class_share = est.t_hist, est.demand_hist, est.warming, dict(est.class_share)
         lead = (np.arange(plan_steps(cfg, pool_inputs_for_steps(fleet))) + 0.5) * cfg.step_s
         startup = max((p.startup_cold_s for p in fleet.pools), default=0.0)
         fc, board, fc_method = forecast(self.forecaster, self._learned_forecaster(), state.forecast_board,
                                         np.array(t_hist), np.array(d_hist), now, lead, startup,
-                                        demand(inp.observation)[0])
+                                        est.demand_rps)
 
-        # --- per pool: replicas on the way, warm slots, mix, reuse, corrections
-        mem, targets = self._accounted(state, inp, prior)
+        # --- per pool: replicas on the way, warm slots, mix (the core's estimate), reuse, corrections
+        mem, targets = accounted(state, inp, est, prior)
         j_of = {p.name: j for j, p in enumerate(fleet.pools)}
         settled = len(t_hist) > 1 and t_hist[-1] - t_hist[0] >= self.min_history_s
         base_model, learned_unusable = self._plan_model(fleet, prior)
@@ -276,7 +271,7 @@ class MpcPolicy:
         action = inp.breaker  # the breaker's constraints (Controller.step runs it: core/breaker.py)
         # a measured backlog sets floors within this tick, whatever the model predicts (feedback.py)
         dt = now - state.last_s if state.last_s is not None else None
-        fb = measure(inp.observation, fleet, mem, state.waiting, dt, class_share, demand(inp.observation)[0])
+        fb = measure(inp.observation, fleet, mem, state.waiting, dt, class_share, est.demand_rps)
 
         # --- the problem
         history_s = t_hist[-1] - t_hist[0] if len(t_hist) > 1 else 0.0
@@ -329,11 +324,13 @@ class MpcPolicy:
         diag["forecast"]["validation"] = board.to_dict(fc_method)
         if learned_unusable:
             diag["model"]["learned_unusable"] = learned_unusable
-        new_state = MpcState(t_hist=t_hist, demand_hist=d_hist, class_share=class_share, pools=new_mem,
-                             plan=result.plan, plan_at_s=now, last_s=now, first_s=first_s,
-                             shed_in_force={c: a.shed_frac for c, a in admission.items()},
-                             need_now={n: int(pt["need_by_step_p90"][0]) for n, pt in result.terms["pools"].items()
-                                       if pt.get("need_by_step_p90")},
-                             waiting=dict(fb.waiting), forecast_board=board)
+        need_now = {n: int(pt["need_by_step_p90"][0]) for n, pt in result.terms["pools"].items()
+                    if pt.get("need_by_step_p90")}
+        kept = (None if inp.estimate is not None
+                else replace(est, decided_caps=decided_caps(fleet, pools_out), needs=need_now))
+        new_state = MpcState(pools=new_mem, plan=result.plan, plan_at_s=now, last_s=now,
+                             shed_in_force={c: a.shed_frac for c, a in admission.items()}, need_now=need_now,
+                             waiting=dict(fb.waiting), forecast_board=board, estimate=kept)
         return new_state, PolicyOutput(pools=pools_out, admission=admission, reasons=tuple(reasons), diagnostics=diag,
-                                       confidence=conf, status=planner_status(diag, guards, headroom, result))
+                                       confidence=conf, status=planner_status(diag, guards, headroom, result),
+                                       needs=need_now)
