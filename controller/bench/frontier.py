@@ -519,7 +519,7 @@ def render_table(report: Mapping[str, Any]):
     return t
 
 
-def write_png(path: Path, report: Mapping[str, Any]) -> Path:
+def write_png(path: Path, report: Mapping[str, Any], dpi: int = 90) -> Path:
     """SLO pass rate against median cost ratio, one curve per policy in knob order (the shipped setting
     ringed), the verified static fleet and the capacity ceiling as points."""
     import matplotlib
@@ -554,7 +554,7 @@ def write_png(path: Path, report: Mapping[str, Any]) -> Path:
     ax.set_title(f"bench frontier: {report['cases']} cases ({report['family']}), seed {report['seed']} "
                  "(ringed: the shipped setting)", fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90, metadata={"Software": None})
+    fig.savefig(path, dpi=dpi, metadata={"Software": None})
     plt.close(fig)
     return path
 

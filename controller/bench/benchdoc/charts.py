@@ -97,9 +97,17 @@ def robustness(results: Results, path: Path) -> None:
     _save(fig, path)
 
 
+def frontier(results: Results, path: Path) -> None:
+    """SLO pass rate against median cost ratio, one curve per policy (the bench's own plot)."""
+    from controller.bench.frontier import write_png
+
+    write_png(path, results["frontier"]["result"], dpi=DPI)
+
+
 CHARTS: tuple[Chart, ...] = (
     Chart("shipped-scenarios.png", ("all",), shippedshipped_rows),
     Chart("robustness-seed1.png", ("robustness-seed1",), robustness),
+    Chart("frontier.png", ("frontier",), frontier),
 )
 
 
