@@ -96,10 +96,6 @@ def _wva_thresholds(v: tuple[float, float]) -> Replay:
     return Replay(params={"kv_cache_threshold": v[0], "queue_length_threshold": v[1]})
 
 
-def _profile(v: str) -> Replay:
-    return Replay(profile=v)
-
-
 @dataclass(frozen=True)
 class Knob:
     """One policy's knob: what it is, the settings swept (in order of what they buy), the shipped one."""
@@ -160,11 +156,11 @@ KNOBS: dict[str, Knob] = {k.policy: k for k in (
     # Dynamo: its SLA planner's targets, as sla-planner's (controller/policies/dynamo_stack.py).
     Knob("dynamo-stack", "sla_target", (0.5, 0.7, 0.85, 1.0), 1.0, _sla_target,
          "its TTFT and ITL targets as a share of the SLOs"),
-    # The MPC: what buys reliability with money today is the objective profile (controller/core/objective.py
-    # PROFILES: cost < balanced (shipped) < throughput < latency in the headroom they plan). The reliability
-    # dial of issue 32 replaces this one line.
-    Knob(MPC, "profile", ("cost", "balanced", "throughput", "latency"), "balanced", _profile,
-         "objective profile"),
+    # The MPC's reliability dial (controller/core/objective.py, `reliability`: the probability that demand
+    # through the longest start-up stays within what the plan provisions for; 0.5-0.99, the balanced
+    # profile's 0.6 shipped, the latency profile's 0.9), set as the policy parameter.
+    Knob(MPC, "reliability", (0.5, 0.6, 0.75, 0.9, 0.99), 0.6, _param("reliability"),
+         "probability that demand through the longest start-up stays within the plan"),
 )}
 BASELINES = tuple(p for p in KNOBS if p != MPC)
 

@@ -42,7 +42,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 def tiny(tmp_path_factory) -> tuple[Path, dict]:
     # Seed 5: robustness case 0 (as test_robustness.py's) and arena case 0, both a few thousand requests.
     out = tmp_path_factory.mktemp("frontier")
-    code, stdout, stderr = run_cli("--cases", "2", "--seed", "5", "--policies", "hpa:0.5:0.7,mpc:cost:balanced",
+    code, stdout, stderr = run_cli("--cases", "2", "--seed", "5", "--policies", "hpa:0.5:0.7,mpc:0.6:0.9",
                                    "--tick", "30", "--out", str(out), "--workers", "2", "--json", "--quiet")
     assert code == 0, stderr
     return out, json.loads(stdout)  # exactly one JSON object on stdout
@@ -56,7 +56,7 @@ def test_json_has_the_keys_and_shape(tiny) -> None:
     assert set(rep["policies"]) == {"hpa", "mpc"}
     hpa, mpc = rep["policies"]["hpa"], rep["policies"]["mpc"]
     assert [(p["setting"], p["default"]) for p in hpa["points"]] == [("0.5", False), ("0.7", True)]
-    assert [(p["setting"], p["default"]) for p in mpc["points"]] == [("cost", False), ("balanced", True)]
+    assert [(p["setting"], p["default"]) for p in mpc["points"]] == [("0.6", True), ("0.9", False)]
     for name, pol in rep["policies"].items():
         for p in pol["points"]:
             for key in ("setting", "default", "slo_pass_rate", "slo_pass_rate_feasible", "cost_ratio_vs_static_median",
@@ -182,7 +182,8 @@ def test_the_declared_defaults_are_the_shipped_ones() -> None:
     hpa: Any = build_policy("hpa", fleet)
     kpa: Any = build_policy("kpa", fleet)
     assert hpa.target == fr.KNOBS["hpa"].default and kpa.params.target == fr.KNOBS["kpa"].default
-    assert fr.KNOBS["mpc"].default == "balanced"  # what `bench policies` and the daemon run by default
+    # the dial's setting the MPC ships with: the balanced profile's (what `bench policies` and the daemon run)
+    assert fr.KNOBS["mpc"].default == PROFILES["balanced"].reliability
     # the margin 1 and the SLA target 1 are the policies as shipped: no override, no new parameter
     for name in ("slo-feedback", "sla-planner", "dynamo-stack"):
         knob = fr.KNOBS[name]
