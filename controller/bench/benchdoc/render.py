@@ -305,6 +305,7 @@ def frontier(results: Results) -> str:
     env = results["frontier"]
     res = env["result"]
     dom = res.get("dominance") or {}
+    mpc_knob = (res["policies"].get("mpc") or {}).get("knob", "")
     rows = []
     order = sorted(res["policies"], key=lambda n: (POLICY_ORDER.index(n) if n in POLICY_ORDER else 99, n))
     for name in order:
@@ -315,7 +316,7 @@ def frontier(results: Results) -> str:
             mpc = ""
             if d is not None:
                 m = d.get("mpc_at_least_less_one")
-                mpc = "none" if m is None else (f"{m['setting']} ({m['passes']}, "
+                mpc = "none" if m is None else (f"{mpc_knob} {m['setting']} ({m['passes']}, "
                                                 f"{num(m['cost_ratio_vs_static_median'], 2)}×)"
                                                 + (", no dearer" if d["dominated"] else ", dearer"))
             rows.append(_frontier_row(name, f"{pol['knob']} {p['setting']}" + (" (shipped)" if p["default"] else ""),
