@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Each policy is replayed at every setting of the knob its project documents "
                         "(HPA's target utilisation, KPA's target concurrency, slo-feedback's margin, the SLA "
                         "planner's and Dynamo's SLA targets, scorer-kpa's and AIBrix's KV target, llm-d's WVA "
-                        "saturation thresholds, the MPC's objective profile; controller/bench/frontier.py KNOBS) on "
+                        "saturation thresholds, the MPC's reliability dial; controller/bench/frontier.py KNOBS) on "
                         "the generated cases of `bench robustness` and the Autoscaling Arena's traffic patterns, "
                         "against the verified static fleet and the capacity ceiling of each case.")
     b.add_argument("--cases", type=int, default=40, help="number of cases, 0..N-1 (default 40)")
