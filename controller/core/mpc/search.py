@@ -311,9 +311,17 @@ def _split_follows_delay(s: Search, levels: np.ndarray) -> None:
     that served it within its SLOs is left with capacity to spare while its neighbour stays short, and
     the plan without shedding looks better than it is. Example: two pools at 2:1 capacity, far past
     both, split 1:2 so the larger serves its share on time; shedding the sheddable class pays only
-    with the larger pool's share raised to take standard traffic in its place."""
+    with the larger pool's share raised to take standard traffic in its place. Tried only while the
+    best plan has requests timing out (one scored row to find out)."""
     ev = s.ev
     if s.best is None or s.left() <= 0 or "traffic_split" in s.cfg.fixed_levers:
+        return
+    # only far past capacity: where the best plan leaves requests timing out in some pool's backlog (within
+    # the client's timeout every pool drains what it is sent, and the split's balance is the sweeps' job)
+    counted = ev.evaluations
+    _, info = ev.score(s.best, detail=True)
+    ev.evaluations = counted  # a look at the plan already scored, not a candidate: not charged to the budget
+    if info is None or not float(np.max(info["timed_out_frac_p50"])) > 0.0:
         return
     _, _, names = continuous_bounds(ev.prob, ev.cfg)
     cols = [j for kind, j in names if kind == "tw"]
