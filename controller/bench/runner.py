@@ -28,8 +28,9 @@ import numpy as np
 from controller.bench.observe import SimObserver
 from controller.core.breaker import DEFAULT_BREAKER, BreakerConfig
 from controller.core.guards import GuardConfig
+from controller.core.outliers import OutlierConfig
 from controller.core.step import Controller, TickInput
-from controller.policies.registry import breaker_for, build_policy
+from controller.policies.registry import breaker_for, build_policy, outliers_for
 from controller.sim.control import apply_decision
 from controller.sim.fleet import Fleet
 from controller.sim.fleet_accounting import TimelinePoint
@@ -212,7 +213,8 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
                     workload: Workload | None = None, progress: Progress | None = None,
                     label: str | None = None, params: Mapping[str, Any] | None = None,
                     guards: GuardConfig | None = None, slo_check_from_s: float | None = None,
-                    profile: str = "balanced", breaker: BreakerConfig | None = DEFAULT_BREAKER) -> RunResult:
+                    profile: str = "balanced", breaker: BreakerConfig | None = DEFAULT_BREAKER,
+                    outliers: OutlierConfig | None = None) -> RunResult:
     """Drive `policy` over the scenario: the loop every driver of the core shares. `profile` is the
     objective profile each tick carries, as the daemon's config sets it (only the MPC reads it);
     `breaker` the controller's breaker (None: none, for the yardsticks replayed as found)."""
@@ -221,6 +223,7 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
     fleet = Fleet(scenario, seed=seed, workload=workload)
     observer = SimObserver(fleet, window_s=OBSERVE_WINDOW_S)
     controller = Controller(fleet_spec_from_scenario(scenario), policy, guards=guards or GuardConfig(), breaker=breaker,
+                            outliers=outliers,
                             decision_validity_s=DECISION_VALIDITY_S, seed=seed, tick_s=tick_s)
     state = controller.initial_state()
     total_s = expected_end_s(fleet)
@@ -272,4 +275,4 @@ def run_policy(scenario: Scenario, policy_name: str, *, seed: int, tick_s: float
     recorded = {k: v for k, v in (params or {}).items() if not callable(v)}  # e.g. a model source: not data
     return run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s, workload=workload, progress=progress,
                            label=label or policy_name, params=recorded, profile=profile,
-                           breaker=breaker_for(policy_name, params))
+                           breaker=breaker_for(policy_name, params), outliers=outliers_for(policy_name, params))

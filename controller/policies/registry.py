@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller.core.breaker import BreakerConfig, breaker_setting
+from controller.core.outliers import OutlierConfig, outlier_setting
 from controller.names import POLICY_NAMES
 from controller.policies.aibrix_stack import AibrixStackPolicy
 from controller.policies.common import RoutingWeights
@@ -33,13 +34,16 @@ from controller.policies.slo_feedback import SloFeedbackPolicy
 from controller.policies.static import StaticPolicy
 from controller.types import FleetSpec, Policy
 
-__all__ = ["POLICY_NAMES", "breaker_for", "build_policy", "policy_params"]
+__all__ = ["POLICY_NAMES", "breaker_for", "build_policy", "outliers_for", "policy_params"]
 
 # Parameters a policy's config carries that set up the controller around the policy rather than the policy:
 # the cascading-failure breaker (`breaker`: true/false or BreakerConfig fields; the MPC's parameters have
 # carried it since the breaker was built beside it), the value given when the config leaves it out.
 # A policy without the entry runs under the default breaker.
-CONTROLLER_PARAMS: dict[str, dict[str, Any]] = {"mpc": {"breaker": True}}
+# Slow-replica detection (`outliers`: true/false or OutlierConfig fields, controller/core/outliers.py) likewise:
+# off by default for now (the MPC's default plans stay as they were until it is measured and chosen); a policy
+# without the entry runs without it (the baselines stay as their projects publish them).
+CONTROLLER_PARAMS: dict[str, dict[str, Any]] = {"mpc": {"breaker": True, "outliers": False}}
 
 
 def breaker_for(name: str, params: Mapping[str, Any] | None = None) -> BreakerConfig | None:
@@ -49,6 +53,17 @@ def breaker_for(name: str, params: Mapping[str, Any] | None = None) -> BreakerCo
         return BreakerConfig()
     try:
         return breaker_setting((params or {}).get("breaker", own["breaker"]))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"policy {name}: {e}") from None
+
+
+def outliers_for(name: str, params: Mapping[str, Any] | None = None) -> OutlierConfig | None:
+    """The slow-replica detection the controller runs `name` under (None: none), from its `outliers` parameter."""
+    own = CONTROLLER_PARAMS.get(name, {})
+    if "outliers" not in own:
+        return None
+    try:
+        return outlier_setting((params or {}).get("outliers", own["outliers"]))
     except (TypeError, ValueError) as e:
         raise ValueError(f"policy {name}: {e}") from None
 
@@ -135,6 +150,7 @@ def build_policy(name: str, fleet: FleetSpec, params: Mapping[str, Any] | None =
         raise ValueError(f"policy {name}: slo_class {slo_class!r} is not a fleet SLO class; "
                          f"classes: {sorted(fleet.slos)}")
     breaker_for(name, params)  # a bad controller parameter fails here too, by name
+    outliers_for(name, params)
     for k in CONTROLLER_PARAMS.get(name, {}):
         params.pop(k, None)
     try:
