@@ -130,6 +130,7 @@ class ReplicaObservation:
     itl_mean_s: Reading = MISSING  # mean inter-token latency (its decode step time, with the chunks it carries)
     running: Reading = MISSING  # requests in its running batch
     prefill_tokens_rps: Reading = MISSING  # prompt tokens it computes (not served from its prefix cache), per second
+    kv_usage_frac: Reading = MISSING  # its KV-cache usage, 0..1 (with its batch: the context its sequences hold)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,9 @@ series (`PoolObservation.replicas`: the mean inter-token latency of its window a
 batch, from its own /metrics), its *slowness* is
 
     slowness = measured ITL / the step time its own load explains
-    (decode a + b·batch + c·context·batch, stretched by the prompt tokens it computes riding in the
-    steps: `expected_step_s`; the pool's calibrated engine figures, perf/)
+    (decode a + b·batch + c·context·batch, the context its sequences hold read from its KV usage,
+    stretched by the prompt tokens it computes riding in the steps: `expected_step_s`; the pool's
+    calibrated engine figures, perf/)
 
 so a replica running a larger batch, or computing more prefill (a colder cache, a new replica), is not
 taken for a slow one, and what every replica of the pool shares (a model the figures miss) cancels in
@@ -197,7 +198,10 @@ def slowness_scores(spec: PoolSpec, po: PoolObservation, min_batch: float = 1.0,
         if not (r.itl_mean_s.ok and r.running.ok) or r.running.value < min_batch or r.itl_mean_s.value <= 0:
             continue
         prefill = r.prefill_tokens_rps.value if r.prefill_tokens_rps.ok else 0.0
-        slow[rid] = r.itl_mean_s.value / expected_step_s(fig, r.running.value, ctx, prefill)
+        # the context its own sequences hold, from its KV usage (a replica holding the long conversations
+        # reads more KV a step); the pool's mean when its KV usage is not read
+        own_ctx = r.kv_usage_frac.value * fig.kv_tokens / r.running.value if r.kv_usage_frac.ok else ctx
+        slow[rid] = r.itl_mean_s.value / expected_step_s(fig, r.running.value, own_ctx, prefill)
     if len(slow) < 2:
         return {}
     out = {}

@@ -230,8 +230,9 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
         self._reconcile(p)
 
     def reset_controls(self) -> None:
-        """Routing, admission and pool targets back to the scenario's values."""
+        """Routing, admission and pool targets back to the scenario's values (no replica ejected)."""
         for p in self.pools.values():
+            p.route.ejected = frozenset()
             self.set_pool_routing(p.name, **route_defaults(self.scenario, p.spec))
         self._reset_admission()
         for p in self.pools.values():

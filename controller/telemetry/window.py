@@ -21,8 +21,8 @@ same as the PromQL in `promql.py`:
   targets that answered;
 - `replicas_ready` counts the engine targets that answered this update;
 - per replica (`PoolObservation.replicas`, keyed by `ScrapeTarget.replica_id`): its own mean ITL
-  (the increase of the histogram's _sum over that of its _count in the window), running batch and the
-  prompt tokens it computes a second (its prompt rate × (1 − its prefix-cache hit rate)).
+  (the increase of the histogram's _sum over that of its _count in the window), running batch, KV usage
+  and the prompt tokens it computes a second (its prompt rate × (1 − its prefix-cache hit rate)).
 
 Cost: per target, each scrape's samples are keyed once per label set (memoised)
 and appended to per-series histories, so a tick costs O(series) and a rate
@@ -521,7 +521,8 @@ class FamiliesWindow:
                                                                    else 0.0))
             replicas[rid] = ReplicaObservation(replica=rid, itl_mean_s=_r(_ratio(one.rate("itl_sum"),
                                                                                   one.rate("itl_count"))),
-                                               running=_r(one.gauge("running")), prefill_tokens_rps=_r(prefill))
+                                               running=_r(one.gauge("running")), prefill_tokens_rps=_r(prefill),
+                                               kv_usage_frac=_r(one.gauge("kv", mean=True)))
         hit = _ratio(t.rate("hits"), t.rate("queries"))
         if hit is None:
             hit = t.gauge("hit_gauge", mean=True)
