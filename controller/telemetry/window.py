@@ -21,7 +21,8 @@ same as the PromQL in `promql.py`:
   targets that answered;
 - `replicas_ready` counts the engine targets that answered this update;
 - per replica (`PoolObservation.replicas`, keyed by `ScrapeTarget.replica_id`): its own mean ITL
-  (the increase of the histogram's _sum over that of its _count in the window), running batch, KV usage
+  over the last scrape interval (the increase of the histogram's _sum over that of its _count), running
+  batch, KV usage
   and the prompt tokens it computes a second (its prompt rate × (1 − its prefix-cache hit rate)).
 
 Cost: per target, each scrape's samples are keyed once per label set (memoised)
@@ -369,6 +370,21 @@ class _Totals:
         return histogram_quantile(q, bounds, cumulative)
 
 
+def _newest_ratio(h: _TargetHistory, num: str, den: str) -> float | None:
+    """The increase of counter `num` over that of `den` between the target's last two scrapes (summed over
+    their series): a replica's mean ITL over the last interval, i.e. how it steps now. A slowdown shows in
+    full one scrape after it starts, where a window's mean would take the window to catch up; hundreds of
+    token gaps per replica and interval keep it steady. None without two scrapes; NaN when nothing moved."""
+    inc = {num: 0.0, den: 0.0}
+    seen = False
+    for (sid, _group, _series, le), ser in h.series.items():
+        if sid in inc and le is None and ser.incs and len(h.times) >= 2 and ser.times[-1] == h.times[-1] \
+                and ser.times[-2] == h.times[-2]:
+            inc[sid] += ser.incs[-1]
+            seen = True
+    return _ratio(inc[num], inc[den]) if seen else None
+
+
 def _ratio(num: float | None, den: float | None) -> float | None:
     if num is None or den is None:
         return None
@@ -519,8 +535,7 @@ class FamiliesWindow:
             prompt, hit = one.rate("prompt"), _ratio(one.rate("hits"), one.rate("queries"))
             prefill = None if prompt is None else prompt * (1.0 - (hit if hit is not None and math.isfinite(hit)
                                                                    else 0.0))
-            replicas[rid] = ReplicaObservation(replica=rid, itl_mean_s=_r(_ratio(one.rate("itl_sum"),
-                                                                                  one.rate("itl_count"))),
+            replicas[rid] = ReplicaObservation(replica=rid, itl_mean_s=_r(_newest_ratio(h, "itl_sum", "itl_count")),
                                                running=_r(one.gauge("running")), prefill_tokens_rps=_r(prefill),
                                                kv_usage_frac=_r(one.gauge("kv", mean=True)))
         hit = _ratio(t.rate("hits"), t.rate("queries"))
