@@ -56,20 +56,31 @@ class Risk:
         # False = the numpy below (the reference)
         self.compiled = compiled
 
-    def lost_share(self, pl: PoolLatencies, share: np.ndarray) -> np.ndarray | None:
-        """(C,2,H,K) share of each class's admitted requests that time out in a backlog (their wait
-        passes the client's timeout: the client gives up, the request is lost as well as late), or
-        None when no row times out. Per class the pools of each hop are weighted by traffic share as
-        in `late_share`; a request times out if it does so at either hop. Example: two pools at equal
-        share, one backlogged past the timeout for standard → 0.5 of standard's admitted requests."""
+    def lost_sums(self, pl: PoolLatencies, share: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(C,2,H,K) Σ share × timed out over the first-hop pools and over the decode pools (a request whose
+        backlog wait passes the client's timeout: the client gives up, it is lost as well as late), or None
+        when no row times out. Weighted by traffic share per class as in `late_share`."""
         if not pl.timed_out.any():
             return None
         to = pl.timed_out.astype(float)  # (K,C,2,H,P)
         w_share = share[:, :, None, :, :] if share.ndim == 4 else share[None, :, None, :, :]
-        first = sum_pools(w_share * self.first_hop * to)
-        lost = (1.0 - (1.0 - first) * (1.0 - sum_pools(w_share * self.decode_hop * to))
-                if self.decode_hop.any() else first)
-        return np.clip(np.moveaxis(lost, 0, -1), 0.0, 1.0)  # (C,2,H,K)
+        first = np.moveaxis(sum_pools(w_share * self.first_hop * to), 0, -1)
+        dec = (np.moveaxis(sum_pools(w_share * self.decode_hop * to), 0, -1) if self.decode_hop.any()
+               else np.zeros_like(first))
+        return first, dec
+
+    @staticmethod
+    def combine_lost(first: np.ndarray, dec: np.ndarray, decode: bool) -> np.ndarray:
+        """The share lost at either hop, (C,2,H,K), clipped to [0, 1]."""
+        lost = 1.0 - (1.0 - first) * (1.0 - dec) if decode else first
+        return np.clip(lost, 0.0, 1.0)
+
+    def lost_share(self, pl: PoolLatencies, share: np.ndarray) -> np.ndarray | None:
+        """(C,2,H,K) share of each class's admitted requests that time out in a backlog, or None when no
+        row times out. Example: two pools at equal share, one backlogged past the timeout for standard →
+        0.5 of standard's admitted requests."""
+        sums = self.lost_sums(pl, share)
+        return None if sums is None else self.combine_lost(*sums, bool(self.decode_hop.any()))
 
     def late_share(self, pl: PoolLatencies, share: np.ndarray) -> np.ndarray:
         """(C,2,H,K) share of each class's admitted requests that is late, given each pool's share of

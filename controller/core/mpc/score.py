@@ -46,6 +46,8 @@ class Others:
     late_first: np.ndarray  # (2,H,K) Σ share × late probability over their first-hop pools
     late_decode: np.ndarray  # (2,H,K) the same over their decode pools
     short: np.ndarray  # (H,) bool: some route group of theirs has fewer replicas ready than it needs
+    lost_first: np.ndarray | None = None  # (2,H,K) Σ share × timed out over their first-hop pools (None: 0)
+    lost_decode: np.ndarray | None = None  # the same over their decode pools
 
 
 class Evaluator:
