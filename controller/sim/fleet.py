@@ -204,8 +204,13 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
         """The router sends no new request to these replicas of `pool` (the controller ejected them as
         slow) while another candidate is left; ids of replicas the pool no longer has are ignored."""
         p = self._pool(pool)
-        p.route.ejected = frozenset(str(r) for r in replicas)
-        self._dispatch_held(p)
+        ejected = frozenset(str(r) for r in replicas)
+        if ejected == p.route.ejected:
+            return
+        back = bool(p.route.ejected - ejected)
+        p.route.ejected = ejected
+        if back:  # a replica is a candidate again: what waits may go to it
+            self._dispatch_held(p)
 
     def replace_replicas(self, pool: str, replicas: tuple[str, ...] | list[str]) -> list[str]:
         """Replace these ready replicas of `pool`, as a Kubernetes controller does for a deleted pod: each
