@@ -159,6 +159,13 @@ LEVERS: tuple[Lever, ...] = (
 )
 
 
+# `PoolDecision` fields that are not levers: commands about named replicas, not a pool's setting (slow
+# replicas, controller/core/outliers.py): the router sends no new request to `ejected`, the autoscaler
+# replaces `replace`. They carry no bounds or default to plan around; the simulator's control plane
+# and the actuators map them by name.
+REPLICA_COMMANDS = ("ejected", "replace")
+
+
 def levers(scope: Scope | None = None, service: str | None = None) -> Iterator[Lever]:
     """The levers of one scope and/or one control service, in table order."""
     for lv in LEVERS:

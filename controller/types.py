@@ -121,6 +121,19 @@ class FleetSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaObservation:
+    """One replica's own engine series over the window (what outlier detection compares,
+    controller/core/outliers.py). The replica id is what its telemetry target names it: the discovery
+    label `replica` when there is one, else the engine's address (host:port)."""
+
+    replica: str
+    itl_mean_s: Reading = MISSING  # mean inter-token latency (its decode step time, with the chunks it carries)
+    running: Reading = MISSING  # requests in its running batch
+    prefill_tokens_rps: Reading = MISSING  # prompt tokens it computes (not served from its prefix cache), per second
+    kv_usage_frac: Reading = MISSING  # its KV-cache usage, 0..1 (with its batch: the context its sequences hold)
+
+
+@dataclass(frozen=True, slots=True)
 class PoolObservation:
     """Windowed telemetry of one pool (rates and quantiles over the last window)."""
 
@@ -143,6 +156,8 @@ class PoolObservation:
     preemptions_rps: Reading = MISSING
     gpu_util_frac: Reading = MISSING  # DCGM GPU utilisation, 0..1
     gpu_mem_used_frac: Reading = MISSING  # DCGM framebuffer used / (used + free) of the pool's fullest GPU, 0..1
+    # per replica, its own series (empty when the source reads the pool only, as PromQL aggregates do)
+    replicas: Mapping[str, ReplicaObservation] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +237,10 @@ class PoolDecision:
     kv_weight: float = 2.0
     max_num_seqs: int = 0  # engine batch cap; 0 = leave unchanged
     max_num_batched_tokens: int = 0  # 0 = leave unchanged
+    # slow replicas (controller/core/outliers.py): the router sends them no new requests while ejected;
+    # the autoscaler replaces those in `replace` (drains the replica; its controller starts a new one)
+    ejected: tuple[str, ...] = ()
+    replace: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

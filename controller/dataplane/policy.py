@@ -41,6 +41,8 @@ class PoolSettings:
     prefix_weight: float = DEFAULT_PREFIX_WEIGHT
     queue_weight: float = DEFAULT_QUEUE_WEIGHT
     kv_weight: float = DEFAULT_KV_WEIGHT
+    # endpoints (host:port) Governor ejected as slow: no new requests while another endpoint is left
+    ejected: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ class PolicyStore:
         base = self.settings(now_unix_s).settings
         pools = dict(base.pools)
         for p in msg.pools:
-            pools[p.pool] = replace(pools[p.pool], **lever_wire.values(p, "PoolRouting"))
+            pools[p.pool] = replace(pools[p.pool], **lever_wire.values(p, "PoolRouting"),
+                                    ejected=frozenset(p.ejected_replicas))
         admission = {a.priority_class: ClassSettings(**lever_wire.values(a, "ClassAdmission")) for a in msg.admission}
         # tenant limits and step awareness are the picker's own settings until RoutingPolicy carries them
         self._commanded = Settings(pools, admission, tenants=base.tenants, step_aware=base.step_aware)
@@ -125,7 +128,7 @@ class PolicyStore:
         if self.meta is not None:
             out.meta.CopyFrom(self.meta)
         for name, s in a.settings.pools.items():
-            out.pools.append(lever_wire.build("PoolRouting", {"pool": name}, s))
+            out.pools.append(lever_wire.build("PoolRouting", {"pool": name, "ejected_replicas": sorted(s.ejected)}, s))
         for cls in PRIORITY_CLASSES:
             c = a.settings.admission_of(cls)
             out.admission.append(lever_wire.build("ClassAdmission", {"priority_class": cls}, c))

@@ -104,6 +104,27 @@ def each_pool(entries: Iterable[Any], pools: Collection[str], *,
         yield where, p
 
 
+# replica names in a command (PoolRouting.ejected_replicas, PoolScaling.replace_replicas): a pod name or
+# host:port (a DNS-1123 name is at most 253 characters) and no more of them than a pool can have replicas
+MAX_REPLICA_NAMES = 4096
+MAX_REPLICA_NAME_CHARS = 253
+
+
+def check_replica_names(names: Iterable[str], where: str) -> None:
+    """Raise CommandInvalidError naming the first bad replica name of `names` (empty, too long, not printable,
+    repeated) or too many of them."""
+    seen: set[str] = set()
+    for i, n in enumerate(names):
+        if i >= MAX_REPLICA_NAMES:
+            raise CommandInvalidError(f"{where}: more than {MAX_REPLICA_NAMES} replicas")
+        if not n or len(n) > MAX_REPLICA_NAME_CHARS or not n.isprintable() or n.strip() != n:
+            raise CommandInvalidError(f"{where}[{i}]: {show(n)} is not a replica name (1-{MAX_REPLICA_NAME_CHARS} "
+                                      "printable characters, no surrounding spaces)")
+        if n in seen:
+            raise CommandInvalidError(f"{where}[{i}]: {show(n)} appears more than once")
+        seen.add(n)
+
+
 def validate_routing(msg: pb.RoutingPolicy, pools: Collection[str], *, known_as: str = "pools are",
                      rate_limit_note: str = "") -> None:
     """Raise CommandInvalidError naming the first bad field of a RoutingPolicy's pools and admission.
@@ -112,6 +133,7 @@ def validate_routing(msg: pb.RoutingPolicy, pools: Collection[str], *, known_as:
     """
     for where, p in each_pool(msg.pools, pools, known_as=known_as):
         _check_levers(p, "PoolRouting", where, "")
+        check_replica_names(p.ejected_replicas, f"{where}.ejected_replicas")
     if len(msg.admission) > len(PRIORITY_CLASSES):
         raise CommandInvalidError(f"admission: {len(msg.admission)} entries, but there are {len(PRIORITY_CLASSES)} "
                                   f"classes {list(PRIORITY_CLASSES)}; each appears at most once")

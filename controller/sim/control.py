@@ -1,7 +1,8 @@
 """Apply a controller Decision to an in-process simulated Fleet (the bench's actuator).
 
 Maps each PoolDecision to `Fleet.set_pool_routing` + `Fleet.set_pool_target`
-(engine caps of 0 mean "leave unchanged") and each ClassAdmission to
+(engine caps of 0 mean "leave unchanged"), its slow replicas to `Fleet.set_ejected` and
+`Fleet.replace_replicas` and each ClassAdmission to
 `Fleet.set_admission`. Everything is validated before anything is applied, so a
 bad decision (unknown pool or class, value out of range) raises ValueError and
 leaves the fleet as it was.
@@ -34,6 +35,9 @@ def apply_decision(fleet: Fleet, decision: Decision) -> None:
     for name, d in decision.pools.items():
         fleet.set_pool_routing(name, **_values(routing_levers(), d))
         fleet.set_pool_target(name, **_values(target_levers(), d))
+        fleet.set_ejected(name, d.ejected)  # slow replicas (not levers: per replica, controller/core/outliers.py)
+        if d.replace:
+            fleet.replace_replicas(name, d.replace)
     # Every class, as the gRPC actuator sends it: a class the decision leaves out gets the default
     # (no limit), so a policy can release shedding (Controller.step drops default entries).
     for cls in PRIORITY_CLASSES:

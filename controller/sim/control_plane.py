@@ -81,6 +81,7 @@ def validate_scaling(msg: pb.ScalingPlan, pools: Mapping[str, PoolSpecModel],
     """Raise CommandInvalidError naming the first bad field of a ScalingPlan (`scaling`: the settings in force)."""
     for where, p in each_pool(msg.pools, pools):
         spec = pools[p.pool]
+        command_rules.check_replica_names(p.replace_replicas, f"{where}.replace_replicas")
         if not (spec.min_replicas <= p.replicas <= spec.max_replicas):
             raise CommandInvalidError(f"{where}.replicas: {p.replicas} is out of range "
                                       f"[{spec.min_replicas}, {spec.max_replicas}] for pool {p.pool!r}")
@@ -243,6 +244,8 @@ class ControlPlane:
         if not error:
             self.views.routing.update(routing)
             self.views.admission.update(admission)
+            for p in msg.pools:  # slow replicas ejected (a pool the command names with none: none ejected)
+                self.fleet.set_ejected(p.pool, list(p.ejected_replicas))
             log.info("router: applied generation %d (%s)", msg.meta.generation, msg.meta.decision_id)
         return error
 
@@ -290,6 +293,9 @@ class ControlPlane:
         error = self._apply_all_or_nothing([pool_step(p) for p in scaling])
         if not error:
             self.views.scaling.update(scaling)
+            for p in msg.pools:  # slow replicas to replace: once per command (a replay never gets here)
+                if p.replace_replicas:
+                    self.fleet.replace_replicas(p.pool, list(p.replace_replicas))
             log.info("autoscaler: applied generation %d (%s): %s", msg.meta.generation, msg.meta.decision_id,
                      {p: s["replicas"] for p, s in scaling.items()})
         return error
@@ -330,6 +336,8 @@ class ControlPlane:
                 self._reset_scaling_view()
             elif self.router in expired:
                 self._reset_router_view()
+                for pool in self.views.routing:  # an ejection lives only as long as the command naming it
+                    self.fleet.set_ejected(pool, [])
                 self._apply_routing_settings(self.views.routing, self.views.admission)
             else:
                 self._reset_scaling_view()

@@ -161,6 +161,8 @@ class PoolRoute:
         for k, v in levers.items():
             setattr(self, k, v)
         self.candidates: list[Replica] = []  # ready, not draining
+        # replicas the controller ejected (slow): no new requests while another candidate is left
+        self.ejected: frozenset[str] = frozenset()
         # held requests per class; entries are (request, attempt); stale ones are skipped on pop
         self.held: tuple[deque[tuple[Req, int]], ...] = tuple(deque() for _ in range(N_CLASSES))
         self.held_by_prio = [0] * N_CLASSES  # live held requests per class (stale deque entries not counted)
@@ -174,6 +176,8 @@ class PoolRoute:
     def pick(self, r: Req) -> Replica | None:
         """Best-scoring candidate with room under the in-flight cap (critical: any), or None."""
         cands = self.candidates
+        if self.ejected:  # as Envoy's panic threshold: with every candidate ejected, route among them all
+            cands = [c for c in cands if c.rid not in self.ejected] or cands
         n = len(cands)
         if n == 0:
             return None

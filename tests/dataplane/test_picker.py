@@ -59,6 +59,34 @@ def test_pools_without_a_healthy_endpoint_get_no_traffic():
     assert got == {"a"}
 
 
+def test_an_ejected_endpoint_gets_no_new_requests_unless_every_endpoint_is_ejected():
+    p = _picker()
+    slow = POOLS["a"][0]
+    s = _settings(PoolSettings(prefix_weight=0.0, ejected=frozenset({slow})), PoolSettings(traffic_weight=0.0))
+    got: collections.Counter[str] = collections.Counter()
+    for i in range(60):
+        e = _ep(p.route("standard", f"prompt {i}", s, float(i)))
+        got[e.address] += 1
+        p.finish(e, s)
+    assert got[slow] == 0 and set(got) == set(POOLS["a"][1:])
+    every = _settings(PoolSettings(prefix_weight=0.0, ejected=frozenset(POOLS["a"])), PoolSettings(traffic_weight=0.0))
+    assert {_ep(p.route("standard", f"q {i}", every, 0.0)).address for i in range(30)} == set(POOLS["a"])
+
+
+def test_policy_store_carries_the_ejected_endpoints_and_a_bad_name_is_refused():
+    store = PolicyStore(Settings({"a": PoolSettings(), "b": PoolSettings()}))
+    msg = pb.RoutingPolicy(meta=pb.CommandMeta(decision_id="d-1", generation=1, valid_until_unix_s=100.0))
+    msg.pools.add(pool="a", traffic_weight=1.0, ejected_replicas=["10.0.0.1:8000"])
+    assert store.apply(msg, 10.0).status == pb.ACK_STATUS_APPLIED
+    assert store.settings(10.0).settings.pools["a"].ejected == frozenset({"10.0.0.1:8000"})
+    assert list(store.to_message(10.0).pools[0].ejected_replicas) == ["10.0.0.1:8000"]
+    assert store.settings(200.0).settings.pools["a"].ejected == frozenset()  # expired: the defaults
+    bad = pb.RoutingPolicy(meta=pb.CommandMeta(decision_id="d-2", generation=2, valid_until_unix_s=100.0))
+    bad.pools.add(pool="a", ejected_replicas=["10.0.0.1:8000", "10.0.0.1:8000"])
+    ack = store.apply(bad, 10.0)
+    assert ack.status == pb.ACK_STATUS_INVALID and "pools[0].ejected_replicas[1]" in ack.message
+
+
 def test_shared_prefix_lands_on_one_replica_at_high_affinity_and_spreads_at_zero():
     p = _picker()
     prefix = "system prompt shared by everyone, long enough for two blocks. "

@@ -63,6 +63,15 @@ class FakeFleet:
             raise ValueError(f"pool {pool!r}: rejected by the fake")
         self.calls.append(("routing", pool, kw))
 
+    def set_ejected(self, pool: str, replicas: list[str]) -> None:
+        self._pool(pool)
+        self.calls.append(("ejected", pool, list(replicas)))
+
+    def replace_replicas(self, pool: str, replicas: list[str]) -> list[str]:
+        self._pool(pool)
+        self.calls.append(("replace", pool, list(replicas)))
+        return list(replicas)
+
     def set_admission(self, priority_class: str, **kw) -> None:
         self.calls.append(("admission", priority_class, kw))
 

@@ -54,16 +54,18 @@ class ScorerWeights(_message.Message):
     def __init__(self, prefix: _Optional[float] = ..., queue: _Optional[float] = ..., kv_usage: _Optional[float] = ...) -> None: ...
 
 class PoolRouting(_message.Message):
-    __slots__ = ("pool", "traffic_weight", "inflight_cap", "weights")
+    __slots__ = ("pool", "traffic_weight", "inflight_cap", "weights", "ejected_replicas")
     POOL_FIELD_NUMBER: _ClassVar[int]
     TRAFFIC_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_CAP_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    EJECTED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     pool: str
     traffic_weight: float
     inflight_cap: int
     weights: ScorerWeights
-    def __init__(self, pool: _Optional[str] = ..., traffic_weight: _Optional[float] = ..., inflight_cap: _Optional[int] = ..., weights: _Optional[_Union[ScorerWeights, _Mapping]] = ...) -> None: ...
+    ejected_replicas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pool: _Optional[str] = ..., traffic_weight: _Optional[float] = ..., inflight_cap: _Optional[int] = ..., weights: _Optional[_Union[ScorerWeights, _Mapping]] = ..., ejected_replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClassAdmission(_message.Message):
     __slots__ = ("priority_class", "rate_limit_rps", "queue_budget", "shed_fraction")
@@ -92,18 +94,20 @@ class GetRoutingPolicyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolScaling(_message.Message):
-    __slots__ = ("pool", "replicas", "warm_standby", "max_num_seqs", "max_num_batched_tokens")
+    __slots__ = ("pool", "replicas", "warm_standby", "max_num_seqs", "max_num_batched_tokens", "replace_replicas")
     POOL_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     WARM_STANDBY_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     pool: str
     replicas: int
     warm_standby: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    def __init__(self, pool: _Optional[str] = ..., replicas: _Optional[int] = ..., warm_standby: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ...) -> None: ...
+    replace_replicas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pool: _Optional[str] = ..., replicas: _Optional[int] = ..., warm_standby: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., replace_replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ScalingPlan(_message.Message):
     __slots__ = ("meta", "pools")
