@@ -415,15 +415,23 @@ def build_parser() -> argparse.ArgumentParser:
     osub = p.add_subparsers(dest="override_command", metavar="ACTION", required=True)
     o = osub.add_parser("set", help="set an override with a TTL")
     o.add_argument("kind", choices=["pin", "min", "max", "freeze", "admission", "slo-ttft", "slo-tpot", "profile",
-                                    "reliability"],
+                                    "reliability", "tenant-rate", "tenant-inflight", "tenant-weight",
+                                    "step-admission"],
                    help="pin/min/max: a pool's replicas; freeze: a pool as it is; admission: a class's shed "
                         "fraction; slo-ttft/slo-tpot: a class's SLO in seconds; profile: the objective's profile; "
                         "reliability: the MPC's dial, the probability (0.5-0.99) that demand through the longest "
-                        "start-up stays within the capacity it plans (higher buys more replicas)")
+                        "start-up stays within the capacity it plans (higher buys more replicas); "
+                        "tenant-rate/tenant-inflight/tenant-weight: a tenant's requests per second (0 = unlimited), "
+                        "requests in flight (0 = unlimited) or fair-share weight (> 0) at the router; "
+                        "step-admission: aware (hold new tasks' first steps before later steps under pressure) or "
+                        "blind")
     o.add_argument("--pool", default="", help="the pool (pin, min, max, freeze)")
+    o.add_argument("--tenant", default="",
+                   help="the tenant, its x-gateway-inference-fairness-id (tenant-*); * = every tenant not named")
     o.add_argument("--class", dest="priority_class", default="",
                    help="the priority class (admission, slo-ttft, slo-tpot)")
-    o.add_argument("--value", default=None, help="number (or profile name for 'profile')")
+    o.add_argument("--value", default=None,
+                   help="number (the profile name for 'profile', aware or blind for 'step-admission')")
     o.add_argument("--ttl", required=True, help="time to live, e.g. 900, 15m, 2h")
     o.add_argument("--author", default=None, help="who sets it (default: $USER)")
     o.add_argument("--reason", default="", help="why, for the audit log (shown by `governor override list`)")
