@@ -190,6 +190,8 @@ _SECTIONS: tuple[tuple[str, str], ...] = (
     ("policy", "Policy"),
     ("pools", "Decision per pool"),
     ("admission", "Admission"),
+    ("tenants", "Tenant limits at the router"),
+    ("step_aware", "Step-aware admission at the router"),
     ("reasons", "Reasons"),
     ("diagnostics", "Predictions and constraints"),
     ("guard_adjustments", "Guardrail adjustments"),

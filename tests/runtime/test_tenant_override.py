@@ -46,6 +46,7 @@ def test_tenant_overrides_become_part_of_the_decision_and_reach_the_pickers_sett
     record = json.loads(ex.json)
     assert record["tenants"] == {"acme": {"rate_limit_rps": 0.0, "max_inflight": 2, "weight": 0.5}}
     assert record["step_aware"] is False
+    assert "Tenant limits at the router" in ex.text and "Step-aware admission at the router" in ex.text
     audit = stub.ListAudit(policy_pb2.ListAuditRequest(limit=10), metadata=AUTH, timeout=10)
     assert any(e.action == "override.set" and "tenant_max_inflight" in e.detail and "tenant=acme value=2" in e.detail
                for e in audit.entries)
