@@ -227,6 +227,15 @@ class ClassAdmission:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """Router limits for one tenant (the request's fairness id; "*" = every tenant not named)."""
+
+    rate_limit_rps: float = 0.0  # requests per second; 0 = unlimited
+    max_inflight: int = 0  # requests in flight at the replicas or held; 0 = unlimited
+    weight: float = 1.0  # share of the token-weighted fair share of held requests
+
+
+@dataclass(frozen=True, slots=True)
 class PoolDecision:
     replicas: int
     warm_standby: int = 0
@@ -262,6 +271,10 @@ class Decision:
     pools: Mapping[str, PoolDecision]
     admission: Mapping[str, ClassAdmission] = field(default_factory=dict)
     reasons: tuple[Reason, ...] = ()
+    # tenant → limits the router applies while the decision is valid; a tenant left out keeps the router's own
+    tenants: Mapping[str, TenantLimits] = field(default_factory=dict)
+    # step-aware admission at the router; None: the router's own setting
+    step_aware: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +283,7 @@ class Override:
 
     override_id: str
     # pin_replicas | min_replicas | max_replicas | freeze | admission | slo_ttft | slo_tpot | profile | reliability
+    # | tenant_rate_limit | tenant_max_inflight | tenant_weight (text: the tenant) | step_admission (text: aware|blind)
     kind: str
     value: float = 0.0
     pool: str = ""
@@ -397,6 +411,8 @@ class PolicyOutput:
     confidence: float | None = None  # the policy's model confidence, 0..1 (None: it reports none)
     status: PolicyStatus = field(default_factory=PolicyStatus)  # typed, for status and metrics
     needs: Mapping[str, int] = field(default_factory=dict)  # replicas each pool needs now, by the policy's model
+    tenants: Mapping[str, TenantLimits] = field(default_factory=dict)  # tenant limits at the router (none: its own)
+    step_aware: bool | None = None  # step-aware admission at the router (None: its own setting)
 
 
 class Policy(Protocol):

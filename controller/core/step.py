@@ -9,8 +9,8 @@ A tick: estimate the fleet (core/estimate.py: the autoscaler's replica phases
 join the telemetry) → apply SLO/profile/reliability overrides to what the policy sees →
 advance the cascading-failure breaker (core/breaker.py; its constraints go to
 the policy) → run the policy → hold the proposal to the breaker's constraints,
-then apply the guardrails (core/guards.py) → number the decision (generation,
-id, validity deadline) → explain it.
+then apply the guardrails (core/guards.py) and the operator's tenant and step-admission
+overrides (`forced_tenants`) → number the decision (generation, id, validity deadline) → explain it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from controller.core.breaker import (
 )
 from controller.core.capacity import CapacityState, advance_capacity, capped_fleet
 from controller.core.estimate import DEFAULT_ESTIMATOR, Estimate, EstimatorConfig, account_fleet, decided_caps, estimate
-from controller.core.guards import GuardConfig, GuardState, apply_guards, pool_telemetry_status
+from controller.core.guards import GuardConfig, GuardState, apply_guards, forced_tenants, pool_telemetry_status
 from controller.core.outliers import OutlierConfig, OutlierResult, OutlierState, detect
 from controller.jsonsafe import json_safe
 from controller.names import PROFILES
@@ -110,6 +110,8 @@ class TickResult:
             "summary": self.explanation.splitlines()[0] if self.explanation else "",
             "pools": {p: asdict(pd) for p, pd in (d.pools.items() if d else ())},
             "admission": {c: asdict(a) for c, a in (d.admission.items() if d else ())},
+            "tenants": {t: asdict(lim) for t, lim in (d.tenants.items() if d else ())},
+            "step_aware": d.step_aware if d else None,
             "inputs": obs,
             "telemetry": dict(self.telemetry),
             "reasons": [_reason_dict(r) for r in self.policy_reasons],
@@ -287,6 +289,8 @@ class Controller:
             outliers = found.state
             pools_out = _with_outliers(guarded.pools, found)
             reasons = reasons + found.reasons
+        tenants, step_aware, forced = forced_tenants(out.tenants, out.step_aware, active)
+        adjustments += forced
         decision = Decision(
             decision_id=f"d-{generation:08d}",
             generation=generation,
@@ -296,9 +300,12 @@ class Controller:
             admission=({c: a for c, a in guarded.admission.items() if a != ClassAdmission()}
                        if guarded.admission else {}),
             reasons=reasons + adjustments,
+            tenants=tenants,
+            step_aware=step_aware,
         )
         changed = (current is None or dict(current.pools) != dict(decision.pools)
-                   or dict(current.admission) != dict(decision.admission))
+                   or dict(current.admission) != dict(decision.admission)
+                   or dict(current.tenants) != dict(decision.tenants) or current.step_aware != decision.step_aware)
         diagnostics = {"observation": inputs, "policy": self.policy.name, "profile": profile,
                        **{k: json_safe(v) for k, v in out.diagnostics.items()}}
         if self.outliers is not None:

@@ -2,10 +2,10 @@
 
 Maps each PoolDecision to `Fleet.set_pool_routing` + `Fleet.set_pool_target`
 (engine caps of 0 mean "leave unchanged"), its slow replicas to `Fleet.set_ejected` and
-`Fleet.replace_replicas` and each ClassAdmission to
-`Fleet.set_admission`. Everything is validated before anything is applied, so a
-bad decision (unknown pool or class, value out of range) raises ValueError and
-leaves the fleet as it was.
+`Fleet.replace_replicas`, each ClassAdmission to `Fleet.set_admission` and the decision's
+step_aware to `Fleet.set_step_aware`. Everything is validated before anything is applied, so a
+bad decision (unknown pool or class, value out of range) raises ValueError and leaves the fleet
+as it was.
 
 Must not: decide anything, read the wall clock, or talk to the network (the live
 simulator's gRPC adapter lives in control_plane.py).
@@ -42,6 +42,9 @@ def apply_decision(fleet: Fleet, decision: Decision) -> None:
     # (no limit), so a policy can release shedding (Controller.step drops default entries).
     for cls in PRIORITY_CLASSES:
         fleet.set_admission(cls, **_values(admission_levers(), decision.admission.get(cls, ClassAdmission())))
+    # step-aware admission: the decision's, or the scenario's own when it says nothing (as the picker keeps its flag).
+    # Tenant limits are the picker's only (the lever table's carriers): the simulated router has no tenant limits.
+    fleet.set_step_aware(decision.step_aware)
 
 
 def _validate(fleet: Fleet, decision: Decision) -> None:

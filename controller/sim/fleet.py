@@ -304,7 +304,13 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
             raise ValueError(f"{where}: max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs}), "
                              "as vLLM requires")
 
+    def set_step_aware(self, step_aware: bool | None) -> None:
+        """Step-aware admission at the router on or off (controller/sim/router.py); None: the scenario's own
+        (`router.step_aware`). Requests already held stay in the queue they were held in."""
+        self.router.step_aware = self.scenario.router.step_aware if step_aware is None else bool(step_aware)
+
     def _reset_admission(self) -> None:
+        self.router.step_aware = self.scenario.router.step_aware
         spec = self.scenario.router.admission
         for k, c in enumerate(PRIORITY_CLASSES):
             a = spec.get(c, AdmissionSpec())

@@ -75,6 +75,9 @@ class FakeFleet:
     def set_admission(self, priority_class: str, **kw) -> None:
         self.calls.append(("admission", priority_class, kw))
 
+    def set_step_aware(self, step_aware: bool | None) -> None:
+        self.step_aware = step_aware  # kept apart from `calls`: the routing tests compare those exactly
+
     def set_pool_target(self, pool: str, *, replicas: int, warm_standby: int | None = None,
                         max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None) -> None:
         spec = self._pool(pool)

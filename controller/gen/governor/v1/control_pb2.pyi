@@ -79,15 +79,31 @@ class ClassAdmission(_message.Message):
     shed_fraction: float
     def __init__(self, priority_class: _Optional[str] = ..., rate_limit_rps: _Optional[float] = ..., queue_budget: _Optional[int] = ..., shed_fraction: _Optional[float] = ...) -> None: ...
 
+class TenantLimits(_message.Message):
+    __slots__ = ("tenant", "rate_limit_rps", "max_inflight", "weight")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_RPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    rate_limit_rps: float
+    max_inflight: int
+    weight: float
+    def __init__(self, tenant: _Optional[str] = ..., rate_limit_rps: _Optional[float] = ..., max_inflight: _Optional[int] = ..., weight: _Optional[float] = ...) -> None: ...
+
 class RoutingPolicy(_message.Message):
-    __slots__ = ("meta", "pools", "admission")
+    __slots__ = ("meta", "pools", "admission", "tenants", "step_aware")
     META_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    STEP_AWARE_FIELD_NUMBER: _ClassVar[int]
     meta: CommandMeta
     pools: _containers.RepeatedCompositeFieldContainer[PoolRouting]
     admission: _containers.RepeatedCompositeFieldContainer[ClassAdmission]
-    def __init__(self, meta: _Optional[_Union[CommandMeta, _Mapping]] = ..., pools: _Optional[_Iterable[_Union[PoolRouting, _Mapping]]] = ..., admission: _Optional[_Iterable[_Union[ClassAdmission, _Mapping]]] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantLimits]
+    step_aware: bool
+    def __init__(self, meta: _Optional[_Union[CommandMeta, _Mapping]] = ..., pools: _Optional[_Iterable[_Union[PoolRouting, _Mapping]]] = ..., admission: _Optional[_Iterable[_Union[ClassAdmission, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantLimits, _Mapping]]] = ..., step_aware: _Optional[bool] = ...) -> None: ...
 
 class GetRoutingPolicyRequest(_message.Message):
     __slots__ = ()
