@@ -300,6 +300,37 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     b.add_argument("--json", action="store_true", help=JSON_HELP)
     b.set_defaults(func=_handler("controller.bench.robustness:cmd_bench_robustness"))
+    b = bsub.add_parser("frontier", help="every policy swept over its own knob on N generated cases: SLO pass rate "
+                                         "against cost, one curve per policy, and where the MPC dominates",
+                        description="Each policy is replayed at every setting of the knob its project documents "
+                        "(HPA's target utilisation, KPA's target concurrency, slo-feedback's margin, the SLA "
+                        "planner's and Dynamo's SLA targets, scorer-kpa's and AIBrix's KV target, llm-d's WVA "
+                        "saturation thresholds, the MPC's reliability dial; controller/bench/frontier.py KNOBS) on "
+                        "the generated cases of `bench robustness` and the Autoscaling Arena's traffic patterns, "
+                        "against the verified static fleet and the capacity ceiling of each case.")
+    b.add_argument("--cases", type=int, default=40, help="number of cases, 0..N-1 (default 40)")
+    b.add_argument("--case", type=int, default=None, metavar="K",
+                   help="run only case K of the family (reproduces its row of a larger run)")
+    b.add_argument("--seed", type=int, default=1, help="seed of the case family (default 1)")
+    b.add_argument("--family", default="all", choices=["all", "robustness", "arena"],
+                   help="the cases: robustness's (its cases 0, 1, ...), arena (staircase, flash crowd, diurnal, "
+                        "sinusoid slower than a cold start, ramps) or all (default: the two interleaved)")
+    b.add_argument("--policies", default=None, metavar="LIST",
+                   help="comma-separated policies, each optionally with some of its settings: hpa,kpa:20:70,mpc "
+                        "(default: every policy at every setting; static and the ceiling are always run)")
+    b.add_argument("--out", default=None,
+                   help="directory for the report, the plot and the generated cases (default bench-out/frontier)")
+    b.add_argument("--png", default=None, metavar="PATH",
+                   help="where to draw the frontier (default OUT/frontier-seedS.png)")
+    b.add_argument("--resume", action="store_true",
+                   help="reuse the rows an interrupted run into the same --out saved for the same cases, settings, "
+                        "tick and sources (OUT/rows/); without it every case is run")
+    b.add_argument("--workers", type=int, default=2, help="worker processes (default 2; results do not depend on it)")
+    b.add_argument("--tick", dest="tick_s", type=float, default=None, metavar="SECONDS",
+                   help="control-loop tick of every replay, simulated seconds (default 15, the daemon's)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
+    b.set_defaults(func=_handler("controller.bench.frontier:cmd_bench_frontier"))
     b = bsub.add_parser("report", help="rewrite docs/BENCHMARKS.md's tables and plots from the saved results in "
                                        "docs/bench/ (--check: are they current? --run: rerun benches first)",
                         description="Each table of docs/BENCHMARKS.md (and README's figures) sits between "

@@ -51,6 +51,13 @@ What a case is made of:
   start-up ordered at t = 0 could serve (`FAULT_SHARES`; never in a case beyond max_replicas).
 - Length: 10-20 simulated minutes (at least three 70B cold start-ups plus 150 s, so what happens
   after the first cold start can serve is judged too).
+
+Families: `generate_case(..., family="robustness")` (the default, `governor bench robustness`'s)
+takes its shapes from `SHAPES`; `family="arena"` (opt-in, `governor bench frontier --family`) takes
+them from `ARENA_SHAPES` (the Autoscaling Arena's patterns: staircase, flash crowd, diurnal, a
+sinusoid slower than a cold start, ramps) with draws of its own (`default_rng([seed, k,
+ARENA_STREAM])`, files gen-sS-aKKKK), and is built by the same code from there on. Adding the arena
+family changed no draw of the robustness family: its cases are the same, bit for bit.
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ import yaml
 
 from controller.bench.oracle import PEAK_WINDOW_S
 from controller.bench.profile import profile_scenario
-from controller.bench.shapes import SHAPES, ShapeError, draw_shape_params, rate_multiplier
+from controller.bench.shapes import ARENA_SHAPES, SHAPES, ShapeError, draw_shape_params, rate_multiplier
 from controller.paths import PROJECT_ROOT, shared_data_dir
 from controller.sim.fleet import Fleet
 from controller.sim.scenario import ClassSpec, FaultSpec, PoolSpecModel, Scenario, load_scenario
@@ -106,6 +113,11 @@ GAP_NORM_WINDOW_S = 300.0
 GRID_S = 1.0  # resolution of the rate curve
 SIZING_REQUESTS = 3000  # requests of the sample a fleet and mix are profiled on
 SIZING_SEED = 15  # the sizing sample is the same for every seed: one profile per fleet and mix
+
+ROBUSTNESS = "robustness"
+ARENA = "arena"
+FAMILIES = (ROBUSTNESS, ARENA)  # each with its own shapes and draws (see the module docstring)
+ARENA_STREAM = 32  # the arena family's draws: default_rng([seed, ARENA_STREAM]) and ([seed, k, ARENA_STREAM])
 
 SCENARIOS_DIR = PROJECT_ROOT / "scenarios"
 # Request traces whose gaps drive arrivals (by file name in the shared traces folder).
@@ -376,26 +388,40 @@ def case_plan(seed: int, k: int, n_fleets: int) -> tuple[str, int]:
     return SHAPES[(k + shape_offset) % len(SHAPES)], (k + fleet_offset) % n_fleets
 
 
-def case_name(seed: int, k: int) -> str:
-    return f"gen-s{seed}-c{k:04d}"
+def arena_case_plan(seed: int, k: int, n_fleets: int) -> tuple[str, int]:
+    """`case_plan` for the arena family: its shapes, offsets drawn from a stream of its own."""
+    family = np.random.default_rng([seed, ARENA_STREAM])
+    shape_offset, fleet_offset = int(family.integers(len(ARENA_SHAPES))), int(family.integers(n_fleets))
+    return ARENA_SHAPES[(k + shape_offset) % len(ARENA_SHAPES)], (k + fleet_offset) % n_fleets
+
+
+def case_name(seed: int, k: int, family: str = ROBUSTNESS) -> str:
+    return f"gen-s{seed}-c{k:04d}" if family == ROBUSTNESS else f"gen-s{seed}-a{k:04d}"
 
 
 def generate_case(seed: int, k: int, *, work_dir: Path | str, cache_dir: Path | str | None = None,
-                  fleets: Sequence[FleetSource] | None = None) -> Case:
-    """Case k of the family seeded by `seed`: draw it, size it, write its trace and YAML, return it."""
+                  fleets: Sequence[FleetSource] | None = None, family: str = ROBUSTNESS) -> Case:
+    """Case k of the family (`FAMILIES`) seeded by `seed`: draw it, size it, write its trace and YAML,
+    return it."""
     if k < 0:
         raise GeneratorError(f"case index must be >= 0 (got {k})")
+    if family not in FAMILIES:
+        raise GeneratorError(f"unknown case family {family!r}; families: {', '.join(FAMILIES)}")
     work = Path(work_dir)
     cache = Path(cache_dir) if cache_dir is not None else None
     fleets = list(fleets) if fleets is not None else shipped_fleets()
-    shape, fleet_index = case_plan(seed, k, len(fleets))
+    if family == ROBUSTNESS:
+        shape, fleet_index = case_plan(seed, k, len(fleets))
+        rng = np.random.default_rng([seed, k])
+    else:
+        shape, fleet_index = arena_case_plan(seed, k, len(fleets))
+        rng = np.random.default_rng([seed, k, ARENA_STREAM])
     fleet = fleets[fleet_index]
-    rng = np.random.default_rng([seed, k])
     sc = fleet.scenario
     cold = max(p.startup_cold_s for p in sc.pools)
     lo_d = max(DURATION_S[0], 3.0 * cold + 150.0)
     duration = float(round(rng.uniform(lo_d, max(lo_d, DURATION_S[1])) / 60.0) * 60.0)
-    params = draw_shape_params(shape, duration, rng)
+    params = draw_shape_params(shape, duration, rng, cold_start_s=cold)
     mix = list(MIXES)[int(rng.integers(len(MIXES)))]
     beyond = bool(rng.uniform() < BEYOND_MAX_SHARE)
     # A case beyond max_replicas is one where shedding the sheddable class is the right answer, so
@@ -490,7 +516,7 @@ def generate_case(seed: int, k: int, *, work_dir: Path | str, cache_dir: Path | 
     total = sum(c.share for c in classes.values())
     classes = {c: v.model_copy(update={"share": v.share / total}) for c, v in classes.items()}
 
-    name = case_name(seed, k)
+    name = case_name(seed, k, family)
     trace_path = work / f"{name}.jsonl"
     _write_trace(trace_path, source, idx, arrivals)
     spec = CaseSpec(index=k, seed=seed, fleet=fleet.name, shape=shape, shape_params=params, mix=mix,
@@ -504,7 +530,7 @@ def generate_case(seed: int, k: int, *, work_dir: Path | str, cache_dir: Path | 
     scenario = _scenario(fleet, name, trace_path.name, work, pools=pools, classes=classes, faults=faults,
                          seed=sim_seed, source=source, description=desc)
     yaml_path = work / f"{name}.yaml"
-    _write_yaml(yaml_path, scenario, spec)
+    _write_yaml(yaml_path, scenario, spec, family)
     return Case(spec=spec, scenario=scenario, scenario_path=yaml_path, t_s=t, rate_rps=rate)
 
 
@@ -531,10 +557,13 @@ def _faults(kind: str, pools: Sequence[PoolSpecModel], arrival_s: np.ndarray, wi
         {"pool": pool.name, "at_s": at, "count": count, "factor": factor, "duration_s": dur}
 
 
-def _write_yaml(path: Path, scenario: Scenario, spec: CaseSpec) -> None:
+def _write_yaml(path: Path, scenario: Scenario, spec: CaseSpec, family: str = ROBUSTNESS) -> None:
+    again = (f"governor bench robustness --seed {spec.seed} --case {spec.index}" if family == ROBUSTNESS
+             else f"governor bench frontier --family {family} --seed {spec.seed} --case {spec.index}")
     head = "".join(f"# {line}\n" for line in (
-        f"Generated by controller/bench/generator.py: case {spec.index} of seed {spec.seed} (do not edit;",
-        f"regenerate with `governor bench robustness --seed {spec.seed} --case {spec.index}`).",
+        f"Generated by controller/bench/generator.py: case {spec.index} of seed {spec.seed}"
+        + (f" ({family} family)" if family != ROBUSTNESS else "") + " (do not edit;",
+        f"regenerate with `{again}`).",
         f"shape {spec.shape}, fleet {spec.fleet}, mix {spec.mix}, classes {spec.classes}, fault {spec.fault},",
         f"peak {spec.peak_rps:.2f} req/s = {spec.peak_replicas:.2f} replicas at the profiled capacity.",
     ))
@@ -544,6 +573,7 @@ def _write_yaml(path: Path, scenario: Scenario, spec: CaseSpec) -> None:
     tmp.replace(path)
 
 
-__all__ = ["CLASS_SHARES", "MIXES", "SHAPES", "Case", "CaseSpec", "FleetSource", "GeneratorError", "ShapeError",
-           "case_name", "case_plan", "draw_lengths", "draw_shape_params", "generate_case", "rate_multiplier",
-           "shaped_arrivals", "shipped_fleets", "sizing_capacity", "unit_gaps"]
+__all__ = ["ARENA", "ARENA_SHAPES", "CLASS_SHARES", "FAMILIES", "MIXES", "ROBUSTNESS", "SHAPES", "Case",
+           "CaseSpec", "FleetSource", "GeneratorError", "ShapeError", "arena_case_plan", "case_name", "case_plan",
+           "draw_lengths", "draw_shape_params", "generate_case", "rate_multiplier", "shaped_arrivals",
+           "shipped_fleets", "sizing_capacity", "unit_gaps"]

@@ -68,7 +68,9 @@ def prepare(scenario: Scenario, *, seed: int, cache_dir: Path | str | None) -> B
 
 
 def verify_static(ctx: BenchContext, *, tick_s: float, progress: Callable[[str], Progress | None] | None = None,
-                  rounds: int = STATIC_VERIFY_ROUNDS) -> tuple[dict[str, int], RunResult, bool]:
+                  rounds: int = STATIC_VERIFY_ROUNDS,
+                  measure: Callable[[Fleet], Mapping[str, Any]] | None = None,
+                  ) -> tuple[dict[str, int], RunResult, bool]:
     """(replicas, the replay at them, met): static provisioning raised until it meets the task targets.
 
     Starts at the profiled peak size and adds one replica to every pool not yet at its
@@ -76,6 +78,7 @@ def verify_static(ctx: BenchContext, *, tick_s: float, progress: Callable[[str],
     cold start-up + one tick). Example: 6 replicas keep 97.5 % of standard tasks against a
     99 % target, 7 keep 99.2 % → 7. Scheduled faults count: a fleet sized for the peak
     that a crash at the peak takes below the SLO is not yet what the peak needs.
+    `measure`: as `runner.run_closed_loop`'s, on every round's replay.
     """
     scenario = ctx.scenario
     reps = dict(ctx.static_replicas)
@@ -88,7 +91,7 @@ def verify_static(ctx: BenchContext, *, tick_s: float, progress: Callable[[str],
             raise BenchError(f"static (verifying the profiled size {reps}): {exc}") from None
         run = run_closed_loop(scenario, policy, seed=ctx.seed, tick_s=tick_s, workload=ctx.workload, label=STATIC,
                               params={"replicas": dict(reps)}, slo_check_from_s=check_from_s,
-                              progress=progress(label) if progress else None)
+                              progress=progress(label) if progress else None, measure=measure)
         ok, _ = task_slo_ok(run, TASK_SLO_TARGETS)
         grow = {p.name: min(reps[p.name] + 1, p.max_replicas) for p in scenario.pools}
         if ok or grow == reps or i == rounds:

@@ -38,7 +38,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -82,12 +82,37 @@ def _ratio(a: Any, b: Any) -> float | None:
     return float(a) / float(b) if ok and b > 0 else None
 
 
+COST = "cost_per_successful_task_usd"
+
+
+def case_fields(case: Any) -> dict[str, Any]:
+    """What a case row says of the generated case (`generator.Case`): its draws and its file."""
+    spec = case.spec
+    return {"shape": spec.shape, "fleet": spec.fleet, "mix": spec.mix, "classes": spec.classes,
+            "fault": spec.fault, "beyond_max": spec.beyond_max, "scenario_file": str(case.scenario_path),
+            "case": spec.to_dict()}
+
+
+def case_entry(e: Mapping[str, Any], static_cost: Any, oracle_cost: Any) -> dict[str, Any]:
+    """One policy's figures on one case (from `report.policy_entry`): attainment, pass (`meets_bar`), cost
+    per successful task and its ratios to the verified static fleet's and the oracle's."""
+    from controller.bench.report import meets_bar
+
+    att = e.get("slo_attainment") or {}
+    return {
+        "slo_attainment": dict(att), "pass": meets_bar(e), COST: e.get(COST),
+        "cost_ratio_vs_static": _ratio(e.get(COST), static_cost),
+        "cost_ratio_vs_oracle": _ratio(e.get(COST), oracle_cost),
+        "successful_tasks": e.get("successful_tasks"), "tasks": e.get("tasks"), "shed": e.get("shed"),
+        "failed": e.get("failed"), "gpu_hours": e.get("gpu_hours"), "scaling_actions": e.get("scaling_actions"),
+    }
+
+
 def run_case(seed: int, k: int, labels: Sequence[str], out_dir: str, tick_s: float = TICK_S) -> dict[str, Any]:
     """Generate case k of `seed`, benchmark every label on it, return its row (JSON-ready, no wall times)."""
     from controller.bench.generator import GeneratorError, generate_case
     from controller.bench.harness import BenchError
     from controller.bench.profile import ProfileError
-    from controller.bench.report import meets_bar
     from controller.bench.side_by_side import run_bench
     from controller.sim.scenario import ScenarioError
 
@@ -98,9 +123,7 @@ def run_case(seed: int, k: int, labels: Sequence[str], out_dir: str, tick_s: flo
     except (GeneratorError, ProfileError, ScenarioError) as exc:
         return {**row, "error": f"generating the case: {exc}"}
     spec = case.spec
-    row.update({"shape": spec.shape, "fleet": spec.fleet, "mix": spec.mix, "classes": spec.classes,
-                "fault": spec.fault, "beyond_max": spec.beyond_max, "scenario_file": str(case.scenario_path),
-                "case": spec.to_dict()})
+    row.update(case_fields(case))
     try:
         report, _, _ = run_bench(case.scenario, list(labels), seed=spec.sim_seed, tick_s=tick_s,
                                  cache_dir=out / ".cache", scenario_file=str(case.scenario_path),
@@ -108,19 +131,9 @@ def run_case(seed: int, k: int, labels: Sequence[str], out_dir: str, tick_s: flo
     except (BenchError, ProfileError, ScenarioError) as exc:
         return {**row, "error": str(exc)}
     pols = report["policies"]
-    key = "cost_per_successful_task_usd"
-    static_cost = pols.get(STATIC, {}).get(key)
-    oracle_cost = pols.get(ORACLE, {}).get(key)
-    entries: dict[str, Any] = {}
-    for name, e in pols.items():
-        att = e.get("slo_attainment") or {}
-        entries[name] = {
-            "slo_attainment": dict(att), "pass": meets_bar(e), key: e.get(key),
-            "cost_ratio_vs_static": _ratio(e.get(key), static_cost),
-            "cost_ratio_vs_oracle": _ratio(e.get(key), oracle_cost),
-            "successful_tasks": e.get("successful_tasks"), "tasks": e.get("tasks"), "shed": e.get("shed"),
-            "failed": e.get("failed"), "gpu_hours": e.get("gpu_hours"), "scaling_actions": e.get("scaling_actions"),
-        }
+    static_cost = pols.get(STATIC, {}).get(COST)
+    oracle_cost = pols.get(ORACLE, {}).get(COST)
+    entries = {name: case_entry(e, static_cost, oracle_cost) for name, e in pols.items()}
     # Feasible: some fleet the bench knows (the verified static one, the oracle's schedule, or the
     # capacity ceiling: every pool at its maximum with the sheddable class shed) met the bar, so a
     # policy that misses it could have done better; an infeasible case (one whose engines miss the
@@ -132,13 +145,16 @@ def run_case(seed: int, k: int, labels: Sequence[str], out_dir: str, tick_s: flo
     return row
 
 
-def _timed_case(seed: int, k: int, labels: Sequence[str], out_dir: str,
-                tick_s: float) -> tuple[dict[str, Any], float, float]:
-    """`run_case`, its wall seconds and its CPU seconds (kept out of the row, which must not depend on
-    the machine; on a shared machine the CPU seconds say more about the cost than the wall time)."""
+CaseFn = Callable[[int, int, Sequence[Any], str, float], dict[str, Any]]
+
+
+def _timed_case(seed: int, k: int, labels: Sequence[Any], out_dir: str, tick_s: float,
+                case_fn: CaseFn = run_case) -> tuple[dict[str, Any], float, float]:
+    """`case_fn` (`run_case`), its wall seconds and its CPU seconds (kept out of the row, which must not
+    depend on the machine; on a shared machine the CPU seconds say more about the cost than the wall time)."""
     clock = WallClock()
     t0, c0 = clock.monotonic_s(), time.process_time()
-    row = run_case(seed, k, labels, out_dir, tick_s)
+    row = case_fn(seed, k, labels, out_dir, tick_s)
     return row, round(clock.monotonic_s() - t0, 2), round(time.process_time() - c0, 2)
 
 
@@ -300,12 +316,14 @@ def write_png(path: Path, report: Mapping[str, Any]) -> Path:
 # --------------------------------------------------------------------------- CLI
 
 
-def run_cases(seed: int, indices: Sequence[int], labels: Sequence[str], out_dir: Path, *, workers: int,
+def run_cases(seed: int, indices: Sequence[int], labels: Sequence[Any], out_dir: Path, *, workers: int,
               tick_s: float = TICK_S, quiet: bool = False,
               wall_s: dict[int, float] | None = None,
-              cpu_s: dict[int, float] | None = None) -> list[dict[str, Any]]:
+              cpu_s: dict[int, float] | None = None, case_fn: CaseFn = run_case) -> list[dict[str, Any]]:
     """Run `indices` in `workers` processes (1: in this one); rows in index order. `wall_s` and
-    `cpu_s`, when given, receive each case's wall and CPU seconds."""
+    `cpu_s`, when given, receive each case's wall and CPU seconds. `case_fn(seed, k, labels, out_dir,
+    tick_s)` makes one case's row (default `run_case`; `bench frontier` passes its own, a module-level
+    function or a partial of one, so the worker processes can receive it)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -326,10 +344,10 @@ def run_cases(seed: int, indices: Sequence[int], labels: Sequence[str], out_dir:
 
         if workers <= 1:
             for k in indices:
-                done(k, *_timed_case(seed, k, labels, str(out_dir), tick_s))
+                done(k, *_timed_case(seed, k, labels, str(out_dir), tick_s, case_fn))
         else:
             with ProcessPoolExecutor(max_workers=workers) as pool:
-                futures = {pool.submit(_timed_case, seed, k, list(labels), str(out_dir), tick_s): k
+                futures = {pool.submit(_timed_case, seed, k, list(labels), str(out_dir), tick_s, case_fn): k
                            for k in indices}
                 for f in as_completed(futures):
                     k = futures[f]
@@ -407,5 +425,5 @@ def cmd_bench_robustness(args: argparse.Namespace) -> int:
     return 1 if report["errors"] else 0
 
 
-__all__ = ["build_report", "cmd_bench_robustness", "default_labels", "parse_labels", "render_table", "run_case",
-           "run_cases", "summarise", "write_png"]
+__all__ = ["build_report", "case_entry", "case_fields", "cmd_bench_robustness", "default_labels", "parse_labels",
+           "render_table", "run_case", "run_cases", "summarise", "write_png"]

@@ -19,7 +19,7 @@ write files, or read the wall clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ from controller.sim.fleet_accounting import TimelinePoint
 from controller.sim.fleetspec import fleet_spec_from_scenario
 from controller.sim.scenario import Scenario
 from controller.sim.workload import Workload
-from controller.types import PRIORITY_CLASSES, Policy
+from controller.types import PRIORITY_CLASSES, Override, Policy
 
 # The loop stops this long after the trace's last arrival even if tasks are still open
 # (a safety net: the fleet's own timeouts resolve every task well before).
@@ -214,10 +214,14 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
                     label: str | None = None, params: Mapping[str, Any] | None = None,
                     guards: GuardConfig | None = None, slo_check_from_s: float | None = None,
                     profile: str = "balanced", breaker: BreakerConfig | None = DEFAULT_BREAKER,
-                    estimator: EstimatorConfig = DEFAULT_ESTIMATOR) -> RunResult:
+                    estimator: EstimatorConfig = DEFAULT_ESTIMATOR, overrides: Sequence[Override] = (),
+                    measure: Callable[[Fleet], Mapping[str, Any]] | None = None) -> RunResult:
     """Drive `policy` over the scenario: the loop every driver of the core shares. `profile` is the
     objective profile each tick carries, as the daemon's config sets it (only the MPC reads it);
-    `breaker` the controller's breaker (None: none, for the yardsticks replayed as found)."""
+    `breaker` the controller's breaker (None: none, for the yardsticks replayed as found);
+    `overrides` are operator overrides every tick carries (an SLO the policy is told, as `governor
+    override` sets one); `measure`, when given, reads the finished fleet and its mapping joins
+    `extra` (figures a bench needs beyond the summary)."""
     if not (math.isfinite(tick_s) and tick_s > 0):
         raise ValueError(f"tick_s must be a finite number > 0 (got {tick_s!r})")
     fleet = Fleet(scenario, seed=seed, workload=workload)
@@ -238,7 +242,8 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
         if fleet.done:
             break
         state, result = controller.step(state, TickInput(now_s=t, observation=observer.read(t),
-                                                         fleet_state=observer.fleet_state(), profile=profile))
+                                                         fleet_state=observer.fleet_state(), profile=profile,
+                                                         overrides=tuple(overrides)))
         if result.decision is not None:
             apply_decision(fleet, result.decision)
             decisions += 1
@@ -256,6 +261,8 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
     recovery = crash_recovery(fleet)
     if recovery is not None:
         extra["crash_recovery"] = recovery
+    if measure is not None:
+        extra.update(measure(fleet))
     if progress is not None:
         progress(total_s, total_s)
     return RunResult(scenario=scenario.name, policy=label or policy.name, seed=int(seed), tick_s=float(tick_s),
@@ -266,8 +273,11 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
 
 def run_policy(scenario: Scenario, policy_name: str, *, seed: int, tick_s: float = 15.0,
                params: Mapping[str, Any] | None = None, progress: Progress | None = None,
-               workload: Workload | None = None, label: str | None = None, profile: str = "balanced") -> RunResult:
-    """Replay `scenario` under the registered policy `policy_name` built with `params`.
+               workload: Workload | None = None, label: str | None = None, profile: str = "balanced",
+               overrides: Sequence[Override] = (),
+               measure: Callable[[Fleet], Mapping[str, Any]] | None = None) -> RunResult:
+    """Replay `scenario` under the registered policy `policy_name` built with `params` (`overrides`,
+    `measure`: as `run_closed_loop`).
 
     Raises ValueError for an unknown policy or bad parameters (from `build_policy`).
     """
@@ -275,4 +285,5 @@ def run_policy(scenario: Scenario, policy_name: str, *, seed: int, tick_s: float
     recorded = {k: v for k, v in (params or {}).items() if not callable(v)}  # e.g. a model source: not data
     return run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s, workload=workload, progress=progress,
                            label=label or policy_name, params=recorded, profile=profile,
-                           breaker=breaker_for(policy_name, params), estimator=estimator_for(policy_name, params))
+                           breaker=breaker_for(policy_name, params), estimator=estimator_for(policy_name, params),
+                           overrides=overrides, measure=measure)

@@ -18,6 +18,15 @@ Shapes (times as fractions of the case's duration D; factor F is peak / base):
                 bursts as in the Azure code trace);
   slow-decay    1 → 1/F exponentially over D (F 2-5);
   quiet         1, then 0-5 % for 0.3-0.45 D from 0.2-0.4 D (a long quiet period), then 1 again.
+
+The Arena family (`ARENA_SHAPES`, opt-in: `governor bench frontier --family arena|all`) adds the
+traffic patterns NVIDIA's Autoscaling Arena publishes (issue 32) to the ramps, flash crowd and
+diurnal day above; they are never drawn for `SHAPES` cases, so those stay as they were:
+  staircase     1/F (F 2-5) from 0 to 0.1-0.2 D, then n = 3-5 equal steps up to 1, each held the
+                same 0.5-1 x (0.85 D - start) / n;
+  sinusoid      1/F + (1 - 1/F) (1 + sin(2 pi t / P + phase)) / 2 (F 1.5-4), the period P drawn in
+                [1.5 x the fleet's longest cold start-up, max(that, D / 2)]: a swing slower than a
+                replica takes to start, so a controller that plans for it can follow it.
 """
 
 from __future__ import annotations
@@ -33,6 +42,10 @@ from controller.sim.trace_servegen import SERVEGEN_DAY_S, SERVEGEN_TIERS, SERVEG
 
 SHAPES = ("steady", "ramp-up", "ramp-down", "ramp-up-down", "step-up", "step-down", "flash-crowd", "diurnal",
           "bursts", "slow-decay", "quiet")
+# The Arena family: its own two shapes and the shipped ones it shares (see the module docstring).
+ARENA_SHAPES = ("staircase", "flash-crowd", "diurnal", "sinusoid", "ramp-up", "ramp-down", "ramp-up-down")
+ALL_SHAPES = SHAPES + tuple(x for x in ARENA_SHAPES if x not in SHAPES)
+SINUSOID_MIN_PERIODS_OF_COLD = 1.5  # the sinusoid's period is at least this many cold start-ups
 SERVEGEN_RATES_FILE = "servegen_14day_rates.csv"  # in the shared traces folder
 
 
@@ -40,8 +53,10 @@ class ShapeError(ValueError):
     """An unknown shape or a missing rates file; the message names it."""
 
 
-def draw_shape_params(shape: str, duration_s: float, rng: np.random.Generator) -> dict[str, float]:
-    """The drawn parameters of `shape` (times in seconds from the case's start; factors >= 1)."""
+def draw_shape_params(shape: str, duration_s: float, rng: np.random.Generator, *,
+                      cold_start_s: float = 0.0) -> dict[str, float]:
+    """The drawn parameters of `shape` (times in seconds from the case's start; factors >= 1).
+    `cold_start_s` (the fleet's longest cold start-up) bounds the sinusoid's period from below."""
     d = duration_s
     if shape == "steady":
         return {}
@@ -73,7 +88,16 @@ def draw_shape_params(shape: str, duration_s: float, rng: np.random.Generator) -
     if shape == "quiet":
         at = float(rng.uniform(0.2, 0.4)) * d
         return {"at_s": at, "quiet_s": float(rng.uniform(0.3, 0.45)) * d, "level": float(rng.uniform(0.0, 0.05))}
-    raise ShapeError(f"unknown shape {shape!r}; shapes: {', '.join(SHAPES)}")
+    if shape == "staircase":
+        start = float(rng.uniform(0.1, 0.2)) * d
+        n = int(rng.integers(3, 6))
+        return {"factor": float(rng.uniform(2.0, 5.0)), "start_s": start, "steps": float(n),
+                "hold_s": float(rng.uniform(0.5, 1.0)) * (0.85 * d - start) / n}
+    if shape == "sinusoid":
+        lo = SINUSOID_MIN_PERIODS_OF_COLD * cold_start_s
+        return {"factor": float(rng.uniform(1.5, 4.0)), "period_s": float(rng.uniform(lo, max(lo, d / 2.0))),
+                "phase": float(rng.uniform(0.0, 2.0 * np.pi))}
+    raise ShapeError(f"unknown shape {shape!r}; shapes: {', '.join(ALL_SHAPES)}")
 
 
 def rate_multiplier(shape: str, params: Mapping[str, float], t_s: np.ndarray, duration_s: float) -> np.ndarray:
@@ -115,7 +139,14 @@ def rate_multiplier(shape: str, params: Mapping[str, float], t_s: np.ndarray, du
     if shape == "quiet":
         quiet = (t >= p["at_s"]) & (t < p["at_s"] + p["quiet_s"])
         return np.where(quiet, p["level"], 1.0)
-    raise ShapeError(f"unknown shape {shape!r}; shapes: {', '.join(SHAPES)}")
+    if shape == "staircase":
+        lo, n = 1.0 / p["factor"], int(p["steps"])
+        step = np.clip(np.floor((t - p["start_s"]) / p["hold_s"]) + 1.0, 0.0, float(n))
+        return lo + (1.0 - lo) * step / n
+    if shape == "sinusoid":
+        lo = 1.0 / p["factor"]
+        return lo + (1.0 - lo) * 0.5 * (1.0 + np.sin(2.0 * np.pi * t / p["period_s"] + p["phase"]))
+    raise ShapeError(f"unknown shape {shape!r}; shapes: {', '.join(ALL_SHAPES)}")
 
 
 @lru_cache(maxsize=1)
@@ -138,4 +169,4 @@ def _diurnal(p: Mapping[str, float], t: np.ndarray, duration_s: float) -> np.nda
     return m / float(m.max())
 
 
-__all__ = ["SHAPES", "ShapeError", "draw_shape_params", "rate_multiplier"]
+__all__ = ["ALL_SHAPES", "ARENA_SHAPES", "SHAPES", "ShapeError", "draw_shape_params", "rate_multiplier"]

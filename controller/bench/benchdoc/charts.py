@@ -131,10 +131,18 @@ def planner_scale(results: Results, path: Path) -> None:
     _save(fig, path)
 
 
+def frontier(results: Results, path: Path) -> None:
+    """SLO pass rate against median cost ratio, one curve per policy (the bench's own plot)."""
+    from controller.bench.frontier import write_png
+
+    write_png(path, results["frontier"]["result"], dpi=DPI)
+
+
 CHARTS: tuple[Chart, ...] = (
     Chart("shipped-scenarios.png", ("all",), shippedshipped_rows),
     Chart("robustness-seed1.png", ("robustness-seed1",), robustness),
     Chart("planner-scale.png", (*PLANNER_SCALE, "tick-prometheus", "tick-mpc-100"), planner_scale),
+    Chart("frontier.png", ("frontier",), frontier),
 )
 
 

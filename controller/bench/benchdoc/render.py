@@ -291,6 +291,56 @@ def robustness_mpc_crit97(results: Results) -> str:
     return f"{ok} of the {n}"
 
 
+# --------------------------------------------------------------------------- frontier
+
+
+def _frontier_row(name: str, setting: str, e: Mapping[str, Any], mpc: str) -> list[str]:
+    return [name, setting, f"{pct(e.get('slo_pass_rate'))} ({e.get('passes')} of {e.get('cases')})",
+            pct(e.get("slo_pass_rate_feasible")),
+            f"{num(e.get('cost_ratio_vs_static_median'), 2)} / {num(e.get('cost_ratio_vs_static_p90'), 2)}",
+            num(e.get("good_requests_per_gpu_s"), 3), mpc]
+
+
+def frontier(results: Results) -> str:
+    env = results["frontier"]
+    res = env["result"]
+    dom = res.get("dominance") or {}
+    mpc_knob = (res["policies"].get("mpc") or {}).get("knob", "")
+    rows = []
+    order = sorted(res["policies"], key=lambda n: (POLICY_ORDER.index(n) if n in POLICY_ORDER else 99, n))
+    for name in order:
+        pol = res["policies"][name]
+        by_setting = {d["setting"]: d for d in dom.get(name, [])}
+        for p in pol["points"]:
+            d = by_setting.get(p["setting"])
+            mpc = ""
+            if d is not None:
+                m = d.get("mpc_at_least_less_one")
+                mpc = "none" if m is None else (f"{mpc_knob} {m['setting']} ({m['passes']}, "
+                                                f"{num(m['cost_ratio_vs_static_median'], 2)}×)"
+                                                + (", no dearer" if d["dominated"] else ", dearer"))
+            rows.append(_frontier_row(name, f"{pol['knob']} {p['setting']}" + (" (shipped)" if p["default"] else ""),
+                                      p, mpc))
+    for n, e in res["references"].items():
+        rows.append(_frontier_row(n, "(reference)", e, ""))
+    head = ["policy", "setting", "SLO pass", "pass (feasible)", "× static p50 / p90", "good requests / GPU-s",
+            "cheapest MPC setting passing as many less one"]
+    fams: dict[str, int] = {}
+    for r in res.get("cases_detail") or []:
+        fams[r.get("family")] = fams.get(r.get("family"), 0) + 1
+    intro = (f"{res['cases']} cases of seed {res['seed']} (" + ", ".join(f"{v} {k}" for k, v in sorted(fams.items()))
+             + f"), tick {res['tick_s']:g} s: {res['feasible_cases']} feasible (the verified static fleet or the "
+             f"capacity ceiling passes them), the ceiling passes {res['ceiling_passes']}"
+             + (f"; {len(res['errors'])} failed to run" if res.get("errors") else "")
+             + f"; {res.get('replays', 0):,} replays, {num(res.get('cpu_s_per_replay'), 2)} CPU s each on average.")
+    return provenance(env) + " " + intro + "\n\n" + table(head, rows, [False, False] + [True] * 4 + [False])
+
+
+def frontier_dominance(results: Results) -> str:
+    s = results["frontier"]["result"]["dominance_summary"]
+    return f"{s['dominated']} of the {s['considered']}"
+
+
 # --------------------------------------------------------------------------- planner, tick
 
 
@@ -637,6 +687,8 @@ REGIONS: dict[str, Renderer] = {
     "robustness-hpa-pass": Renderer(("robustness-seed1",), _rob_pass("hpa")),
     "robustness-hpa-cost": Renderer(("robustness-seed1",), _rob_cost("hpa")),
     "robustness-mpc-crit97": Renderer(("robustness-seed1",), robustness_mpc_crit97),
+    "frontier": Renderer(("frontier",), frontier),
+    "frontier-dominated": Renderer(("frontier",), frontier_dominance),
     "planner": Renderer(("planner-budget", "planner-count"), planner),
     "tick": Renderer(("tick-prometheus", "tick-scrape"), tick),
     "planner-scale": Renderer(PLANNER_SCALE, planner_scale),

@@ -85,6 +85,30 @@ def _slim_cases(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_FRONTIER_CASE_KEYS = ("index", "family", "family_index", "shape", "fleet", "mix", "classes", "fault", "beyond_max",
+                       "feasible", "static_replicas", "error")
+_FRONTIER_ENTRY_KEYS = ("pass", "slo_attainment", "cost_ratio_vs_static", "good_requests", "gpu_s")
+
+
+def _slim_frontier(result: dict[str, Any]) -> dict[str, Any]:
+    """bench frontier: each case row keeps what it was and, per reference and per (policy, setting), the
+    pass, attainment, cost ratio, good requests and GPU-seconds; the generator's spec, the file path and
+    the other figures go (case K alone: --case K)."""
+    out = dict(result)
+
+    def slim(e: dict[str, Any]) -> dict[str, Any]:
+        return {k: e.get(k) for k in _FRONTIER_ENTRY_KEYS}
+
+    rows = []
+    for r in result.get("cases_detail") or []:
+        row = {k: r[k] for k in _FRONTIER_CASE_KEYS if k in r}
+        row["references"] = {n: slim(e) for n, e in (r.get("references") or {}).items()}
+        row["points"] = {p: {lab: slim(e) for lab, e in pts.items()} for p, pts in (r.get("points") or {}).items()}
+        rows.append(row)
+    out["cases_detail"] = rows
+    return out
+
+
 @dataclass(frozen=True)
 class Source:
     """One saved result: its file name, the command that makes it, what its JSON must hold."""
@@ -113,6 +137,12 @@ SOURCES: tuple[Source, ...] = (
            35.0, keys=("policies", "cases", "feasible_cases", "cases_detail"), keep=_slim_cases,
            trimmed="each case row's generator spec and file path, and its policies' figures but the pass, the "
                    "attainment and the cost ratios (case K alone: --case K --seed 1)"),
+    Source("frontier", "governor bench frontier --cases 6 --seed 1 --quiet --json",
+           "every online policy at every setting of its knob and the MPC at each objective profile, on 6 generated "
+           "cases (3 of robustness's, 3 of the arena family)", 10.0,
+           keys=("policies", "dominance", "references", "cases", "feasible_cases", "cases_detail"), keep=_slim_frontier,
+           trimmed="each case row's generator spec and file path, and its entries' figures but the pass, the "
+                   "attainment, the cost ratio, the good requests and the GPU-seconds (case K alone: --case K)"),
     Source("planner-budget", "taskset -c 0 governor bench planner --ticks 60 --budget-ms 200 --json",
            "the MPC's time per tick for 10 pools on one core, within the daemon's 200 ms wall budget", 1.0,
            keys=("cpu_p99_ms", "wall_p99_ms", "objective_gap_p90")),
