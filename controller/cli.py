@@ -334,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory for the report, the plot and the generated cases (default bench-out/frontier)")
     b.add_argument("--png", default=None, metavar="PATH",
                    help="where to draw the frontier (default OUT/frontier-seedS.png)")
+    b.add_argument("--resume", action="store_true",
+                   help="reuse the rows an interrupted run into the same --out saved for the same cases, settings, "
+                        "tick and sources (OUT/rows/); without it every case is run")
     b.add_argument("--workers", type=int, default=2, help="worker processes (default 2; results do not depend on it)")
     b.add_argument("--tick", dest="tick_s", type=float, default=None, metavar="SECONDS",
                    help="control-loop tick of every replay, simulated seconds (default 15, the daemon's)")

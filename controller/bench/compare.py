@@ -30,7 +30,7 @@ WALL_KEYS = frozenset({
     "wall_s", "wall_seconds", "timings_s", "sim_speed_wall_s", "policies_wall_s", "speedup",
     "peak_rss_mb", "elapsed_s", "workers", "scenario_file", "cache_key", "run_seconds", "file",
     # bench robustness / frontier: each case's wall and CPU seconds, their total, per replay and per policy
-    "case_wall_s", "case_cpu_s", "cpu_s_total", "cpu_s_per_replay", "cpu_s_by_policy",
+    "case_wall_s", "case_cpu_s", "cpu_s_total", "cpu_s_per_replay", "cpu_s_by_policy", "resumed_cases",
 })
 
 

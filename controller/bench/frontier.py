@@ -30,7 +30,9 @@ counts the baseline points that pass >= 50 % of the cases: `considered`).
 
 Outputs in --out (default bench-out/frontier): frontier-seedS.json (the report, one row per case in
 `cases_detail`), the PNG (--png, default frontier-seedS.png: pass rate against median cost ratio, one
-curve per policy) and cases/ (each case's YAML and trace). `--json` prints the report as exactly one
+curve per policy), cases/ (each case's YAML and trace) and rows/ (each finished case's row, keyed by
+what made it: `--resume` reuses those of an interrupted run at the same sources; their CPU seconds
+are the first run's). `--json` prints the report as exactly one
 JSON object on stdout; progress goes to stderr. Wall and CPU seconds are top-level fields only.
 Exit codes: 0 done, 1 some case failed to run (its row carries the error), 2 bad input.
 Must not: write anywhere but --out and --png.
@@ -42,6 +44,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -290,8 +293,56 @@ def _replay(ctx: Any, policy: str, label: str, tick_s: float) -> Any:
                       overrides=slo_overrides(ctx.scenario, how.slo_factor), measure=good_requests)
 
 
+@functools.cache
+def source_digest() -> str:
+    """SHA-256 of every source a case row depends on: controller/**/*.py and the shipped scenarios (the
+    fleets the cases are drawn on). The shared traces are read-only data and not hashed."""
+    import hashlib
+
+    from controller.paths import PROJECT_ROOT
+
+    h = hashlib.sha256()
+    files = sorted([*(PROJECT_ROOT / "controller").rglob("*.py"), *(PROJECT_ROOT / "scenarios").glob("*.yaml")])
+    for f in files:
+        h.update(str(f.relative_to(PROJECT_ROOT)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def checkpoint_key(seed: int, family: str, j: int, jobs: Sequence[tuple[str, str]], tick_s: float) -> str:
+    """What a saved row was made from: the case, the settings, the tick and the sources."""
+    import hashlib
+
+    blob = json.dumps({"seed": seed, "family": family, "index": j, "jobs": [list(x) for x in jobs],
+                       "tick_s": tick_s, "sources": source_digest()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def run_frontier_case(seed: int, j: int, jobs: Sequence[tuple[str, str]], out_dir: str, tick_s: float,
-                      family: str = "all") -> dict[str, Any]:
+                      family: str = "all", resume: bool = False) -> dict[str, Any]:
+    """`frontier_case`, checkpointed: each finished row is saved under OUT/rows/ with `checkpoint_key`, and
+    with `resume` a saved row with the same key is returned as it was (marked `_resumed`), so an
+    interrupted run picks up where it stopped and nothing is reused across a change of sources."""
+    path = Path(out_dir) / "rows" / f"frontier-s{seed}-{family}-{j:04d}.json"
+    key = checkpoint_key(seed, family, j, jobs, tick_s)
+    if resume and path.exists():
+        try:
+            saved = json.loads(path.read_text())
+            if isinstance(saved, dict) and saved.get("key") == key and isinstance(saved.get("row"), dict):
+                return {**saved["row"], "_resumed": True}
+        except (OSError, ValueError):
+            pass  # unreadable: run the case again and overwrite it
+    row = frontier_case(seed, j, jobs, out_dir, tick_s, family)
+    if "error" not in row:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "row": row}, sort_keys=True))
+        tmp.replace(path)
+    return row
+
+
+def frontier_case(seed: int, j: int, jobs: Sequence[tuple[str, str]], out_dir: str, tick_s: float,
+                  family: str = "all") -> dict[str, Any]:
     """Index j of `family`: generate it, verify its static fleet and replay the ceiling once, then every
     (policy, setting) of `jobs`; its row (JSON-ready; CPU seconds per job under `_cpu_s`, for the caller
     to take out: the row must not depend on the machine)."""
@@ -590,7 +641,9 @@ def cmd_bench_frontier(args: argparse.Namespace) -> int:
     case_cpu: dict[int, float] = {}
     rows = run_cases(seed, indices, jobs, out_dir, workers=workers, tick_s=tick_s,
                      quiet=getattr(args, "quiet", False), wall_s=case_wall, cpu_s=case_cpu,
-                     case_fn=functools.partial(run_frontier_case, family=family))
+                     case_fn=functools.partial(run_frontier_case, family=family,
+                                               resume=bool(getattr(args, "resume", False))))
+    resumed = sum(1 for r in rows if r.pop("_resumed", False))
     job_cpu: dict[str, list[float]] = {}
     for r in rows:
         for k, v in (r.pop("_cpu_s", None) or {}).items():
@@ -604,7 +657,7 @@ def cmd_bench_frontier(args: argparse.Namespace) -> int:
     report.update({"wall_s": round(clock.monotonic_s() - t0, 1), "workers": workers,
                    "case_wall_s": {str(k): v for k, v in sorted(case_wall.items())},
                    "case_cpu_s": {str(k): v for k, v in sorted(case_cpu.items())},
-                   "cpu_s_total": round(sum(case_cpu.values()), 1), "replays": replays,
+                   "cpu_s_total": round(sum(case_cpu.values()), 1), "replays": replays, "resumed_cases": resumed,
                    "cpu_s_per_replay": round(sum(case_cpu.values()) / replays, 2) if replays else None,
                    "cpu_s_by_policy": {n: {"cpu_s": round(c, 1), "cpu_s_per_replay": round(c / max(m, 1), 2)}
                                        for n, (c, m) in sorted(job_cpu.items())}})

@@ -100,6 +100,26 @@ def test_the_figures_follow_the_rows(tiny) -> None:
             assert d["mpc_at_least"]["setting"] == best["setting"]
 
 
+def test_resume_reuses_the_saved_rows_and_only_those_of_the_same_run(tiny) -> None:
+    out, rep = tiny
+    assert rep["resumed_cases"] == 0
+    code, stdout, stderr = run_cli("--cases", "2", "--seed", "5", "--policies", "hpa:0.5:0.7,mpc:0.6:0.9",
+                                   "--tick", "30", "--out", str(out), "--workers", "1", "--json", "--quiet", "--resume")
+    assert code == 0, stderr
+    again = json.loads(stdout)
+    assert again["resumed_cases"] == 2
+    machine = {"wall_s", "workers", "case_wall_s", "case_cpu_s", "cpu_s_total", "cpu_s_per_replay", "cpu_s_by_policy",
+               "resumed_cases"}
+    assert {k: v for k, v in again.items() if k not in machine} == {k: v for k, v in rep.items() if k not in machine}
+    # another tick is another run: its key differs, so nothing saved is reused
+    key = fr.checkpoint_key(5, "all", 0, [("hpa", "0.5"), ("hpa", "0.7"), ("mpc", "0.6"), ("mpc", "0.9")], 30.0)
+    saved = json.loads((out / "rows" / "frontier-s5-all-0000.json").read_text())
+    assert saved["key"] == key
+    assert fr.checkpoint_key(5, "all", 0, [("hpa", "0.5")], 30.0) != key
+    assert fr.checkpoint_key(5, "all", 0, [("hpa", "0.5"), ("hpa", "0.7"), ("mpc", "0.6"), ("mpc", "0.9")],
+                             15.0) != key
+
+
 def test_the_robustness_case_is_robustness_own(tiny) -> None:
     out, rep = tiny
     case = gen.generate_case(5, 0, work_dir=out / "again", cache_dir=out / ".cache")
