@@ -162,14 +162,26 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--live", action="store_true",
                    help="also agentic tasks through Envoy and the picker beyond a static fleet's capacity: step-aware "
                         "vs step-blind admission, then two tenants (one sending 10x the other's tokens)")
-    b.add_argument("--skip-hostile", action="store_true", help="only the --live part")
+    b.add_argument("--sim", action="store_true",
+                   help="also step-aware vs step-blind admission inside the simulator: the agentic scenario pinned at "
+                        "--sim-replicas per pool beyond its capacity, the same arrivals both ways")
+    b.add_argument("--sim-scenario", default="scenarios/agentic.yaml", help="sim: the scenario")
+    b.add_argument("--sim-replicas", type=int, default=2, help="sim: replicas per pool, fixed (default 2)")
+    b.add_argument("--sim-loads", default="0.6,1,1.5",
+                   help="sim: multipliers of the scenario's arrival rate, comma-separated (default 0.6,1,1.5)")
+    b.add_argument("--sim-seeds", default="1,2,3", help="sim: seeds, comma-separated (default 1,2,3)")
+    b.add_argument("--sim-duration", type=float, default=600.0, metavar="SECONDS",
+                   help="sim: seconds of the trace (default 600)")
+    b.add_argument("--skip-hostile", action="store_true", help="only the --live / --sim parts")
     b.add_argument("--task-rate", type=float, default=1.5, help="live: tasks per second (default 1.5)")
     b.add_argument("--duration", type=float, default=60.0, metavar="SECONDS", help="live: arrivals for this long")
     b.add_argument("--drain", type=float, default=60.0, metavar="SECONDS",
                    help="live: at most this long after the last arrival for tasks under way")
-    b.add_argument("--cap", type=int, default=4, help="live: in-flight cap per replica (default 4)")
-    b.add_argument("--budget", type=int, default=16, help="live: the standard class's queue budget (default 16)")
-    b.add_argument("--hold-timeout", type=float, default=10.0, metavar="SECONDS", help="live: the picker's")
+    b.add_argument("--cap", type=int, default=4, help="live and sim: in-flight cap per replica (default 4)")
+    b.add_argument("--budget", type=int, default=16,
+                   help="live: the standard class's queue budget; sim: standard's and sheddable's (default 16)")
+    b.add_argument("--hold-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="live and sim: the router's hold timeout (default 10)")
     b.add_argument("--think", type=float, default=1.0, metavar="SECONDS", help="live: time between a task's steps")
     b.add_argument("--slo-ttft", type=float, default=10.0, metavar="SECONDS", help="live: a step's TTFT bound")
     b.add_argument("--length-scale", type=float, default=1.0, help="live: scale the trace's context lengths")
@@ -418,15 +430,23 @@ def build_parser() -> argparse.ArgumentParser:
     osub = p.add_subparsers(dest="override_command", metavar="ACTION", required=True)
     o = osub.add_parser("set", help="set an override with a TTL")
     o.add_argument("kind", choices=["pin", "min", "max", "freeze", "admission", "slo-ttft", "slo-tpot", "profile",
-                                    "reliability"],
+                                    "reliability", "tenant-rate", "tenant-inflight", "tenant-weight",
+                                    "step-admission"],
                    help="pin/min/max: a pool's replicas; freeze: a pool as it is; admission: a class's shed "
                         "fraction; slo-ttft/slo-tpot: a class's SLO in seconds; profile: the objective's profile; "
                         "reliability: the MPC's dial, the probability (0.5-0.99) that demand through the longest "
-                        "start-up stays within the capacity it plans (higher buys more replicas)")
+                        "start-up stays within the capacity it plans (higher buys more replicas); "
+                        "tenant-rate/tenant-inflight/tenant-weight: a tenant's requests per second (0 = unlimited), "
+                        "requests in flight (0 = unlimited) or fair-share weight (> 0) at the router; "
+                        "step-admission: aware (hold new tasks' first steps before later steps under pressure) or "
+                        "blind")
     o.add_argument("--pool", default="", help="the pool (pin, min, max, freeze)")
+    o.add_argument("--tenant", default="",
+                   help="the tenant, its x-gateway-inference-fairness-id (tenant-*); * = every tenant not named")
     o.add_argument("--class", dest="priority_class", default="",
                    help="the priority class (admission, slo-ttft, slo-tpot)")
-    o.add_argument("--value", default=None, help="number (or profile name for 'profile')")
+    o.add_argument("--value", default=None,
+                   help="number (the profile name for 'profile', aware or blind for 'step-admission')")
     o.add_argument("--ttl", required=True, help="time to live, e.g. 900, 15m, 2h")
     o.add_argument("--author", default=None, help="who sets it (default: $USER)")
     o.add_argument("--reason", default="", help="why, for the audit log (shown by `governor override list`)")

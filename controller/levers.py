@@ -1,8 +1,8 @@
 """The levers: every knob a decision turns, declared once.
 
 A lever is one field of a decision (`PoolDecision` per pool, `ClassAdmission` per priority class,
-controller/types.py) with what travels with it: the protobuf field that carries it on the wire
-(protos/governor/v1/control.proto), the components that carry it to the fleet, its bounds and the
+`TenantLimits` per tenant, controller/types.py) with what travels with it: the protobuf field that carries it
+on the wire (protos/governor/v1/control.proto), the components that carry it to the fleet, its bounds and the
 value that means "no limit / leave unchanged", the smallest move that counts as a change, how fast
 it acts, and how the MPC plans and explains it.
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-Scope = Literal["pool", "class"]
+Scope = Literal["pool", "class", "tenant"]
 
 
 class Carrier(StrEnum):
@@ -57,7 +57,7 @@ class Speed(StrEnum):
 
 
 # proto message of each lever's field → the control service that carries it
-SERVICES = {"PoolRouting": "router", "ClassAdmission": "router", "PoolScaling": "autoscaler"}
+SERVICES = {"PoolRouting": "router", "ClassAdmission": "router", "TenantLimits": "router", "PoolScaling": "autoscaler"}
 
 _ROUTER = frozenset({Carrier.PICKER, Carrier.SIMULATOR})
 _SCALER = frozenset({Carrier.SIMULATOR, Carrier.KUBERNETES})
@@ -68,16 +68,17 @@ class Lever:
     """One lever. Values are checked against [lo, hi] (`unset` is always allowed)."""
 
     name: str
-    scope: Scope  # "pool": a `PoolDecision` field; "class": a `ClassAdmission` field
+    scope: Scope  # "pool": a `PoolDecision` field; "class": a `ClassAdmission` one; "tenant": a `TenantLimits` one
     field: str  # the decision's attribute
     proto: str | None  # "Message.field" or "Message.sub.field" in control.proto (Message: PoolRouting,
-    #                    ClassAdmission, PoolScaling); None: not on the wire (yet): only the in-process simulator
-    #                    carries it (a lever under development)
+    #                    ClassAdmission, TenantLimits, PoolScaling); None: not on the wire (yet): only the
+    #                    in-process simulator carries it (a lever under development)
     carriers: frozenset[Carrier]
     kind: type  # int or float
     default: float  # the decision's default
     lo: float = 0.0
     hi: float = math.inf
+    lo_open: bool = False  # the bound is `> lo`, not `>= lo` (a weight: 0 would be no share at all)
     unset: float | None = None  # the value that means "no limit" / "leave unchanged"
     unset_means: str = ""  # what `unset` means, for messages: "no cap", "unlimited", "unchanged"
     threshold: float | None = None  # the smallest move the MPC counts (and explains) as a change; None: its
@@ -119,11 +120,13 @@ class Lever:
             note = f" ({self.unset:g} = {self.unset_means})" if self.unset is not None else ""
             lo = int(self.lo) if self.unset is None or self.unset >= self.lo else int(self.unset)
             return f"must be >= {lo}{note}" if math.isinf(self.hi) else f"is outside [{lo}, {self.hi:g}]{note}"
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and self.lo <= v <= self.hi
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
+            (self.lo < v if self.lo_open else self.lo <= v) and v <= self.hi
         if ok:
             return None
-        return f"must be a finite number >= {self.lo:g}" if math.isinf(self.hi) else \
-            f"is outside [{self.lo:g}, {self.hi:g}]"
+        ge = ">" if self.lo_open else ">="
+        return f"must be a finite number {ge} {self.lo:g}" if math.isinf(self.hi) else \
+            f"is outside {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]"
 
 
 # Order: the MPC's `fixed_levers` names follow the order of their first lever here.
@@ -156,7 +159,22 @@ LEVERS: tuple[Lever, ...] = (
           unset=0.0, unset_means="unlimited", label="rate limit (req/s)"),
     Lever("queue_budget", "class", "queue_budget", "ClassAdmission.queue_budget", _ROUTER, int, -1, lo=0,
           unset=-1, unset_means="unlimited", label="requests held at the router"),
+    # Per tenant (the picker's tenants, controller/dataplane/tasks.py); the simulator's router has no tenants.
+    Lever("tenant_rate_limit_rps", "tenant", "rate_limit_rps", "TenantLimits.rate_limit_rps",
+          frozenset({Carrier.PICKER}), float, 0.0, unset=0.0, unset_means="unlimited",
+          label="tenant rate limit (req/s)"),
+    Lever("tenant_max_inflight", "tenant", "max_inflight", "TenantLimits.max_inflight", frozenset({Carrier.PICKER}),
+          int, 0, unset=0, unset_means="unlimited", label="tenant requests in flight"),
+    Lever("tenant_weight", "tenant", "weight", "TenantLimits.weight", frozenset({Carrier.PICKER}), float, 1.0,
+          lo_open=True, label="tenant fair-share weight"),
 )
+
+
+# `PoolDecision` fields that are not levers: commands about named replicas, not a pool's setting (slow
+# replicas, controller/core/outliers.py): the router sends no new request to `ejected`, the autoscaler
+# replaces `replace`. They carry no bounds or default to plan around; the simulator's control plane
+# and the actuators map them by name.
+REPLICA_COMMANDS = ("ejected", "replace")
 
 
 def levers(scope: Scope | None = None, service: str | None = None) -> Iterator[Lever]:
@@ -200,6 +218,11 @@ def target_levers() -> tuple[Lever, ...]:
 def admission_levers() -> tuple[Lever, ...]:
     """The per-class levers (admission at the router)."""
     return tuple(lv for lv in LEVERS if lv.scope == "class")
+
+
+def tenant_levers() -> tuple[Lever, ...]:
+    """The per-tenant levers (a tenant's limits at the router)."""
+    return tuple(lv for lv in LEVERS if lv.scope == "tenant")
 
 
 def check_levers(where: str, allowed: Collection[Lever], values: Mapping[str, object]) -> None:

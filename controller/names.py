@@ -14,12 +14,16 @@ once and `tests/test_names.py` checks that every reader agrees with it:
   controller/metrics/names.py, its batch-cap flags in controller/actuation/kube.py and its exposition
   in the simulator); `TARGET_KINDS` adds the other exporters a scrape target may be (DCGM, the
   router).
+- A tenant's name (`tenant_problem`): the picker's fairness id (controller/dataplane/tasks.py), the
+  RoutingPolicy's tenant limits (controller/rpc/command_rules.py) and the tenant overrides
+  (controller/api/store.py) accept the same names; `ALL_TENANTS` ("*") names every tenant not named.
 
 A leaf: the standard library only (the command line imports it to build its help), no I/O.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Literal, get_args
 
 PolicyName = Literal["static", "hpa", "kpa", "sla-planner", "scorer-kpa", "slo-feedback", "llm-d-stack",
@@ -38,3 +42,23 @@ ENGINE_KINDS: tuple[str, ...] = get_args(EngineKind)
 TargetKind = Literal[EngineKind, "dcgm", "router"]
 TARGET_KINDS: tuple[str, ...] = get_args(TargetKind)
 """What a scrape target exports: an engine's /metrics, a DCGM exporter's or the router's."""
+
+MAX_ID_BYTES = 128
+"""Longest task or tenant id (bytes): a UUID is 36, a tenant name a DNS label (63); 128 leaves room for prefixes."""
+ID_RE = re.compile(r"[A-Za-z0-9._~:/@+=\-]{1,128}")
+ID_CHARS = "A-Z a-z 0-9 . _ ~ : / @ + = -"
+ALL_TENANTS = "*"
+
+
+def tenant_problem(name: str, *, wildcard: bool = True) -> str | None:
+    """Why `name` is not a tenant name (None: it is): 1..MAX_ID_BYTES bytes of ID_CHARS, or "*" when `wildcard`."""
+    if wildcard and name == ALL_TENANTS:
+        return None
+    if not name:
+        return "must be non-empty" + (' (or "*" for every tenant not named)' if wildcard else "")
+    n = len(name.encode("utf-8", "surrogatepass"))
+    if n > MAX_ID_BYTES:
+        return f"{n} bytes, at most {MAX_ID_BYTES}"
+    if not ID_RE.fullmatch(name):
+        return f"{name[:40]!r} has characters outside {ID_CHARS}"
+    return None

@@ -121,6 +121,19 @@ class FleetSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaObservation:
+    """One replica's own engine series over the window (what outlier detection compares,
+    controller/core/outliers.py). The replica id is what its telemetry target names it: the discovery
+    label `replica` when there is one, else the engine's address (host:port)."""
+
+    replica: str
+    itl_mean_s: Reading = MISSING  # mean inter-token latency (its decode step time, with the chunks it carries)
+    running: Reading = MISSING  # requests in its running batch
+    prefill_tokens_rps: Reading = MISSING  # prompt tokens it computes (not served from its prefix cache), per second
+    kv_usage_frac: Reading = MISSING  # its KV-cache usage, 0..1 (with its batch: the context its sequences hold)
+
+
+@dataclass(frozen=True, slots=True)
 class PoolObservation:
     """Windowed telemetry of one pool (rates and quantiles over the last window)."""
 
@@ -143,6 +156,8 @@ class PoolObservation:
     preemptions_rps: Reading = MISSING
     gpu_util_frac: Reading = MISSING  # DCGM GPU utilisation, 0..1
     gpu_mem_used_frac: Reading = MISSING  # DCGM framebuffer used / (used + free) of the pool's fullest GPU, 0..1
+    # per replica, its own series (empty when the source reads the pool only, as PromQL aggregates do)
+    replicas: Mapping[str, ReplicaObservation] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +227,15 @@ class ClassAdmission:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """Router limits for one tenant (the request's fairness id; "*" = every tenant not named)."""
+
+    rate_limit_rps: float = 0.0  # requests per second; 0 = unlimited
+    max_inflight: int = 0  # requests in flight at the replicas or held; 0 = unlimited
+    weight: float = 1.0  # share of the token-weighted fair share of held requests
+
+
+@dataclass(frozen=True, slots=True)
 class PoolDecision:
     replicas: int
     warm_standby: int = 0
@@ -222,6 +246,10 @@ class PoolDecision:
     kv_weight: float = 2.0
     max_num_seqs: int = 0  # engine batch cap; 0 = leave unchanged
     max_num_batched_tokens: int = 0  # 0 = leave unchanged
+    # slow replicas (controller/core/outliers.py): the router sends them no new requests while ejected;
+    # the autoscaler replaces those in `replace` (drains the replica; its controller starts a new one)
+    ejected: tuple[str, ...] = ()
+    replace: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +271,10 @@ class Decision:
     pools: Mapping[str, PoolDecision]
     admission: Mapping[str, ClassAdmission] = field(default_factory=dict)
     reasons: tuple[Reason, ...] = ()
+    # tenant → limits the router applies while the decision is valid; a tenant left out keeps the router's own
+    tenants: Mapping[str, TenantLimits] = field(default_factory=dict)
+    # step-aware admission at the router; None: the router's own setting
+    step_aware: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +283,7 @@ class Override:
 
     override_id: str
     # pin_replicas | min_replicas | max_replicas | freeze | admission | slo_ttft | slo_tpot | profile | reliability
+    # | tenant_rate_limit | tenant_max_inflight | tenant_weight (text: the tenant) | step_admission (text: aware|blind)
     kind: str
     value: float = 0.0
     pool: str = ""
@@ -378,6 +411,8 @@ class PolicyOutput:
     confidence: float | None = None  # the policy's model confidence, 0..1 (None: it reports none)
     status: PolicyStatus = field(default_factory=PolicyStatus)  # typed, for status and metrics
     needs: Mapping[str, int] = field(default_factory=dict)  # replicas each pool needs now, by the policy's model
+    tenants: Mapping[str, TenantLimits] = field(default_factory=dict)  # tenant limits at the router (none: its own)
+    step_aware: bool | None = None  # step-aware admission at the router (None: its own setting)
 
 
 class Policy(Protocol):

@@ -301,6 +301,14 @@ def control_loop() -> dict:
             [(f"60 * sum by (code) (rate(governor_decision_reasons_total[{RATE}]))", "{{code}}")],
             unit="short", min_=0, stacked=True, bars=True))
          .with_panel(ts(
+            "Slow replicas: ejected and replaced", "Replicas of each pool ejected as slow now (their step time "
+            "over what their own load explains, against the pool's median: the router sends them no new "
+            "requests; reason slow_replica), and replacements asked of the autoscaler per hour "
+            "(slow_replica_replace; docs/OPERATING.md §4).",
+            [('max by (pool) (governor_replicas_ejected{pool=~"$pool"})', "{{pool}} ejected"),
+             (f'3600 * sum by (pool) (rate(governor_replica_replacements_total{{pool=~"$pool"}}[{RATE}]))',
+              "{{pool}} replaced / h")], unit="short", min_=0))
+         .with_panel(ts(
             "Admission: shed fraction per class", "Fraction of each priority class's traffic Governor decided "
             "to shed.", [("max by (priority) (governor_admission_shed_fraction)", "{{priority}}")],
             unit="percentunit", min_=0, max_=1))

@@ -387,7 +387,7 @@ def _permission(method: str, path: str) -> tuple[str, str, str]:
     group = "" if parts[0] == "api" else parts[1]
     rest = parts[parts.index("namespaces") + 2:]  # resource [name [subresource]]
     resource = rest[0] + (f"/{rest[2]}" if len(rest) == 3 else "")
-    verb = {"GET": "get" if len(rest) > 1 else "list", "PUT": "update", "PATCH": "patch"}[method]
+    verb = {"GET": "get" if len(rest) > 1 else "list", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
     return group, resource, verb
 
 
@@ -408,6 +408,8 @@ def test_the_role_grants_exactly_the_calls_the_adapter_makes():
             "d": KubeTarget("d", "Deployment", "d", "inference", "vllm", 8000, standby="d-standby"),
             "s": KubeTarget("s", "StatefulSet", "s", "inference", "vllm", 8000),
             "l": KubeTarget("l", "LeaderWorkerSet", "l", "inference", "vllm", 8000)}, api_client(host=api.url))
+        slow = next(p["metadata"]["name"] for p in api.pods() if re.fullmatch(r"d-\d+", p["metadata"]["name"]))
+        kube.execute(kube.plan_pool("d", 2, 1, 0, 0, replace=(slow,)))  # a slow replica replaced: its pod deleted
         for pool in ("d", "s", "l"):  # every lever on every kind: down with a drain, standby, caps, state
             kube.execute(kube.plan_pool(pool, 1, 1 if pool == "d" else 0, 64, 4096))
             kube.pool_state(pool)

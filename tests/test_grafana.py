@@ -478,6 +478,7 @@ def test_known_series_include_both_sides():
 # Series that exist only once something happened (a skipped or failed tick, a guardrail firing, a
 # router error); an empty answer from these panels is correct on a calm fleet.
 MAY_BE_EMPTY = ('result="skipped"', 'result="error"', "governor_guard_adjustments_total",
+                "governor_replica_replacements_total",  # once a slow replica was replaced
                 "llm_d_epp_request_error_total", "governor_leader",  # governor_leader*: with leader election only
                 # the live fleet's router is the simulator's, not `governor picker`: no task counters, so no cost
                 # per successful task either (tests/runtime/test_task_cost.py and the demo with Envoy cover them)

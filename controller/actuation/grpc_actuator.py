@@ -79,17 +79,25 @@ def _admission_classes(decision: Decision) -> list[str]:
 
 
 def routing_policy_for(decision: Decision, issuer: str) -> control_pb2.RoutingPolicy:
-    """RoutingPolicy: one PoolRouting per pool of the decision, one ClassAdmission per priority class
-    (each with every lever its message carries, controller/levers.py)."""
-    pools = [lever_wire.build("PoolRouting", {"pool": name}, pd) for name, pd in decision.pools.items()]
+    """RoutingPolicy: one PoolRouting per pool of the decision, one ClassAdmission per priority class, one
+    TenantLimits per tenant the decision limits (each with every lever its message carries, controller/levers.py),
+    and step awareness when the decision sets it (unset: the router keeps its own)."""
+    pools = [lever_wire.build("PoolRouting", {"pool": name, "ejected_replicas": list(pd.ejected)}, pd)
+             for name, pd in decision.pools.items()]
     admission = [lever_wire.build("ClassAdmission", {"priority_class": c}, decision.admission.get(c, ClassAdmission()))
                  for c in _admission_classes(decision)]
-    return control_pb2.RoutingPolicy(meta=command_meta(decision, issuer), pools=pools, admission=admission)
+    tenants = [lever_wire.build("TenantLimits", {"tenant": t}, lim) for t, lim in sorted(decision.tenants.items())]
+    msg = control_pb2.RoutingPolicy(meta=command_meta(decision, issuer), pools=pools, admission=admission,
+                                    tenants=tenants)
+    if decision.step_aware is not None:
+        msg.step_aware = decision.step_aware
+    return msg
 
 
 def scaling_plan_for(decision: Decision, issuer: str) -> control_pb2.ScalingPlan:
     """ScalingPlan: one PoolScaling per pool of the decision."""
-    pools = [lever_wire.build("PoolScaling", {"pool": name}, pd) for name, pd in decision.pools.items()]
+    pools = [lever_wire.build("PoolScaling", {"pool": name, "replace_replicas": list(pd.replace)}, pd)
+             for name, pd in decision.pools.items()]
     return control_pb2.ScalingPlan(meta=command_meta(decision, issuer), pools=pools)
 
 

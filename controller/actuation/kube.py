@@ -92,6 +92,8 @@ class PoolPlan:
     max_num_batched_tokens: int  # 0 = unchanged
     leaving: list[Endpoint] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # slow replicas to replace (PoolDecision.replace): deleted, so their controller makes new ones
+    replacing: list[Endpoint] = field(default_factory=list)
 
 
 def set_flag(args: Sequence[str], flag: str, value: int) -> list[str]:
@@ -267,8 +269,10 @@ class KubernetesAutoscaler:
     # ------------------------------------------------------------------ plan and execute
 
     def plan_pool(self, pool: str, replicas: int, warm_standby: int, max_num_seqs: int,
-                  max_num_batched_tokens: int) -> PoolPlan:
-        """Read the pool's workload and name the pods that go; raises KubeError (invalid=True: refused)."""
+                  max_num_batched_tokens: int, replace: Sequence[str] = ()) -> PoolPlan:
+        """Read the pool's workload and name the pods that go; raises KubeError (invalid=True: refused).
+        `replace`: replicas to replace, by pod name or by the host:port Governor's telemetry names them
+        (the pod's IP and the target's port); a name that matches no live pod is noted and skipped."""
         t = self.targets.get(pool)
         if t is None:
             raise KubeError(f"pool {pool!r} has no Kubernetes target (configured: {sorted(self.targets)})",
@@ -282,12 +286,25 @@ class KubernetesAutoscaler:
         plan = PoolPlan(t, current, replicas, warm_standby, max_num_seqs, max_num_batched_tokens)
         if warm_standby and not t.standby:
             plan.notes.append(f"warm_standby {warm_standby} not carried: pool {pool!r} has no standby Deployment")
-        if replicas < current:
+        if replicas < current or replace:
             pods = [p for p in self._pods(selector, t.namespace, f"{t.kind}/{t.name}")
                     if p.metadata.deletion_timestamp is None]
-            victims = self._victims(t, pods, current - replicas, replicas)
-            plan.leaving = [self._endpoint(t, p, DRAINING) for p in victims]
+            if replicas < current:
+                victims = self._victims(t, pods, current - replicas, replicas)
+                plan.leaving = [self._endpoint(t, p, DRAINING) for p in victims]
+            going = {e.id for e in plan.leaving}
+            for name in replace:
+                pod = next((p for p in pods if name in (p.metadata.name, self._address(t, p))), None)
+                if pod is None:
+                    plan.notes.append(f"{pool}: replica {name!r} to replace is not a live pod of {t.kind}/{t.name}")
+                elif pod.metadata.name not in going:  # already leaving with the scale-down: nothing more to do
+                    plan.replacing.append(self._endpoint(t, pod, DRAINING))
         return plan
+
+    @staticmethod
+    def _address(t: KubeTarget, pod: k8s.V1Pod) -> str:
+        ip = pod.status.pod_ip if pod.status else None
+        return f"{ip}:{t.port}" if ip else ""
 
     @staticmethod
     def _victims(t: KubeTarget, pods: list[k8s.V1Pod], n: int, keep: int) -> list[k8s.V1Pod]:
@@ -311,6 +328,11 @@ class KubernetesAutoscaler:
                            {"metadata": {"annotations": {DELETION_COST_ANNOTATION: DELETION_COST}}},
                            _content_type="application/merge-patch+json")
         self._leaving.setdefault(t.pool, set()).update(e.id for e in plan.leaving)
+        for e in plan.replacing:  # a deleted pod: its controller makes a new one (the target is unchanged)
+            self._call(f"delete pod {t.namespace}/{e.id} (a slow replica, replaced)", self._core.delete_namespaced_pod,
+                       e.id, t.namespace)
+            self._leaving.setdefault(t.pool, set()).add(e.id)
+            notes.append(f"{t.pool}: pod {e.id} replaced (deleted; {t.kind}/{t.name} starts another)")
         before = self._write_scale(t.kind, t.name, t.namespace, plan.replicas)
         if before != plan.replicas:
             notes.append(f"{t.pool}: {t.kind}/{t.name} {before} → {plan.replicas}")

@@ -111,13 +111,17 @@ class FleetActuator:
         try:
             for name, pd in decision.pools.items():
                 plans.append(self.kube.plan_pool(name, int(pd.replicas), int(pd.warm_standby), int(pd.max_num_seqs),
-                                                 int(pd.max_num_batched_tokens)))
+                                                 int(pd.max_num_batched_tokens), pd.replace))
         except KubeError as exc:
             status = INVALID if exc.invalid else FAILED
             return [TargetResult(AUTOSCALER, status, 1, self._generation, detail=f"nothing applied: {exc}")]
         notes: list[str] = []
         membership_errors: list[str] = []
         for plan in plans:
+            if plan.replacing and not self._drain(plan.replacing, membership_errors):
+                notes.append(f"{plan.target.pool}: replacing {[e.id for e in plan.replacing]} held: they could not be "
+                             "taken out of every router")
+                plan.replacing = []
             if plan.leaving and not self._drain(plan.leaving, membership_errors):
                 notes.append(f"{plan.target.pool}: scale-down to {plan.replicas} held at {plan.current}: its leaving "
                              "pods could not be taken out of every router")

@@ -54,6 +54,10 @@ CLI_KIND: dict[str, policy_pb2.OverrideKind] = {
     "slo-tpot": policy_pb2.OVERRIDE_KIND_SLO_TPOT,
     "profile": policy_pb2.OVERRIDE_KIND_PROFILE,
     "reliability": policy_pb2.OVERRIDE_KIND_RELIABILITY,
+    "tenant-rate": policy_pb2.OVERRIDE_KIND_TENANT_RATE_LIMIT,
+    "tenant-inflight": policy_pb2.OVERRIDE_KIND_TENANT_MAX_INFLIGHT,
+    "tenant-weight": policy_pb2.OVERRIDE_KIND_TENANT_WEIGHT,
+    "step-admission": policy_pb2.OVERRIDE_KIND_STEP_ADMISSION,
 }
 CLI_MODE = {"active": policy_pb2.MODE_ACTIVE, "shadow": policy_pb2.MODE_SHADOW, "paused": policy_pb2.MODE_PAUSED}
 
@@ -366,9 +370,21 @@ def _override_request(args: argparse.Namespace) -> policy_pb2.Override:
     kind = args.kind
     o = policy_pb2.Override(kind=CLI_KIND[kind], pool=args.pool or "", priority_class=args.priority_class or "",
                             ttl_s=parse_ttl(args.ttl), author=_author(args), reason=args.reason or "")
+    tenant = getattr(args, "tenant", "") or ""
+    if kind.startswith("tenant-"):
+        if not tenant:
+            raise UsageError(f"--tenant: required for a {kind} override (a tenant's name, or * for every tenant "
+                             "not named)")
+        o.text = tenant
+    elif tenant:
+        raise UsageError(f"--tenant: not used by a {kind} override")
     if kind == "profile":
         if not args.value:
             raise UsageError("--value: the profile name is required (cost, balanced, latency or throughput)")
+        o.text = str(args.value)
+    elif kind == "step-admission":
+        if args.value not in ("aware", "blind"):
+            raise UsageError(f"--value: aware or blind for a step-admission override (got {args.value!r})")
         o.text = str(args.value)
     elif kind != "freeze":
         if args.value is None:
@@ -396,7 +412,9 @@ def cmd_override_set(args: argparse.Namespace) -> int:
 def _describe(o: policy_pb2.Override) -> str:
     kind = _kind_name(o.kind)
     target = _p(o.pool or o.priority_class)
-    what = _p(o.text) if kind == "profile" else ("" if kind == "freeze" else f"{o.value:g}")
+    if kind.startswith("tenant_"):
+        target = _p(o.text)
+    what = _p(o.text) if kind in ("profile", "step_admission") else ("" if kind == "freeze" else f"{o.value:g}")
     return f"{kind}" + (f"({target})" if target else "") + (f" = {what}" if what else "")
 
 

@@ -75,6 +75,10 @@ KIND_TO_PROTO: Mapping[str, policy_pb2.OverrideKind] = {
     "slo_tpot": policy_pb2.OVERRIDE_KIND_SLO_TPOT,
     "profile": policy_pb2.OVERRIDE_KIND_PROFILE,
     "reliability": policy_pb2.OVERRIDE_KIND_RELIABILITY,
+    "tenant_rate_limit": policy_pb2.OVERRIDE_KIND_TENANT_RATE_LIMIT,
+    "tenant_max_inflight": policy_pb2.OVERRIDE_KIND_TENANT_MAX_INFLIGHT,
+    "tenant_weight": policy_pb2.OVERRIDE_KIND_TENANT_WEIGHT,
+    "step_admission": policy_pb2.OVERRIDE_KIND_STEP_ADMISSION,
 }
 PROTO_TO_KIND: Mapping[policy_pb2.OverrideKind, str] = {v: k for k, v in KIND_TO_PROTO.items()}
 
@@ -186,6 +190,8 @@ _SECTIONS: tuple[tuple[str, str], ...] = (
     ("policy", "Policy"),
     ("pools", "Decision per pool"),
     ("admission", "Admission"),
+    ("tenants", "Tenant limits at the router"),
+    ("step_aware", "Step-aware admission at the router"),
     ("reasons", "Reasons"),
     ("diagnostics", "Predictions and constraints"),
     ("guard_adjustments", "Guardrail adjustments"),

@@ -34,7 +34,8 @@ from controller.api.limits import (
     text_problem,
 )
 from controller.core.objective import RELIABILITY_MAX, RELIABILITY_MIN
-from controller.names import PROFILES
+from controller.levers import lever
+from controller.names import PROFILES, tenant_problem
 from controller.types import PRIORITY_CLASSES, Mode, Override
 
 SCHEMA_VERSION = 1
@@ -45,11 +46,15 @@ MAX_TEXT = MAX_REASON  # characters in reason (author: MAX_AUTHOR, names and tex
 
 OVERRIDE_KINDS: tuple[str, ...] = (
     "pin_replicas", "min_replicas", "max_replicas", "freeze", "admission", "slo_ttft", "slo_tpot", "profile",
-    "reliability",
+    "reliability", "tenant_rate_limit", "tenant_max_inflight", "tenant_weight", "step_admission",
 )
 POOL_KINDS = frozenset({"pin_replicas", "min_replicas", "max_replicas", "freeze"})
 CLASS_KINDS = frozenset({"admission", "slo_ttft", "slo_tpot"})
 REPLICA_KINDS = frozenset({"pin_replicas", "min_replicas", "max_replicas"})
+# tenant kinds (text: the tenant) → the tenant lever whose bounds the value obeys (controller/levers.py)
+TENANT_KINDS = {"tenant_rate_limit": "tenant_rate_limit_rps", "tenant_max_inflight": "tenant_max_inflight",
+                "tenant_weight": "tenant_weight"}
+STEP_ADMISSION = ("aware", "blind")
 
 SYSTEM_AUTHOR = "governor"  # author of entries the daemon writes itself (expiry)
 
@@ -144,7 +149,8 @@ def validate_override(kind: str, *, ttl_s: float, author: str, value: float = 0.
     pool (known to the fleet), replica values are whole numbers >= 0; admission and SLO kinds need a
     priority class; admission value (shed fraction) in 0..1; SLO value in seconds, > 0; profile text one of
     PROFILES; reliability value a probability in RELIABILITY_MIN..RELIABILITY_MAX (the MPC's dial,
-    controller/core/objective.py).
+    controller/core/objective.py); tenant kinds name the tenant in text ("*": every tenant not named) and their
+    value obeys the tenant lever's bounds (controller/levers.py); step_admission text is aware or blind.
     """
     if kind not in OVERRIDE_KINDS:
         raise InvalidRequestError("kind", f"must be one of {', '.join(OVERRIDE_KINDS)} (got {shown(kind)})")
@@ -189,17 +195,34 @@ def validate_override(kind: str, *, ttl_s: float, author: str, value: float = 0.
     elif kind == "profile":
         if text not in PROFILES:
             raise InvalidRequestError("text", f"profile must be one of {', '.join(PROFILES)} (got {shown(text)})")
-    elif kind == "reliability":  # noqa: SIM102 - one branch per kind, each with its own check
+    elif kind == "reliability":
         if not RELIABILITY_MIN <= v <= RELIABILITY_MAX:
             raise InvalidRequestError("value", f"reliability must be a probability in "
                                                f"{RELIABILITY_MIN}..{RELIABILITY_MAX} (got {shown(value)})")
+    elif kind in TENANT_KINDS:
+        bad = tenant_problem(text)
+        if bad is not None:
+            raise InvalidRequestError("text", f"the tenant of a {kind} override {bad}")
+        lv = lever(TENANT_KINDS[kind])
+        bad = lv.problem(int(v) if lv.kind is int and v == int(v) else v)
+        if bad is not None:
+            raise InvalidRequestError("value", f"{lv.label} {bad} (got {shown(value)})")
+    elif kind == "step_admission":  # noqa: SIM102 - one branch per kind, each with its own check
+        if text not in STEP_ADMISSION:
+            raise InvalidRequestError("text", f"step admission must be one of {', '.join(STEP_ADMISSION)} "
+                                              f"(got {shown(text)})")
 
 
 def describe_override(o: Override) -> str:
     """One line for the audit trail, e.g. 'ov-000003 min_replicas pool=a value=4 ttl=900s: launch'."""
     target = " ".join(x for x in (f"pool={o.pool}" if o.pool else "",
                                   f"class={o.priority_class}" if o.priority_class else "") if x)
-    what = f"text={o.text}" if o.kind == "profile" else ("" if o.kind == "freeze" else f"value={o.value:g}")
+    if o.kind in TENANT_KINDS:
+        what = f"tenant={o.text} value={o.value:g}"
+    elif o.kind in ("profile", "step_admission"):
+        what = f"text={o.text}"
+    else:
+        what = "" if o.kind == "freeze" else f"value={o.value:g}"
     ttl = o.expires_s - o.created_s
     parts = [o.override_id, o.kind, target, what, f"ttl={ttl:g}s"]
     line = " ".join(p for p in parts if p)
@@ -419,7 +442,7 @@ class StateStore:
         validate_override(kind, ttl_s=ttl_s, author=author, value=value, pool=pool, priority_class=priority_class,
                           text=text, reason=reason, known_pools=known_pools)
         check_text("caller", caller, 2 * MAX_AUTHOR)
-        if kind in ("freeze", "profile"):
+        if kind in ("freeze", "profile", "step_admission"):
             value = 0.0
         with self._tx() as c:
             active = c.execute("SELECT COUNT(*) FROM overrides WHERE ? < expires_s", (now_s,)).fetchone()[0]

@@ -67,7 +67,9 @@ _ENGINE_COUNTERS = (("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
 _ENGINE_HISTOGRAMS = (("vllm:time_to_first_token_seconds", "ttft_s"),
                       ("vllm:inter_token_latency_seconds", "itl_s"),
                       ("vllm:request_time_per_output_token_seconds", "tpot_s"))
-_ENGINE_COUNTS = (("vllm:time_to_first_token_seconds_count", "ttft_s"),)
+_ENGINE_COUNTS = (("vllm:time_to_first_token_seconds_count", "ttft_s"),
+                  ("vllm:inter_token_latency_seconds_count", "itl_s"))
+_ENGINE_SUMS = (("vllm:inter_token_latency_seconds_sum", "itl_s"),)
 _ROUTER_COUNTERS = (("llm_d_epp_request_total", "arrivals"), ("llm_d_epp_governor_admitted_total", "admitted"),
                     ("llm_d_epp_governor_shed_total", "shed"), ("llm_d_epp_governor_retries_total", "retries"))
 
@@ -145,6 +147,8 @@ class SimObserver:
             out[f"{name}_bucket"] = samples
         for name, attr in _ENGINE_COUNTS:
             out[name] = [_Sample(base, float(getattr(rs, attr).count))]
+        for name, attr in _ENGINE_SUMS:
+            out[name] = [_Sample(base, float(getattr(rs, attr).sum))]
         return out
 
     def _router_samples(self) -> dict[str, list[_Sample]]:
@@ -180,7 +184,7 @@ class SimObserver:
         scraped: list = []
         fast = self.fast
         for rs in self.fleet.replica_stats():
-            target = ScrapeTarget(f"sim://{rs.replica_id}", rs.pool, "vllm")
+            target = ScrapeTarget(f"sim://{rs.replica_id}", rs.pool, "vllm", {"replica": rs.replica_id})
             scraped.append((target, self._replica_samples(rs) if fast else collect_families(ReplicaCollector(rs))))
         if self.include_gpu:
             for ns in self.fleet.node_stats():

@@ -29,8 +29,9 @@ from controller.bench.observe import SimObserver
 from controller.core.breaker import DEFAULT_BREAKER, BreakerConfig
 from controller.core.estimate import DEFAULT_ESTIMATOR, EstimatorConfig
 from controller.core.guards import GuardConfig
+from controller.core.outliers import OutlierConfig
 from controller.core.step import Controller, TickInput
-from controller.policies.registry import breaker_for, build_policy, estimator_for
+from controller.policies.registry import breaker_for, build_policy, estimator_for, outliers_for
 from controller.sim.control import apply_decision
 from controller.sim.fleet import Fleet
 from controller.sim.fleet_accounting import TimelinePoint
@@ -214,7 +215,8 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
                     label: str | None = None, params: Mapping[str, Any] | None = None,
                     guards: GuardConfig | None = None, slo_check_from_s: float | None = None,
                     profile: str = "balanced", breaker: BreakerConfig | None = DEFAULT_BREAKER,
-                    estimator: EstimatorConfig = DEFAULT_ESTIMATOR, overrides: Sequence[Override] = (),
+                    estimator: EstimatorConfig = DEFAULT_ESTIMATOR, outliers: OutlierConfig | None = None,
+                    overrides: Sequence[Override] = (),
                     measure: Callable[[Fleet], Mapping[str, Any]] | None = None) -> RunResult:
     """Drive `policy` over the scenario: the loop every driver of the core shares. `profile` is the
     objective profile each tick carries, as the daemon's config sets it (only the MPC reads it);
@@ -227,7 +229,7 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
     fleet = Fleet(scenario, seed=seed, workload=workload)
     observer = SimObserver(fleet, window_s=OBSERVE_WINDOW_S)
     controller = Controller(fleet_spec_from_scenario(scenario), policy, guards=guards or GuardConfig(), breaker=breaker,
-                            estimator=estimator,
+                            estimator=estimator, outliers=outliers,
                             decision_validity_s=DECISION_VALIDITY_S, seed=seed, tick_s=tick_s)
     state = controller.initial_state()
     total_s = expected_end_s(fleet)
@@ -286,4 +288,4 @@ def run_policy(scenario: Scenario, policy_name: str, *, seed: int, tick_s: float
     return run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s, workload=workload, progress=progress,
                            label=label or policy_name, params=recorded, profile=profile,
                            breaker=breaker_for(policy_name, params), estimator=estimator_for(policy_name, params),
-                           overrides=overrides, measure=measure)
+                           outliers=outliers_for(policy_name, params), overrides=overrides, measure=measure)

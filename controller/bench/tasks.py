@@ -123,6 +123,23 @@ def cmd_bench_tasks(args: argparse.Namespace) -> int:
                                drain_s=args.drain, length_scale=args.length_scale, max_output=args.max_output,
                                seed=args.seed, tenants=not args.no_tenants, light_rate=args.light_rate,
                                steps=not args.tenants_only)
+    if args.sim:
+        from controller.bench.tasks_sim import run_sim
+
+        try:
+            loads = [float(x) for x in args.sim_loads.split(",")]
+            seeds = [int(x) for x in args.sim_seeds.split(",")]
+        except ValueError:
+            print(f"governor bench tasks: --sim-loads takes numbers and --sim-seeds integers, comma-separated (got "
+                  f"{args.sim_loads!r}, {args.sim_seeds!r})", file=sys.stderr)
+            return 2
+        if args.sim_replicas < 1 or not all(x > 0 for x in loads) or args.cap < 1 or args.sim_duration <= 0:
+            print("governor bench tasks: --sim-replicas and --cap must be >= 1, --sim-loads and --sim-duration > 0",
+                  file=sys.stderr)
+            return 2
+        res["sim"] = run_sim(scenario=args.sim_scenario, replicas=args.sim_replicas, loads=loads, seeds=seeds,
+                             cap=args.cap, budget=args.budget, hold_s=args.hold_timeout,
+                             duration_s=args.sim_duration)
     if args.json:
         print(json.dumps(res))
     elif "hostile" in res:
@@ -133,4 +150,9 @@ def cmd_bench_tasks(args: argparse.Namespace) -> int:
         print(f"decide µs p50 {d['p50']:.1f}  p99 {d['p99']:.1f}  p99.9 {d['p999']:.1f}  max {d['max']:.0f}")
         print("rss MiB: " + ", ".join(f"{n:,}: {m}" for n, m in h["rss_mib"])
               + f"  (growth after the book filled: {h['rss_growth_after_full_mib']} MiB)")
+    if "sim" in res and not args.json:
+        for x in res["sim"]["summary"]:
+            print(f"sim load x{x['load']:g}: completed tasks aware/blind {x['completed']['step_aware']}/"
+                  f"{x['completed']['step_blind']} of {x['tasks']}, tasks per $ ratio {x['tasks_per_usd_ratio']:.2f}, "
+                  f"GPU-s on failed tasks {x['wasted_gpu_s']['step_aware']:.0f}/{x['wasted_gpu_s']['step_blind']:.0f}")
     return 0

@@ -44,6 +44,7 @@ from controller.types import (
     PoolObservation,
     PoolSpec,
     Reason,
+    TenantLimits,
 )
 
 
@@ -301,6 +302,39 @@ def _forced_admission(adm: dict[str, ClassAdmission], active: Sequence[Override]
                                       f"{o.priority_class} shed fraction forced to {o.value:g} by {o.author}",
                                       data={"override_id": o.override_id, "class": o.priority_class}))
     return adm
+
+
+# override kind → the TenantLimits field it sets (the lever table's tenant levers, controller/levers.py)
+TENANT_OVERRIDES = {"tenant_rate_limit": "rate_limit_rps", "tenant_max_inflight": "max_inflight",
+                    "tenant_weight": "weight"}
+
+
+def forced_tenants(tenants: Mapping[str, TenantLimits], step_aware: bool | None, active: Sequence[Override]
+                   ) -> tuple[dict[str, TenantLimits], bool | None, tuple[Reason, ...]]:
+    """The operator's tenant limits and step admission over the policy's (`tenants`, `step_aware`), each with a
+    reason; overrides apply in the order they were set (a later one wins). An override sets one limit of a tenant
+    (its text) and keeps the tenant's other limits as the policy left them, else unlimited and weight 1: the
+    router then has these limits for the tenant in place of its own while the override lasts."""
+    out = dict(tenants)
+    reasons: list[Reason] = []
+    for o in active:
+        fld = TENANT_OVERRIDES.get(o.kind)
+        if fld is not None and o.text:
+            prev = out.get(o.text, TenantLimits())
+            v: float = float(o.value)
+            if fld == "max_inflight":
+                out[o.text] = replace(prev, max_inflight=int(round(o.value)))
+            elif fld == "weight":
+                out[o.text] = replace(prev, weight=v)
+            else:
+                out[o.text] = replace(prev, rate_limit_rps=v)
+            reasons.append(Reason("guard_override_tenant", f"tenant {o.text} {fld} forced to {v:g} by {o.author}",
+                                  data={"override_id": o.override_id, "tenant": o.text, "field": fld}))
+        elif o.kind == "step_admission" and o.text in ("aware", "blind"):
+            step_aware = o.text == "aware"
+            reasons.append(Reason("guard_override_step_admission", f"step admission forced {o.text} by {o.author}",
+                                  data={"override_id": o.override_id}))
+    return out, step_aware, tuple(reasons)
 
 
 def override_bounds(spec: PoolSpec, overrides: Sequence[Override], now_s: float) -> tuple[int, int, bool]:

@@ -9,8 +9,8 @@ A tick: estimate the fleet (core/estimate.py: the autoscaler's replica phases
 join the telemetry) → apply SLO/profile/reliability overrides to what the policy sees →
 advance the cascading-failure breaker (core/breaker.py; its constraints go to
 the policy) → run the policy → hold the proposal to the breaker's constraints,
-then apply the guardrails (core/guards.py) → number the decision (generation,
-id, validity deadline) → explain it.
+then apply the guardrails (core/guards.py) and the operator's tenant and step-admission
+overrides (`forced_tenants`) → number the decision (generation, id, validity deadline) → explain it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from controller.core.breaker import (
 )
 from controller.core.capacity import CapacityState, advance_capacity, capped_fleet
 from controller.core.estimate import DEFAULT_ESTIMATOR, Estimate, EstimatorConfig, account_fleet, decided_caps, estimate
-from controller.core.guards import GuardConfig, GuardState, apply_guards, pool_telemetry_status
+from controller.core.guards import GuardConfig, GuardState, apply_guards, forced_tenants, pool_telemetry_status
+from controller.core.outliers import OutlierConfig, OutlierResult, OutlierState, detect
 from controller.jsonsafe import json_safe
 from controller.names import PROFILES
 from controller.types import (
@@ -65,6 +66,7 @@ class ControllerState:
     estimate: Estimate | None = None  # the last tick's estimate
     breaker: BreakerState = field(default_factory=BreakerState)
     capacity: CapacityState = field(default_factory=CapacityState)  # pools held for capacity that never came
+    outliers: OutlierState = field(default_factory=OutlierState)  # slow replicas: strikes, ejections (outliers.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,8 @@ class TickResult:
             "summary": self.explanation.splitlines()[0] if self.explanation else "",
             "pools": {p: asdict(pd) for p, pd in (d.pools.items() if d else ())},
             "admission": {c: asdict(a) for c, a in (d.admission.items() if d else ())},
+            "tenants": {t: asdict(lim) for t, lim in (d.tenants.items() if d else ())},
+            "step_aware": d.step_aware if d else None,
             "inputs": obs,
             "telemetry": dict(self.telemetry),
             "reasons": [_reason_dict(r) for r in self.policy_reasons],
@@ -124,6 +128,28 @@ def _breaker_signals(est: Estimate, cfg: BreakerConfig) -> BreakerSignals:
     the breaker counts losses that way, `count_replacements`) and whether the fleet carries its load."""
     lost = {p: a.unordered for p, a in est.pools.items()} if cfg.count_replacements else None
     return BreakerSignals(lost=lost, carried=est.carried)
+
+
+def _less_ordered(signals: BreakerSignals, outliers: OutlierState, fleet: FleetSpec, now_s: float) -> BreakerSignals:
+    """The breaker's `lost` replicas less the replacements of slow replicas ordered within each pool's cold
+    start-up (their new replica shows as one nobody ordered until it is ready). A crash in the same pool within
+    that time is under-counted by as many: the cost of not taking our own replacement for a cascade."""
+    if not signals.lost:
+        return signals
+    ordered = outliers.replaced_since({p.name: now_s - p.startup_cold_s for p in fleet.pools})
+    if not ordered:
+        return signals
+    return replace(signals, lost={p: max(n - ordered.get(p, 0), 0) for p, n in signals.lost.items()})
+
+
+def _with_outliers(pools: Mapping[str, PoolDecision], out: OutlierResult) -> dict[str, PoolDecision]:
+    """Each pool's decision with the replicas ejected now and those to replace this tick."""
+    res = dict(pools)
+    for name, pd in pools.items():
+        ejected, again = out.ejected.get(name, ()), out.replace.get(name, ())
+        if ejected != pd.ejected or again != pd.replace:
+            res[name] = replace(pd, ejected=ejected, replace=again)
+    return res
 
 
 def _confidence(out: PolicyOutput) -> float | None:
@@ -163,7 +189,8 @@ class Controller:
 
     def __init__(self, fleet: FleetSpec, policy: Policy, *, guards: GuardConfig | None = None,
                  breaker: BreakerConfig | None = DEFAULT_BREAKER, estimator: EstimatorConfig = DEFAULT_ESTIMATOR,
-                 decision_validity_s: float = 120.0, seed: int = 0, tick_s: float = 15.0) -> None:
+                 decision_validity_s: float = 120.0, seed: int = 0, tick_s: float = 15.0,
+                 outliers: OutlierConfig | None = None) -> None:
         if decision_validity_s <= 0:
             raise ValueError(f"decision_validity_s must be > 0 (got {decision_validity_s})")
         self.fleet = fleet
@@ -174,6 +201,9 @@ class Controller:
         self.tick_s = tick_s
         self.breaker = breaker
         self.estimator = estimator
+        # slow replicas (core/outliers.py): configured on the Controller like the breaker (the MPC's `outliers`
+        # parameter, policies/registry.py outliers_for); None or disabled: off
+        self.outliers = outliers if outliers is not None and outliers.enabled else None
 
     def initial_state(self, generation: int = 0, current: Decision | None = None) -> ControllerState:
         return ControllerState(generation=generation, current=current, policy_state=self.policy.initial_state())
@@ -233,6 +263,8 @@ class Controller:
         notes: list[str] = []
         if self.breaker is not None:
             signals = _breaker_signals(est, self.breaker)
+            if self.outliers is not None:  # a slow replica replaced on our order is not a replica lost
+                signals = _less_ordered(signals, state.outliers, fleet, now_s)
             bstate, action, notes = advance_breaker(state.breaker, self.breaker, inp, signals)
             inp = replace(inp, breaker=action)
         policy_state, out = self.policy.decide(state.policy_state, inp, rng)
@@ -249,20 +281,36 @@ class Controller:
             confidence=_confidence(out), current_admission=current.admission if current else None,
         )
         adjustments = guarded.adjustments if guarded.frozen else held + guarded.adjustments
+        pools_out: Mapping[str, PoolDecision] = guarded.pools
+        outliers = state.outliers
+        if self.outliers is not None:  # slow replicas: eject, expire, replace within the guardrails (outliers.py)
+            found = detect(state.outliers, self.outliers, fleet, obs, now_s, guards=self.guards, overrides=active,
+                           telemetry_frozen=guarded.frozen, figures=getattr(self.policy, "engine_figures", None))
+            outliers = found.state
+            pools_out = _with_outliers(guarded.pools, found)
+            reasons = reasons + found.reasons
+        tenants, step_aware, forced = forced_tenants(out.tenants, out.step_aware, active)
+        adjustments += forced
         decision = Decision(
             decision_id=f"d-{generation:08d}",
             generation=generation,
             at_s=now_s,
             valid_until_s=now_s + self.decision_validity_s,
-            pools=dict(guarded.pools),
+            pools=dict(pools_out),
             admission=({c: a for c, a in guarded.admission.items() if a != ClassAdmission()}
                        if guarded.admission else {}),
             reasons=reasons + adjustments,
+            tenants=tenants,
+            step_aware=step_aware,
         )
         changed = (current is None or dict(current.pools) != dict(decision.pools)
-                   or dict(current.admission) != dict(decision.admission))
+                   or dict(current.admission) != dict(decision.admission)
+                   or dict(current.tenants) != dict(decision.tenants) or current.step_aware != decision.step_aware)
         diagnostics = {"observation": inputs, "policy": self.policy.name, "profile": profile,
                        **{k: json_safe(v) for k, v in out.diagnostics.items()}}
+        if self.outliers is not None:
+            diagnostics["outliers"] = json_safe({"ejected": {p: list(v) for p, v in outliers.ejected(now_s).items()},
+                                                 "scores": found.scores})
         if out.confidence is not None:
             diagnostics["confidence"] = json_safe(out.confidence)
         if self.breaker is not None:
@@ -272,7 +320,8 @@ class Controller:
                 "protect_streams": action.protect_streams, "min_shed": dict(action.min_shed)})
         text = explain(decision, current, reasons, adjustments, telemetry, active, guarded.frozen, tick.mode)
         new_state = ControllerState(generation=generation, current=decision, policy_state=policy_state,
-                                    guard_state=guarded.state, estimate=est, breaker=bstate, capacity=capacity)
+                                    guard_state=guarded.state, estimate=est, breaker=bstate, capacity=capacity,
+                                    outliers=outliers)
         return new_state, TickResult(decision, tick.mode, changed, guarded.frozen, reasons, adjustments,
                                      telemetry, diagnostics, active, text, est,
                                      bstate.status() if self.breaker is not None else None, out.status)

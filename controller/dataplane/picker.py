@@ -17,8 +17,10 @@ Per request, in this order (the simulated router's order, controller/sim/router.
 2. Pool: the route group's pools split its traffic by `traffic_weight` with smooth weighted
    round robin (deterministic; after n requests each pool's count is within one of n × its
    share). All weights zero: equal shares. Pools without a ready endpoint are skipped.
-3. Replica among the pool's healthy endpoints below the per-replica in-flight cap (critical
-   requests pass the cap, as the Gateway API Inference Extension treats Critical):
+3. Replica among the pool's healthy endpoints not ejected as slow (`PoolRouting.ejected_replicas`,
+   by address; when every healthy endpoint is ejected, all of them, as Envoy's panic threshold) below
+   the per-replica in-flight cap (critical requests pass the cap, as the Gateway API Inference
+   Extension treats Critical):
 
        score = prefix_weight × affinity − queue_weight × queue_norm − kv_weight × kv_usage
 
@@ -613,6 +615,8 @@ class Picker:
 
     def _pick(self, pool: str, cls: str, key: int | None, ps: PoolSettings) -> Endpoint | None:
         eps = [e for e in self.endpoints[pool] if e.healthy]
+        if ps.ejected:  # slow endpoints Governor ejected; all of them ejected: all used (Envoy's panic threshold)
+            eps = [e for e in eps if e.address not in ps.ejected] or eps
         if not eps:
             return None
         cap = 0 if cls == CRITICAL else ps.inflight_cap

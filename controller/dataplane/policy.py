@@ -9,6 +9,9 @@ protos/governor/v1/control.proto, with the rules it shares with the simulator's 
 - the whole command is validated first (unknown or repeated pool or class, a value
   out of range → INVALID naming the field; nothing applied);
 - a pool the command leaves out keeps its settings; a class it leaves out gets no limits;
+- tenant limits (`TenantLimits`) the command names replace the picker's own for those tenants; a tenant it
+  leaves out has the picker's own limits (its `--tenant` flags), whatever an earlier command said; step
+  awareness is the command's when it sets it, else the picker's own (`--step-blind`);
 - when `valid_until_unix_s` passes with no newer command, the picker's own defaults
   (`PickerDefaults`) are in force again (`settings(now)` reports `fallback`).
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from controller.dataplane.tasks import TenantSettings
 from controller.gen.governor.v1 import control_pb2 as pb
@@ -41,6 +45,8 @@ class PoolSettings:
     prefix_weight: float = DEFAULT_PREFIX_WEIGHT
     queue_weight: float = DEFAULT_QUEUE_WEIGHT
     kv_weight: float = DEFAULT_KV_WEIGHT
+    # endpoints (host:port) Governor ejected as slow: no new requests while another endpoint is left
+    ejected: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -106,10 +112,16 @@ class PolicyStore:
         base = self.settings(now_unix_s).settings
         pools = dict(base.pools)
         for p in msg.pools:
-            pools[p.pool] = replace(pools[p.pool], **lever_wire.values(p, "PoolRouting"))
+            pools[p.pool] = replace(pools[p.pool], **lever_wire.values(p, "PoolRouting"),
+                                    ejected=frozenset(p.ejected_replicas))
         admission = {a.priority_class: ClassSettings(**lever_wire.values(a, "ClassAdmission")) for a in msg.admission}
-        # tenant limits and step awareness are the picker's own settings until RoutingPolicy carries them
-        self._commanded = Settings(pools, admission, tenants=base.tenants, step_aware=base.step_aware)
+        # the command's tenants over the picker's own (an earlier command's do not carry over: each command says
+        # the tenant limits it wants in full, as it does the classes')
+        tenants = dict(self.defaults.tenants)
+        for t in msg.tenants:
+            tenants[t.tenant] = TenantSettings(**_tenant_fields(t))
+        step_aware = msg.step_aware if msg.HasField("step_aware") else self.defaults.step_aware
+        self._commanded = Settings(pools, admission, tenants=tenants, step_aware=step_aware)
         self.generation = m.generation
         self.decision_id = m.decision_id
         self.valid_until_unix_s = m.valid_until_unix_s
@@ -125,8 +137,17 @@ class PolicyStore:
         if self.meta is not None:
             out.meta.CopyFrom(self.meta)
         for name, s in a.settings.pools.items():
-            out.pools.append(lever_wire.build("PoolRouting", {"pool": name}, s))
+            out.pools.append(lever_wire.build("PoolRouting", {"pool": name, "ejected_replicas": sorted(s.ejected)}, s))
         for cls in PRIORITY_CLASSES:
             c = a.settings.admission_of(cls)
             out.admission.append(lever_wire.build("ClassAdmission", {"priority_class": cls}, c))
+        for name, t in sorted(a.settings.tenants.items()):
+            out.tenants.append(lever_wire.build("TenantLimits", {"tenant": name}, t))
+        out.step_aware = a.settings.step_aware
         return out
+
+
+
+def _tenant_fields(t: pb.TenantLimits) -> dict[str, Any]:
+    """A TenantLimits' levers by their field (TenantSettings' names: rate_limit_rps, max_inflight, weight)."""
+    return {lv.field: lever_wire.get(t, lv) for lv in lever_wire.wire_levers("TenantLimits")}

@@ -35,11 +35,12 @@ Pure: time comes in as arguments; no I/O, no clock.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import cachetools
+
+from controller.names import ID_CHARS, ID_RE, MAX_ID_BYTES
 
 TENANT_HEADER = "x-gateway-inference-fairness-id"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
@@ -48,9 +49,7 @@ STEP_HEADER = "x-governor-task-step"
 STEPS_HEADER = "x-governor-task-steps"
 DEFAULT_TENANT = "default"
 OTHER_TENANT = "_other"
-MAX_ID_BYTES = 128  # a UUID is 36, a tenant name a DNS label (63); 128 leaves room for prefixes
 MAX_STEPS = 100_000  # an agent's loop past this is not a task any accounting should keep open
-_ID_RE = re.compile(r"[A-Za-z0-9._~:/@+=\-]{1,128}")
 OUTCOMES = ("started", "completed", "failed", "abandoned", "evicted")
 
 
@@ -72,8 +71,8 @@ class Identity:
 def _id(name: str, value: str) -> str:
     if len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
         raise IdentityError(f"{name}: {len(value.encode('utf-8', 'surrogatepass'))} bytes, at most {MAX_ID_BYTES}")
-    if not _ID_RE.fullmatch(value):
-        raise IdentityError(f"{name}: {value[:40]!r} has characters outside A-Z a-z 0-9 . _ ~ : / @ + = -")
+    if not ID_RE.fullmatch(value):
+        raise IdentityError(f"{name}: {value[:40]!r} has characters outside {ID_CHARS}")
     return value
 
 

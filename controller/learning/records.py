@@ -24,7 +24,8 @@ from controller.core.observations import ObservationRecord, PoolSettings, ReuseP
 from controller.types import ClassObservation, FleetObservation, PoolObservation, Reading, SignalStatus
 
 RECORD_VERSION = 1
-_POOL_FIELDS = tuple(f.name for f in fields(PoolObservation) if f.name != "pool")
+# the pool's own readings (per-replica series are not recorded: the models are fitted per pool)
+_POOL_FIELDS = tuple(f.name for f in fields(PoolObservation) if f.name not in ("pool", "replicas"))
 _CLASS_FIELDS = tuple(f.name for f in fields(ClassObservation) if f.name != "priority_class")
 _SETTINGS_FIELDS = tuple(f.name for f in fields(PoolSettings))
 
@@ -105,8 +106,8 @@ def record_from_dict(d: Mapping[str, Any], where: str = "record") -> Observation
         unknown = set(p) - set(_POOL_FIELDS)
         if unknown:
             raise RecordError(f"{where}: pools.{name}: unknown field(s) {sorted(unknown)}")
-        pools[name] = PoolObservation(pool=name, **{f: _reading_in(p.get(f), f"{where}: pools.{name}.{f}")
-                                                    for f in _POOL_FIELDS})
+        readings: dict[str, Any] = {f: _reading_in(p.get(f), f"{where}: pools.{name}.{f}") for f in _POOL_FIELDS}
+        pools[name] = PoolObservation(pool=name, **readings)
     classes = {}
     for name, c in (d.get("classes") or {}).items():
         if not isinstance(c, Mapping):

@@ -65,6 +65,10 @@ class DaemonMetrics:
         self.guard_adjustments = Counter("governor_guard_adjustments", "Guardrail adjustments by code", ["code"],
                                          registry=r)
         self.reasons = Counter("governor_decision_reasons", "Policy reasons by code", ["code"], registry=r)
+        self.replicas_ejected = Gauge("governor_replicas_ejected", "Replicas ejected as slow now: the router sends "
+                                      "them no new requests (controller/core/outliers.py)", ["pool"], registry=r)
+        self.replacements = Counter("governor_replica_replacements", "Slow replicas Governor asked the autoscaler "
+                                    "to replace", ["pool"], registry=r)
         self.model_error = Gauge("governor_model_error", "Recent prediction error of the learned models "
                                  "(APE for latency, absolute error for hit rate)", ["metric"], registry=r)
         self.breaker_stage = Gauge("governor_breaker_stage", "Cascading-failure breaker stage (0 = closed)", registry=r)
@@ -155,6 +159,9 @@ class DaemonMetrics:
         self.generation.set(d.generation)
         for pool, pd in d.pools.items():
             self.replicas_desired.labels(pool).set(pd.replicas)
+            self.replicas_ejected.labels(pool).set(len(pd.ejected))
+            if pd.replace:
+                self.replacements.labels(pool).inc(len(pd.replace))
         for cls in ("critical", "standard", "sheddable"):
             a = d.admission.get(cls)
             self.shed.labels(cls).set(a.shed_frac if a else 0.0)

@@ -21,6 +21,7 @@ from typing import Any
 
 from controller.core.breaker import BreakerConfig, breaker_setting
 from controller.core.estimate import EstimatorConfig
+from controller.core.outliers import OutlierConfig, outlier_setting
 from controller.names import POLICY_NAMES
 from controller.policies.aibrix_stack import AibrixStackPolicy
 from controller.policies.common import RoutingWeights
@@ -35,13 +36,16 @@ from controller.policies.slo_feedback import SloFeedbackPolicy
 from controller.policies.static import StaticPolicy
 from controller.types import FleetSpec, Policy
 
-__all__ = ["POLICY_NAMES", "breaker_for", "build_policy", "estimator_for", "policy_params"]
+__all__ = ["POLICY_NAMES", "breaker_for", "build_policy", "estimator_for", "outliers_for", "policy_params"]
 
 # Parameters a policy's config carries that set up the controller around the policy rather than the policy:
 # the cascading-failure breaker (`breaker`: true/false or BreakerConfig fields; the MPC's parameters have
 # carried it since the breaker was built beside it), the value given when the config leaves it out.
 # A policy without the entry runs under the default breaker.
-CONTROLLER_PARAMS: dict[str, dict[str, Any]] = {"mpc": {"breaker": True}}
+# Slow-replica detection (`outliers`: true/false or OutlierConfig fields, controller/core/outliers.py) likewise:
+# off by default for now (the MPC's default plans stay as they were until it is measured and chosen); a policy
+# without the entry runs without it (the baselines stay as their projects publish them).
+CONTROLLER_PARAMS: dict[str, dict[str, Any]] = {"mpc": {"breaker": True, "outliers": False}}
 
 
 def breaker_for(name: str, params: Mapping[str, Any] | None = None) -> BreakerConfig | None:
@@ -68,6 +72,17 @@ def estimator_for(name: str, params: Mapping[str, Any] | None = None) -> Estimat
     p = params or {}
     return EstimatorConfig(warm_node_ttl_s=float(p.get("warm_node_ttl_s", 600.0)), step_s=float(p.get("step_s", 30.0)),
                            warmup_s=float(p.get("warmup_s", 60.0)))
+
+
+def outliers_for(name: str, params: Mapping[str, Any] | None = None) -> OutlierConfig | None:
+    """The slow-replica detection the controller runs `name` under (None: none), from its `outliers` parameter."""
+    own = CONTROLLER_PARAMS.get(name, {})
+    if "outliers" not in own:
+        return None
+    try:
+        return outlier_setting((params or {}).get("outliers", own["outliers"]))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"policy {name}: {e}") from None
 
 
 def _policy_classes() -> dict[str, type]:
@@ -152,6 +167,7 @@ def build_policy(name: str, fleet: FleetSpec, params: Mapping[str, Any] | None =
         raise ValueError(f"policy {name}: slo_class {slo_class!r} is not a fleet SLO class; "
                          f"classes: {sorted(fleet.slos)}")
     breaker_for(name, params)  # a bad controller parameter fails here too, by name
+    outliers_for(name, params)
     for k in CONTROLLER_PARAMS.get(name, {}):
         params.pop(k, None)
     try:

@@ -5,7 +5,7 @@ Both obey protos/governor/v1/control.proto the same way, so both call these:
 - `check_meta`: the CommandMeta (decision_id, generation >= 1) and the generation order:
   lower than the applied → STALE_GENERATION; the same with the same decision_id → REPLAY;
   the same with another id → STALE_GENERATION; then the validity deadline (after now);
-- `each_pool` / `validate_routing`: the body of a RoutingPolicy, field by field.
+- `each_pool` / `validate_routing`: the body of a RoutingPolicy, field by field (pools, classes, tenants).
 
 A bad field raises `CommandInvalidError` naming it; the caller turns that into an INVALID ack.
 The wording arguments keep each service's messages as its clients know them.
@@ -20,6 +20,7 @@ from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 from controller.gen.governor.v1 import control_pb2 as pb
+from controller.names import tenant_problem
 from controller.rpc.lever_wire import get, wire_levers
 from controller.types import PRIORITY_CLASSES
 
@@ -29,6 +30,9 @@ from controller.types import PRIORITY_CLASSES
 MAX_POOL_CHARS = 253
 MAX_ID_CHARS = 256
 SHOW_CHARS = 64
+# Tenants one RoutingPolicy may name: well above the tenants a router keeps apart (the picker's --max-tenants,
+# 64 by default), so that a command stays a bounded message whatever its issuer sends.
+MAX_COMMAND_TENANTS = 1024
 
 
 def show(value: str) -> str:
@@ -104,6 +108,27 @@ def each_pool(entries: Iterable[Any], pools: Collection[str], *,
         yield where, p
 
 
+# replica names in a command (PoolRouting.ejected_replicas, PoolScaling.replace_replicas): a pod name or
+# host:port (a DNS-1123 name is at most 253 characters) and no more of them than a pool can have replicas
+MAX_REPLICA_NAMES = 4096
+MAX_REPLICA_NAME_CHARS = 253
+
+
+def check_replica_names(names: Iterable[str], where: str) -> None:
+    """Raise CommandInvalidError naming the first bad replica name of `names` (empty, too long, not printable,
+    repeated) or too many of them."""
+    seen: set[str] = set()
+    for i, n in enumerate(names):
+        if i >= MAX_REPLICA_NAMES:
+            raise CommandInvalidError(f"{where}: more than {MAX_REPLICA_NAMES} replicas")
+        if not n or len(n) > MAX_REPLICA_NAME_CHARS or not n.isprintable() or n.strip() != n:
+            raise CommandInvalidError(f"{where}[{i}]: {show(n)} is not a replica name (1-{MAX_REPLICA_NAME_CHARS} "
+                                      "printable characters, no surrounding spaces)")
+        if n in seen:
+            raise CommandInvalidError(f"{where}[{i}]: {show(n)} appears more than once")
+        seen.add(n)
+
+
 def validate_routing(msg: pb.RoutingPolicy, pools: Collection[str], *, known_as: str = "pools are",
                      rate_limit_note: str = "") -> None:
     """Raise CommandInvalidError naming the first bad field of a RoutingPolicy's pools and admission.
@@ -112,6 +137,7 @@ def validate_routing(msg: pb.RoutingPolicy, pools: Collection[str], *, known_as:
     """
     for where, p in each_pool(msg.pools, pools, known_as=known_as):
         _check_levers(p, "PoolRouting", where, "")
+        check_replica_names(p.ejected_replicas, f"{where}.ejected_replicas")
     if len(msg.admission) > len(PRIORITY_CLASSES):
         raise CommandInvalidError(f"admission: {len(msg.admission)} entries, but there are {len(PRIORITY_CLASSES)} "
                                   f"classes {list(PRIORITY_CLASSES)}; each appears at most once")
@@ -126,6 +152,18 @@ def validate_routing(msg: pb.RoutingPolicy, pools: Collection[str], *, known_as:
                                       "once")
         seen.add(a.priority_class)
         _check_levers(a, "ClassAdmission", where, rate_limit_note)
+    if len(msg.tenants) > MAX_COMMAND_TENANTS:
+        raise CommandInvalidError(f"tenants: {len(msg.tenants)} entries, at most {MAX_COMMAND_TENANTS}")
+    named: set[str] = set()
+    for k, t in enumerate(msg.tenants):
+        where = f"tenants[{k}]"
+        bad = tenant_problem(t.tenant)
+        if bad is not None:
+            raise CommandInvalidError(f"{where}.tenant: {bad}")
+        if t.tenant in named:
+            raise CommandInvalidError(f"{where}.tenant: tenant {show(t.tenant)} appears more than once")
+        named.add(t.tenant)
+        _check_levers(t, "TenantLimits", where, "")
 
 
 def _check_levers(msg: Any, message: str, where: str, unset_note: str) -> None:

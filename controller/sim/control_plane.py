@@ -69,6 +69,7 @@ class _Views:
     routing: dict[str, dict[str, float]] = field(default_factory=dict)
     admission: dict[str, dict[str, float]] = field(default_factory=dict)
     scaling: dict[str, dict[str, int]] = field(default_factory=dict)
+    step_aware: bool | None = None  # the last command's; None: the scenario's own
 
 
 def validate_routing(msg: pb.RoutingPolicy, pools: Mapping[str, PoolSpecModel]) -> None:
@@ -81,6 +82,7 @@ def validate_scaling(msg: pb.ScalingPlan, pools: Mapping[str, PoolSpecModel],
     """Raise CommandInvalidError naming the first bad field of a ScalingPlan (`scaling`: the settings in force)."""
     for where, p in each_pool(msg.pools, pools):
         spec = pools[p.pool]
+        command_rules.check_replica_names(p.replace_replicas, f"{where}.replace_replicas")
         if not (spec.min_replicas <= p.replicas <= spec.max_replicas):
             raise CommandInvalidError(f"{where}.replicas: {p.replicas} is out of range "
                                       f"[{spec.min_replicas}, {spec.max_replicas}] for pool {p.pool!r}")
@@ -148,6 +150,7 @@ class ControlPlane:
                 "max_num_batched_tokens": p.engine.max_num_batched_tokens}
 
     def _reset_router_view(self) -> None:
+        self.views.step_aware = None
         self.views.routing = {p: self._default_routing(p) for p in self.pools}
         self.views.admission = {c: self._default_admission(c) for c in PRIORITY_CLASSES}
 
@@ -243,6 +246,12 @@ class ControlPlane:
         if not error:
             self.views.routing.update(routing)
             self.views.admission.update(admission)
+            for p in msg.pools:  # slow replicas ejected (a pool the command names with none: none ejected)
+                self.fleet.set_ejected(p.pool, list(p.ejected_replicas))
+            # step awareness: the command's, else the scenario's own; tenant limits are validated but not carried
+            # (the simulated router has no tenant limits: the lever table's tenant levers name the picker only)
+            self.views.step_aware = msg.step_aware if msg.HasField("step_aware") else None
+            self.fleet.set_step_aware(self.views.step_aware)
             log.info("router: applied generation %d (%s)", msg.meta.generation, msg.meta.decision_id)
         return error
 
@@ -260,6 +269,8 @@ class ControlPlane:
                 out.pools.append(lever_wire.build("PoolRouting", {"pool": pool}, s))
             for cls, a in self.views.admission.items():
                 out.admission.append(lever_wire.build("ClassAdmission", {"priority_class": cls}, a))
+            out.step_aware = (self.scenario.router.step_aware if self.views.step_aware is None
+                              else self.views.step_aware)
             return out
 
     def _apply_scaling_settings(self, scaling: dict[str, dict[str, int]]) -> None:
@@ -290,6 +301,9 @@ class ControlPlane:
         error = self._apply_all_or_nothing([pool_step(p) for p in scaling])
         if not error:
             self.views.scaling.update(scaling)
+            for p in msg.pools:  # slow replicas to replace: once per command (a replay never gets here)
+                if p.replace_replicas:
+                    self.fleet.replace_replicas(p.pool, list(p.replace_replicas))
             log.info("autoscaler: applied generation %d (%s): %s", msg.meta.generation, msg.meta.decision_id,
                      {p: s["replicas"] for p, s in scaling.items()})
         return error
@@ -330,10 +344,14 @@ class ControlPlane:
                 self._reset_scaling_view()
             elif self.router in expired:
                 self._reset_router_view()
+                for pool in self.views.routing:  # an ejection lives only as long as the command naming it
+                    self.fleet.set_ejected(pool, [])
                 self._apply_routing_settings(self.views.routing, self.views.admission)
             else:
                 self._reset_scaling_view()
                 self._apply_scaling_settings(self.views.scaling)
+            if self.router in expired:
+                self.fleet.set_step_aware(None)  # the scenario's own
             return [ch.name for ch in expired]
 
 

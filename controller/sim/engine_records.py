@@ -75,7 +75,7 @@ class Req:
         "idx", "prio", "task", "step", "prompt", "output", "units", "group",
         # client / router
         "attempt", "state", "t_first_send", "t_send", "t_queued", "streamed", "t_first_tok",
-        "pool", "rep", "held_pool", "cell",
+        "pool", "rep", "held_pool", "held_later", "cell",
         # engine, explicit (reset on every hop to a replica; stale while the request is decoding)
         "e_mode", "e_out", "e_ntok", "e_ncomp", "e_gen", "e_cov", "e_pinned", "e_held", "e_seq",
         "t_engine", "t_sched", "e_first", "e_last",
@@ -106,6 +106,7 @@ class Req:
         self.pool: PoolWindow | None = None  # the pool the router sent the request to
         self.rep: ReplicaBase | None = None  # the engine serving it
         self.held_pool: RouteHold | None = None
+        self.held_later = False  # held as a later step of a task under way (step-aware admission)
         self.e_mode = MODE_FULL
         self.e_out = output
         self.e_ntok = prompt

@@ -80,7 +80,7 @@ from controller.sim.fleet_clients import ClientsMixin
 from controller.sim.fleet_events import EventsMixin
 from controller.sim.fleet_faults import FaultsMixin
 from controller.sim.fleet_lifecycle import LifecycleMixin, route_defaults
-from controller.sim.fleet_records import INF, PoolRT
+from controller.sim.fleet_records import INF, READY, PoolRT
 from controller.sim.router import Router
 from controller.sim.scenario import MAX_NUM_BATCHED_TOKENS_RANGE, MAX_NUM_SEQS_RANGE, AdmissionSpec, Scenario
 from controller.sim.stats import RouterStats
@@ -200,6 +200,31 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
             p.gen += 1
         self._reconcile(p)
 
+    def set_ejected(self, pool: str, replicas: tuple[str, ...] | list[str]) -> None:
+        """The router sends no new request to these replicas of `pool` (the controller ejected them as
+        slow) while another candidate is left; ids of replicas the pool no longer has are ignored."""
+        p = self._pool(pool)
+        ejected = frozenset(str(r) for r in replicas)
+        if ejected == p.route.ejected:
+            return
+        back = bool(p.route.ejected - ejected)
+        p.route.ejected = ejected
+        if back:  # a replica is a candidate again: what waits may go to it
+            self._dispatch_held(p)
+
+    def replace_replicas(self, pool: str, replicas: tuple[str, ...] | list[str]) -> list[str]:
+        """Replace these ready replicas of `pool`, as a Kubernetes controller does for a deleted pod: each
+        drains (no new requests, its in-flight ones finish) and a new one starts at once, the target
+        unchanged. Returns the ids replaced (ids the pool has no ready replica of are ignored)."""
+        p = self._pool(pool)
+        want = {str(r) for r in replicas}
+        hit = [i for i in p.insts if i.rid in want and i.phase == READY]
+        for inst in hit:
+            self._drain(inst)
+        if hit:
+            self._reconcile(p)
+        return [i.rid for i in hit]
+
     def set_capacity(self, pool: str, replicas: int | None) -> None:
         """The GPUs of a pool's SKU run out (or come back, None): at most `replicas` of its replicas can be placed;
         the rest of its target stays pending (reported as unavailable once past its cold start-up time)."""
@@ -210,8 +235,9 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
         self._reconcile(p)
 
     def reset_controls(self) -> None:
-        """Routing, admission and pool targets back to the scenario's values."""
+        """Routing, admission and pool targets back to the scenario's values (no replica ejected)."""
         for p in self.pools.values():
+            p.route.ejected = frozenset()
             self.set_pool_routing(p.name, **route_defaults(self.scenario, p.spec))
         self._reset_admission()
         for p in self.pools.values():
@@ -278,7 +304,13 @@ class Fleet(EventsMixin, LifecycleMixin, ClientsMixin, FaultsMixin, AccountingMi
             raise ValueError(f"{where}: max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs}), "
                              "as vLLM requires")
 
+    def set_step_aware(self, step_aware: bool | None) -> None:
+        """Step-aware admission at the router on or off (controller/sim/router.py); None: the scenario's own
+        (`router.step_aware`). Requests already held stay in the queue they were held in."""
+        self.router.step_aware = self.scenario.router.step_aware if step_aware is None else bool(step_aware)
+
     def _reset_admission(self) -> None:
+        self.router.step_aware = self.scenario.router.step_aware
         spec = self.scenario.router.admission
         for k, c in enumerate(PRIORITY_CLASSES):
             a = spec.get(c, AdmissionSpec())

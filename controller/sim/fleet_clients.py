@@ -202,7 +202,7 @@ class ClientsMixin(FleetBase):
 
     def _admit_and_route(self, r: Req) -> None:
         cell = r.cell
-        code = self.router.admit(r.prio, self.now_s)
+        code = self.router.admit(r.prio, self.now_s, self.router.later(r))
         if code:
             self._on_shed(r, code)
             return
@@ -219,13 +219,13 @@ class ClientsMixin(FleetBase):
         route = p.route
         rep = route.pick(r)
         if rep is None:
-            a = self.router.classes[r.prio]
-            if a.queue_budget >= 0 and a.held >= a.queue_budget:
+            later = self.router.later(r)
+            if not self.router.can_hold(r.prio, later):
                 self._on_shed(r, 503)
                 return
             r.e_mode = mode
-            route.hold(r)
-            a.held += 1
+            route.hold(r, later)
+            self.router.held_in(r, later)
             self.push(self.now_s + self._hold_timeout_s, EV_HOLD_EXPIRE, r, r.attempt)
             return
         self._assign(r, rep, mode)
@@ -242,7 +242,7 @@ class ClientsMixin(FleetBase):
 
     def _dispatch_held(self, p: PoolRT) -> None:
         route = p.route
-        classes = self.router.classes
+        router = self.router
         while route.n_held:
             r = route.peek_held()
             if r is None:
@@ -251,7 +251,7 @@ class ClientsMixin(FleetBase):
             if rep is None:
                 break
             route.pop_held()
-            classes[r.prio].held -= 1
+            router.held_out(r)
             self._assign(r, rep, r.e_mode)
 
     def _count_error(self, r: Req, code: str) -> None:
@@ -301,7 +301,7 @@ class ClientsMixin(FleetBase):
             route = r.held_pool
             assert route is not None  # a held request names the route holding it
             route.unhold(r)
-            self.router.classes[r.prio].held -= 1
+            self.router.held_out(r)
         elif st in (WAITING, RUNNING):
             rep = r.rep
             assert rep is not None and isinstance(rep.owner, Inst)  # on a replica the fleet started
@@ -323,7 +323,7 @@ class ClientsMixin(FleetBase):
         route = r.held_pool
         assert route is not None  # a held request names the route holding it
         route.unhold(r)
-        self.router.classes[r.prio].held -= 1
+        self.router.held_out(r)
         self._on_shed(r, 503)
 
     def _on_transfer(self, r: Req, attempt: int) -> None:

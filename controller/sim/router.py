@@ -11,6 +11,18 @@ Admission, per priority class, in this order (first rejection wins):
      requests of its class are held; beyond that it is rejected (503). Held requests
      are dispatched as soon as a replica has room; after `hold_timeout_s` they get 503.
 
+Step-aware admission (`router.step_aware` in the scenario, or a decision's `step_aware`; off by default), as
+`governor picker` does it (controller/dataplane/picker.py): a request that is a later step of a task under way
+(step > 0: its earlier steps succeeded, the engine sends step k only after step k − 1 finished) is protected
+from what a new task's first step meets under pressure, so what the task has already spent is not thrown away:
+  - shed_frac is taken from first steps only (later steps pass without a draw);
+  - the rate limit: a later step may take the bucket down to minus one second of tokens, first steps wait for
+    the debt;
+  - the queue budget: a first step is refused once the class holds its budget of anything, a later step once
+    it holds its budget of later steps;
+  - held requests of a class: later steps go before first steps (FCFS within each).
+Step-blind (the default), every arrival of a class is alike, as above.
+
 Tenant quota (scenarios with `tenants:`), checked before the class admission: a token bucket
 per tenant refilled at `quota_rps`, holding `quota_burst_s` seconds of tokens (at least 1). A request that
 finds it empty is, per its class's `over_quota`, shed at once (429) or queued: it takes the next
@@ -75,8 +87,10 @@ class ClassAdmissionState:
     tokens: float = 1.0
     t_last_s: float = 0.0
     held: int = 0  # requests of this class held at the router now
+    held_later: int = 0  # of which later steps of a task under way (counted when step-aware)
 
-    def take_token(self, now_s: float) -> bool:
+    def take_token(self, now_s: float, borrow: bool = False) -> bool:
+        """Take a token; with `borrow` (a later step, step-aware) the bucket may go down to minus one second."""
         rate = self.rate_limit_rps
         if rate <= 0.0:
             return True
@@ -84,7 +98,7 @@ class ClassAdmissionState:
         tokens = self.tokens + (now_s - self.t_last_s) * rate
         self.tokens = tokens if tokens < cap else cap
         self.t_last_s = now_s
-        if self.tokens >= 1.0:
+        if self.tokens >= (1.0 - cap if borrow else 1.0):
             self.tokens -= 1.0
             return True
         return False
@@ -161,8 +175,11 @@ class PoolRoute:
         for k, v in levers.items():
             setattr(self, k, v)
         self.candidates: list[Replica] = []  # ready, not draining
-        # held requests per class; entries are (request, attempt); stale ones are skipped on pop
-        self.held: tuple[deque[tuple[Req, int]], ...] = tuple(deque() for _ in range(N_CLASSES))
+        # replicas the controller ejected (slow): no new requests while another candidate is left
+        self.ejected: frozenset[str] = frozenset()
+        # held requests, two queues per class in the order they are served: the class's later steps (only when
+        # step-aware), then the rest; entries are (request, attempt); stale ones are skipped on pop
+        self.held: tuple[deque[tuple[Req, int]], ...] = tuple(deque() for _ in range(2 * N_CLASSES))
         self.held_by_prio = [0] * N_CLASSES  # live held requests per class (stale deque entries not counted)
         self._rr = 0
 
@@ -174,6 +191,8 @@ class PoolRoute:
     def pick(self, r: Req) -> Replica | None:
         """Best-scoring candidate with room under the in-flight cap (critical: any), or None."""
         cands = self.candidates
+        if self.ejected:  # as Envoy's panic threshold: with every candidate ejected, route among them all
+            cands = [c for c in cands if c.rid not in self.ejected] or cands
         n = len(cands)
         if n == 0:
             return None
@@ -217,14 +236,16 @@ class PoolRoute:
                 best = rep
         return best
 
-    def hold(self, r: Req) -> None:
+    def hold(self, r: Req, later: bool = False) -> None:
+        """Hold `r` for this pool; `later`: a later step of a task under way, served before the class's others."""
         r.state = HELD
         r.held_pool = self
-        self.held[r.prio].append((r, r.attempt))
+        self.held[2 * r.prio + (0 if later else 1)].append((r, r.attempt))
         self.held_by_prio[r.prio] += 1
 
     def pop_held(self) -> Req | None:
-        """Next held request (critical first, FCFS within a class), skipping stale entries."""
+        """Next held request (critical first; within a class later steps first, each FCFS), skipping stale
+        entries."""
         for q in self.held:
             while q:
                 r, attempt = q.popleft()
@@ -258,19 +279,40 @@ class Router:
         self.classes = [ClassAdmissionState() for _ in PRIORITY_CLASSES]
         self.pools: dict[str, PoolRoute] = {}
         self.tenants: list[TenantQuotaState] = []  # index = the workload's tenant index
+        self.step_aware = False  # see the module's docstring
 
-    def admit(self, prio: int, now_s: float) -> int:
-        """0 if admitted, else the HTTP status of the rejection (429)."""
+    def later(self, r: Req) -> bool:
+        """Whether `r` is admitted as a later step of a task under way (step-aware only)."""
+        return self.step_aware and r.step > 0
+
+    def admit(self, prio: int, now_s: float, later: bool = False) -> int:
+        """0 if admitted, else the HTTP status of the rejection (429). `later`: see `later()`."""
         a = self.classes[prio]
-        if a.shed_frac > 0.0 and (a.shed_frac >= 1.0 or self.rng.random() < a.shed_frac):
+        if not later and a.shed_frac > 0.0 and (a.shed_frac >= 1.0 or self.rng.random() < a.shed_frac):
             return 429
-        if a.rate_limit_rps > 0.0 and not a.take_token(now_s):
+        if a.rate_limit_rps > 0.0 and not a.take_token(now_s, later):
             return 429
         return 0
 
-    def can_hold(self, prio: int) -> bool:
+    def can_hold(self, prio: int, later: bool = False) -> bool:
         a = self.classes[prio]
-        return a.queue_budget < 0 or a.held < a.queue_budget
+        return a.queue_budget < 0 or (a.held_later if later else a.held) < a.queue_budget
+
+    def held_in(self, r: Req, later: bool) -> None:
+        """Count `r` held for its class (`later`: as a later step)."""
+        a = self.classes[r.prio]
+        a.held += 1
+        r.held_later = later
+        if later:
+            a.held_later += 1
+
+    def held_out(self, r: Req) -> None:
+        """`r` is no longer held (dispatched, expired or timed out)."""
+        a = self.classes[r.prio]
+        a.held -= 1
+        if r.held_later:
+            a.held_later -= 1
+            r.held_later = False
 
     def choose(self, pools: list[PoolRoute]) -> PoolRoute:
         """A pool of a route group, drawn by traffic_weight among the pools with a ready replica.

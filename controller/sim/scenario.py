@@ -195,6 +195,8 @@ class RouterSpec(_Strict):
     admission: dict[str, AdmissionSpec] = Field(default_factory=dict)
     kv_transfer_gbps: float = Field(default=100.0, gt=0)  # prefill→decode link when disaggregated
     hold_timeout_s: float = Field(default=600.0, gt=0)  # max time a request is held for a pool at zero
+    # step-aware admission (controller/sim/router.py): later steps of tasks under way before new tasks' first steps
+    step_aware: bool = False
 
     @model_validator(mode="after")
     def _classes(self) -> RouterSpec:

@@ -40,6 +40,7 @@ import math
 from collections.abc import Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
+from typing import Any, cast
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
@@ -141,7 +142,8 @@ def observation_from_results(now_s: float, pools: Sequence[str], classes: Sequen
             fields[_field(spec)] = _reading(value, age_of(spec.freshness, key, eval_ts), stale_after_s)
     return FleetObservation(
         at_s=now_s,
-        pools={p: PoolObservation(pool=p, **f) for p, f in pool_fields.items()},
+        # (the PromQL queries aggregate by pool: no per-replica readings, `replicas` stays empty)
+        pools={p: PoolObservation(pool=p, **cast("dict[str, Any]", f)) for p, f in pool_fields.items()},
         classes={c: ClassObservation(priority_class=c, **f) for c, f in class_fields.items()},
         source=source,
         errors=tuple(errs),

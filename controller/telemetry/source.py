@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
 from controller.names import ENGINE_KINDS, TARGET_KINDS
 from controller.types import FleetObservation
@@ -57,6 +58,15 @@ class ScrapeTarget:
             raise ValueError(f"ScrapeTarget.kind: {self.kind!r} is not one of {list(TARGET_KINDS)}")
         if self.kind != "router" and not self.pool:
             raise ValueError(f"ScrapeTarget.pool: a {self.kind} target ({self.url}) needs a pool")
+
+    @property
+    def replica_id(self) -> str:
+        """The replica this target is: discovery's `replica` label, else the address (host:port) of its URL
+        (what the picker's endpoints and a pod's IP and port name too)."""
+        rid = self.labels.get("replica")
+        if rid:
+            return rid
+        return urlsplit(self.url).netloc or self.url
 
     @property
     def is_engine(self) -> bool:

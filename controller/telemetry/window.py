@@ -19,7 +19,11 @@ same as the PromQL in `promql.py`:
   exactly like `histogram_quantile(q, sum by (le, pool) (rate(..._bucket[w])))`;
 - gauges are summed (running, waiting) or averaged (KV usage, GPU busy) over the
   targets that answered;
-- `replicas_ready` counts the engine targets that answered this update.
+- `replicas_ready` counts the engine targets that answered this update;
+- per replica (`PoolObservation.replicas`, keyed by `ScrapeTarget.replica_id`): its own mean ITL
+  over the last scrape interval (the increase of the histogram's _sum over that of its _count), running
+  batch, KV usage
+  and the prompt tokens it computes a second (its prompt rate × (1 − its prefix-cache hit rate)).
 
 Cost: per target, each scrape's samples are keyed once per label set (memoised)
 and appended to per-series histories, so a tick costs O(series) and a rate
@@ -61,6 +65,7 @@ from controller.types import (
     FleetObservation,
     PoolObservation,
     Reading,
+    ReplicaObservation,
     SignalStatus,
 )
 
@@ -96,6 +101,9 @@ _ENGINE_SIGNALS: tuple[_Signal, ...] = (
     _Signal("first_tokens", _suffixed(every_engine("ttft"), "_count"), COUNTER),
     _Signal("ttft", _suffixed(every_engine("ttft"), "_bucket"), HIST),
     _Signal("itl", _suffixed(every_engine("itl"), "_bucket"), HIST),
+    # each replica's mean ITL (its own step time: outlier detection, controller/core/outliers.py)
+    _Signal("itl_sum", _suffixed(every_engine("itl"), "_sum"), COUNTER),
+    _Signal("itl_count", _suffixed(every_engine("itl"), "_count"), COUNTER),
     _Signal("req_tpot", _suffixed(every_engine("request_tpot"), "_bucket"), HIST),
 )
 
@@ -326,11 +334,12 @@ class _Totals:
         self.rates: dict[tuple[str, str], float] = {}
         self.buckets: dict[tuple[str, str], dict[float, float]] = {}
 
-    def add(self, history: _TargetHistory) -> None:
+    def add(self, history: _TargetHistory, rates: Mapping[_Key, float] | None = None) -> None:
+        """Add one target (`rates`: its `history.rates()`, when the caller has them already)."""
         for k, (total, n) in history.gauges.items():
             t0, n0 = self.gauges.get(k, (0.0, 0))
             self.gauges[k] = (t0 + total, n0 + n)
-        for (sid, group, _series, le), rate in history.rates().items():
+        for (sid, group, _series, le), rate in (history.rates() if rates is None else rates).items():
             if le is None:
                 self.rates[(sid, group)] = self.rates.get((sid, group), 0.0) + rate
             else:
@@ -359,6 +368,21 @@ class _Totals:
         for i in range(1, len(cumulative)):
             cumulative[i] = max(cumulative[i], cumulative[i - 1])
         return histogram_quantile(q, bounds, cumulative)
+
+
+def _newest_ratio(h: _TargetHistory, num: str, den: str) -> float | None:
+    """The increase of counter `num` over that of `den` between the target's last two scrapes (summed over
+    their series): a replica's mean ITL over the last interval, i.e. how it steps now. A slowdown shows in
+    full one scrape after it starts, where a window's mean would take the window to catch up; hundreds of
+    token gaps per replica and interval keep it steady. None without two scrapes; NaN when nothing moved."""
+    inc = {num: 0.0, den: 0.0}
+    seen = False
+    for (sid, _group, _series, le), ser in h.series.items():
+        if sid in inc and le is None and ser.incs and len(h.times) >= 2 and ser.times[-1] == h.times[-1] \
+                and ser.times[-2] == h.times[-2]:
+            inc[sid] += ser.incs[-1]
+            seen = True
+    return _ratio(inc[num], inc[den]) if seen else None
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -488,7 +512,8 @@ class FamiliesWindow:
         if view is None:
             return PoolObservation(pool=pool)
         at_s, obs = view
-        return _age_all(obs, now_s - at_s)
+        # a held view judges no replica: per-replica readings go (outlier detection needs fresh ones)
+        return replace(_age_all(obs, now_s - at_s), replicas={})
 
     def _engine_view(self, now_s: float, pool: str, histories: list[_TargetHistory], listed: int,
                      blind: bool) -> PoolObservation:
@@ -500,8 +525,19 @@ class FamiliesWindow:
         if not histories:  # every engine target failed (or we are blind): hold the last view, aged
             return self._held(self._engine_views.get(pool), pool, now_s)
         t = _Totals()
+        replicas: dict[str, ReplicaObservation] = {}
         for h in histories:
-            t.add(h)
+            rates = h.rates()
+            t.add(h, rates)
+            one = _Totals()
+            one.add(h, rates)
+            rid = h.target.replica_id
+            prompt, hit = one.rate("prompt"), _ratio(one.rate("hits"), one.rate("queries"))
+            prefill = None if prompt is None else prompt * (1.0 - (hit if hit is not None and math.isfinite(hit)
+                                                                   else 0.0))
+            replicas[rid] = ReplicaObservation(replica=rid, itl_mean_s=_r(_newest_ratio(h, "itl_sum", "itl_count")),
+                                               running=_r(one.gauge("running")), prefill_tokens_rps=_r(prefill),
+                                               kv_usage_frac=_r(one.gauge("kv", mean=True)))
         hit = _ratio(t.rate("hits"), t.rate("queries"))
         if hit is None:
             hit = t.gauge("hit_gauge", mean=True)
@@ -521,6 +557,7 @@ class FamiliesWindow:
             prompt_tokens_rps=_r(t.rate("prompt")),
             generation_tokens_rps=_r(t.rate("generation")),
             preemptions_rps=_r(t.rate("preemptions")),
+            replicas=replicas,
         )
         self._engine_views[pool] = (now_s, obs)
         return obs

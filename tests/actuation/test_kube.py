@@ -244,3 +244,30 @@ def test_a_missing_permission_is_named_and_refuses_the_plan(api):
                                         r"deploy/kubernetes/kubernetes-adapter.yaml"):
         kube.plan_pool("a", 2, 0, 0, 0)
     assert writes(api) == []
+
+
+def test_a_slow_replica_is_replaced_by_deleting_its_pod_and_its_deployment_makes_another(api):
+    """PoolDecision.replace names a slow replica (controller/core/outliers.py) by its host:port, as the
+    telemetry does, or by pod name: the adapter deletes that pod (graceful), the Deployment's controller
+    starts another, the target is unchanged; a replay replaces nothing more; an unknown name is noted."""
+    api.add_workload("Deployment", "vllm-a", replicas=3)
+    ready_all(api)
+    clock = VirtualClock(T0)
+    act = FleetActuator(adapter(api, a=target("a")), clock=clock)
+    pods = {p["metadata"]["name"]: p["status"]["podIP"] for p in api.pods()}
+    slow = sorted(pods)[1]
+    d = decision(1, clock, a=PoolDecision(replicas=3, replace=(f"{pods[slow]}:8000", "10.9.9.9:8000")))
+    out = act.apply(d)
+    assert out.status == "applied", out.detail
+    deletes = [p for m, p in writes(api) if m == "DELETE"]
+    assert deletes == [f"/api/v1/namespaces/{NS}/pods/{slow}"]
+    assert "'10.9.9.9:8000' to replace is not a live pod" in out.detail and f"pod {slow} replaced" in out.detail
+    live = [p for p in api.pods() if "deletionTimestamp" not in p["metadata"]]
+    assert len(live) == 3 and slow not in {p["metadata"]["name"] for p in live}  # a new pod in its place
+    assert api.workload("deployments", "vllm-a")["spec"]["replicas"] == 3
+    assert act.apply(d).status == "replay" and [p for m, p in writes(api) if m == "DELETE"] == deletes
+    view, _ = act.kube.pool_state("a")
+    assert (view.target_replicas, view.ready, view.starting, view.draining) == (3, 2, 1, 1)
+    by_name = decision(2, clock, a=PoolDecision(replicas=3, replace=(sorted(pods)[0],)))
+    assert act.apply(by_name).status == "applied"
+    assert [p for m, p in writes(api) if m == "DELETE"][-1].endswith(f"/pods/{sorted(pods)[0]}")

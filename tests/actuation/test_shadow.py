@@ -44,7 +44,7 @@ def test_shadow_sends_nothing_and_records_the_exact_messages():
         assert record["autoscaler"] == _as_dict(sp)
     assert records[0]["router"]["meta"]["valid_until_unix_s"] == T0 + 60
     assert records[1]["autoscaler"]["pools"][0] == {"pool": "a", "replicas": 2, "warm_standby": 0, "max_num_seqs": 0,
-                                                   "max_num_batched_tokens": 0}
+                                                   "max_num_batched_tokens": 0, "replace_replicas": []}
 
 
 def test_shadow_keeps_a_bounded_number_of_records():

@@ -112,11 +112,15 @@ def _solve(prob, model, grouped: bool, seed: int = 0):
 @pytest.mark.parametrize("total, same_plan", [(10.0, True), (60.0, False)])
 def test_the_group_search_finds_the_complete_search_plan_on_a_small_coupled_fleet(total, same_plan) -> None:
     """Both searches are local: on this fleet at 10 req/s they end at the same plan; at 60 req/s at the
-    same replicas, the group search's levers scoring better (its cross-entropy runs in fewer dimensions)."""
+    same replicas ordered now, with levers of different quality: far past capacity the objective prices a
+    request timing out as lost as well as late (score.py), and the complete search's split-with-delay move
+    (search.py) finds a split that sheds where the group search, moving one group's levers at a time, stops
+    short (its objective 11 % above the complete search's here; on main before that pricing it was 4.6 %
+    below). Bounded at 15 % so that a regression of either search still shows."""
     prob, model = fleet(SMALL, total)
     grouped, complete = _solve(prob, model, True), _solve(prob, model, False)
     assert grouped.groups == (("p2", "p3"), ("p0", "p1")) and complete.groups == ()
-    assert grouped.objective <= complete.objective * (1 + 1e-9)
+    assert grouped.objective <= complete.objective * (1 + (1e-9 if same_plan else 0.15))
     if same_plan:
         assert grouped.plan == complete.plan
     # the replicas it orders now are the complete search's

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import json
 import time
@@ -40,6 +41,7 @@ class DataPlane:
     control: pb_grpc.RouterControlStub
     pools: dict[str, list[str]]  # pool → replica ids
     _gen: Iterator[int]
+    addresses: dict[str, str] = dataclasses.field(default_factory=dict)  # replica id → host:port
 
     def apply(self, pools: dict[str, dict], admission: dict[str, dict] | None = None,
               valid_for_s: float = 60.0) -> pb.Ack:
@@ -49,7 +51,8 @@ class DataPlane:
         for name, s in pools.items():
             msg.pools.add(pool=name, traffic_weight=s.get("weight", 1.0), inflight_cap=s.get("cap", 0),
                           weights=pb.ScorerWeights(prefix=s.get("prefix", 3.0), queue=s.get("queue", 2.0),
-                                                   kv_usage=s.get("kv", 2.0)))
+                                                   kv_usage=s.get("kv", 2.0)),
+                          ejected_replicas=s.get("ejected", []))
         for cls, a in (admission or {}).items():
             msg.admission.add(priority_class=cls, rate_limit_rps=a.get("rate", 0.0), queue_budget=a.get("budget", -1),
                               shed_fraction=a.get("shed", 0.0))
@@ -98,9 +101,11 @@ def dataplane() -> Iterator[DataPlane]:
     try:
         pools: dict[str, list[str]] = collections.defaultdict(list)
         addrs: dict[str, list[str]] = collections.defaultdict(list)
+        by_id: dict[str, str] = {}
         for r in info["replicas"]:
             pools[r["pool"]].append(r["id"])
             addrs[r["pool"]].append(r["address"])
+            by_id[r["id"]] = r["address"]
         picker = PickerThread(PickerConfig(groups={"default": [A100, H100]}, endpoints=dict(addrs),
                                            scrape_interval_s=0.2, hold_timeout_s=15.0, block_chars=64,
                                            affinity_blocks=2))
@@ -110,7 +115,7 @@ def dataplane() -> Iterator[DataPlane]:
         url = envoy.start()
         channel = grpc.insecure_channel(running.control_address)
         yield DataPlane(url, live, picker, running, envoy, pb_grpc.RouterControlStub(channel), dict(pools),
-                        itertools.count(1))
+                        itertools.count(1), by_id)
     finally:
         if channel is not None:
             channel.close()

@@ -41,6 +41,24 @@ def test_traffic_split_between_pools_follows_the_weights(dataplane: DataPlane):
     assert abs(got[H100] / 300 - 0.3) <= 0.03
 
 
+def test_an_ejected_replica_gets_no_new_requests_through_envoy_and_the_picker(dataplane: DataPlane):
+    """RouterControl ejects one replica of a pool (a slow one, controller/core/outliers.py) by its address: the
+    picker sends it nothing while its neighbour is left; the next command without it puts it back."""
+    dp = dataplane
+    slow, other = dp.pools[A100][0], dp.pools[A100][1]
+    dp.apply({A100: {"weight": 1.0, "prefix": 0.0, "ejected": [dp.addresses[slow]]}, H100: {"weight": 0.0}})
+    before = dp.served()
+    results = dp.send([f"ejection probe {i}" for i in range(60)], concurrency=12)
+    assert [r.status for r in results] == [200] * 60
+    after = dp.served()
+    assert after.get(slow, 0) == before.get(slow, 0)
+    assert after[other] - before.get(other, 0) == 60
+    dp.apply({A100: {"weight": 1.0, "prefix": 0.0}, H100: {"weight": 0.0}})
+    before = dp.served()
+    dp.send([f"back in {i}" for i in range(40)], concurrency=8)
+    assert dp.served()[slow] > before.get(slow, 0)
+
+
 def test_shared_prefix_sticks_to_one_replica_at_high_affinity_and_spreads_at_zero(dataplane: DataPlane):
     dp = dataplane
     prompts = [PREFIX + f"question {i}" for i in range(40)]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import collections
+from dataclasses import replace
 
 import pytest
 
 from controller.dataplane.picker import Endpoint, Picker, Route, prefix_key, rendezvous_home
 from controller.dataplane.policy import ClassSettings, PolicyStore, PoolSettings, Settings
+from controller.dataplane.tasks import TenantSettings
 from controller.gen.governor.v1 import control_pb2 as pb
 
 POOLS = {"a": ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"], "b": ["10.0.1.1:8000", "10.0.1.2:8000"]}
@@ -57,6 +59,34 @@ def test_pools_without_a_healthy_endpoint_get_no_traffic():
         e.healthy = False
     got = {_ep(p.route("standard", "x", s, 0.0)).pool for _ in range(10)}
     assert got == {"a"}
+
+
+def test_an_ejected_endpoint_gets_no_new_requests_unless_every_endpoint_is_ejected():
+    p = _picker()
+    slow = POOLS["a"][0]
+    s = _settings(PoolSettings(prefix_weight=0.0, ejected=frozenset({slow})), PoolSettings(traffic_weight=0.0))
+    got: collections.Counter[str] = collections.Counter()
+    for i in range(60):
+        e = _ep(p.route("standard", f"prompt {i}", s, float(i)))
+        got[e.address] += 1
+        p.finish(e, s)
+    assert got[slow] == 0 and set(got) == set(POOLS["a"][1:])
+    every = _settings(PoolSettings(prefix_weight=0.0, ejected=frozenset(POOLS["a"])), PoolSettings(traffic_weight=0.0))
+    assert {_ep(p.route("standard", f"q {i}", every, 0.0)).address for i in range(30)} == set(POOLS["a"])
+
+
+def test_policy_store_carries_the_ejected_endpoints_and_a_bad_name_is_refused():
+    store = PolicyStore(Settings({"a": PoolSettings(), "b": PoolSettings()}))
+    msg = pb.RoutingPolicy(meta=pb.CommandMeta(decision_id="d-1", generation=1, valid_until_unix_s=100.0))
+    msg.pools.add(pool="a", traffic_weight=1.0, ejected_replicas=["10.0.0.1:8000"])
+    assert store.apply(msg, 10.0).status == pb.ACK_STATUS_APPLIED
+    assert store.settings(10.0).settings.pools["a"].ejected == frozenset({"10.0.0.1:8000"})
+    assert list(store.to_message(10.0).pools[0].ejected_replicas) == ["10.0.0.1:8000"]
+    assert store.settings(200.0).settings.pools["a"].ejected == frozenset()  # expired: the defaults
+    bad = pb.RoutingPolicy(meta=pb.CommandMeta(decision_id="d-2", generation=2, valid_until_unix_s=100.0))
+    bad.pools.add(pool="a", ejected_replicas=["10.0.0.1:8000", "10.0.0.1:8000"])
+    ack = store.apply(bad, 10.0)
+    assert ack.status == pb.ACK_STATUS_INVALID and "pools[0].ejected_replicas[1]" in ack.message
 
 
 def test_shared_prefix_lands_on_one_replica_at_high_affinity_and_spreads_at_zero():
@@ -219,3 +249,49 @@ def test_policy_store_generations_replay_stale_invalid_and_deadline():
     assert msg.meta.decision_id == "d1" and {p.pool: p.traffic_weight for p in msg.pools} == {"a": 1.0, "b": 1.0}
     assert st.apply(_policy(1, "d1b", 200.0, a=3.0), 150.0).status == pb.ACK_STATUS_STALE_GENERATION
     assert st.apply(_policy(2, "d2", 200.0, a=2.0), 150.0).status == pb.ACK_STATUS_APPLIED
+
+
+def test_policy_store_tenant_limits_and_step_awareness_from_a_command_over_the_pickers_own():
+    own = TenantSettings(rate_limit_rps=50.0, max_inflight=8, weight=2.0)
+    defaults = replace(_settings(), tenants={"acme": own, "beta": own}, step_aware=True)
+    st = PolicyStore(defaults)
+    msg = _policy(1, "d1", 100.0, a=1.0)
+    msg.tenants.add(tenant="acme", rate_limit_rps=5.0, max_inflight=2, weight=0.5)
+    msg.tenants.add(tenant="*", max_inflight=1, weight=1.0)
+    msg.step_aware = False
+    assert st.apply(msg, 10.0).status == pb.ACK_STATUS_APPLIED
+    s = st.settings(50.0).settings
+    assert s.tenant_limits("acme") == TenantSettings(5.0, 2, 0.5)  # the command's
+    assert s.tenant_limits("beta") == own  # left out: the picker's own
+    assert s.tenant_limits("anyone") == TenantSettings(0.0, 1, 1.0) and s.step_aware is False
+    # the next command says nothing of tenants or steps: the picker's own again, not the last command's
+    assert st.apply(_policy(2, "d2", 100.0, a=1.0), 20.0).status == pb.ACK_STATUS_APPLIED
+    s = st.settings(50.0).settings
+    assert s.tenant_limits("acme") == own and s.step_aware is True and "*" not in s.tenants
+    # expiry: the picker's own settings
+    st.apply(pb.RoutingPolicy(meta=pb.CommandMeta(decision_id="d3", generation=3, valid_until_unix_s=100.0),
+                              tenants=[pb.TenantLimits(tenant="acme", max_inflight=1, weight=1.0)], step_aware=False),
+             30.0)
+    assert st.settings(99.0).settings.tenant_limits("acme").max_inflight == 1
+    assert st.settings(100.0).settings.tenant_limits("acme") == own and st.settings(100.0).settings.step_aware
+
+
+@pytest.mark.parametrize(("tenant", "fields", "named"), [
+    ("", {}, "tenants[0].tenant: must be non-empty"),
+    ("a b", {}, "tenants[0].tenant: 'a b' has characters outside"),
+    ("x" * 200, {}, "tenants[0].tenant: 200 bytes, at most 128"),
+    ("acme", {"weight": 0.0}, "tenants[0].weight: 0.0 must be a finite number > 0"),
+    ("acme", {"max_inflight": -1, "weight": 1.0}, "tenants[0].max_inflight: -1 must be >= 0 (0 = unlimited)"),
+    ("acme", {"rate_limit_rps": float("inf"), "weight": 1.0}, "tenants[0].rate_limit_rps: inf must be a finite"),
+])
+def test_a_bad_tenant_limit_is_refused_naming_it_and_nothing_is_applied(tenant, fields, named):
+    st = PolicyStore(_settings())
+    msg = _policy(1, "d1", 100.0, a=2.0)
+    msg.tenants.add(tenant=tenant, **fields)
+    ack = st.apply(msg, 10.0)
+    assert ack.status == pb.ACK_STATUS_INVALID and named in ack.message, ack.message
+    assert st.settings(10.0).fallback and st.generation == 0
+    msg = _policy(1, "d1", 100.0, a=2.0)
+    msg.tenants.add(tenant="acme", weight=1.0)
+    msg.tenants.add(tenant="acme", weight=2.0)
+    assert "tenants[1].tenant: tenant 'acme' appears more than once" in st.apply(msg, 10.0).message

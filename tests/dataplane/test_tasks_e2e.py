@@ -12,7 +12,9 @@ steady, step 1 to cutter and step 2 to steady:
   terminated the stream; the ext_proc stream alone ends as for a finished one);
 - step 2 is still admitted, as a later step of a task under way (held ahead of new tasks under pressure), and
   the task is not counted started twice;
-- a header that breaks the convention is 400 naming it, before any replica is asked.
+- a header that breaks the convention is 400 naming it, before any replica is asked;
+- a tenant limit commanded over RouterControl (a RoutingPolicy's TenantLimits) is enforced on the request path
+  while the command is valid, and the picker's own limits (none here) are back once it expires.
 """
 
 from __future__ import annotations
@@ -24,15 +26,19 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.client import IncompleteRead
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import grpc
 import pytest
 
 from controller.dataplane.envoy import EnvoyProcess
 from controller.dataplane.server import PickerConfig, PickerThread
 from controller.dataplane.tasks import STEP_HEADER, STEPS_HEADER, TASK_HEADER, TENANT_HEADER
+from controller.gen.governor.v1 import control_pb2 as pb
+from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
 from tests.dataplane.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -186,3 +192,39 @@ def test_a_header_that_breaks_the_convention_is_refused_naming_it(plane):
     status, body, _ = _post(url, "steady", {TASK_HEADER: "t", STEP_HEADER: "first"})
     assert status == 400 and STEP_HEADER.encode() in body
     assert steady.started == before
+
+
+def _two_at_once(url: str, picker: PickerThread, tenant: str) -> tuple[int, int]:
+    """(first, second) status of two requests of `tenant` to steady, the second sent while the first streams."""
+    def inflight() -> int:
+        st = picker.call(lambda: _book(picker).tenants.get(tenant))
+        return st.inflight if st is not None else 0
+
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(_post, url, "steady", {TENANT_HEADER: tenant})
+        wait_for(lambda: inflight() == 1, 10.0, f"{tenant}'s first request in flight")
+        second = _post(url, "steady", {TENANT_HEADER: tenant})
+        return first.result(timeout=15)[0], second[0]
+
+
+def test_a_commanded_tenant_limit_is_enforced_and_expires_with_the_command(plane):
+    url, picker, _steady, _cutter = plane
+    assert picker.running is not None
+    assert _two_at_once(url, picker, "limited") == (200, 200)  # the picker's own settings: no tenant limit
+    msg = pb.RoutingPolicy(meta=pb.CommandMeta(decision_id="tenants-1", generation=1,
+                                               valid_until_unix_s=time.time() + 2.0, issuer="tests"),
+                           tenants=[pb.TenantLimits(tenant="limited", max_inflight=1, weight=1.0)], step_aware=False)
+    with grpc.insecure_channel(picker.running.control_address) as ch:
+        stub = pb_grpc.RouterControlStub(ch)
+        ack = stub.ApplyRoutingPolicy(msg, timeout=5)
+        assert ack.status == pb.ACK_STATUS_APPLIED, ack.message
+        got = stub.GetRoutingPolicy(pb.GetRoutingPolicyRequest(), timeout=5)
+        assert [(t.tenant, t.max_inflight) for t in got.tenants] == [("limited", 1)] and got.step_aware is False
+        assert _two_at_once(url, picker, "limited") == (200, 429)
+        assert _two_at_once(url, picker, "unlimited") == (200, 200)  # a tenant the command leaves out
+        # the command's deadline passes: the picker's own limits are in force again
+        wait_for(lambda: picker.call(lambda: picker.running.svc.store.settings(time.time()).fallback), 10.0,
+                 "the command to expire")
+        got = stub.GetRoutingPolicy(pb.GetRoutingPolicyRequest(), timeout=5)
+        assert list(got.tenants) == [] and got.step_aware is True
+    assert _two_at_once(url, picker, "limited") == (200, 200)

@@ -3,7 +3,8 @@
 No API server can run here, so this serves the API's HTTP semantics to the real `kubernetes` client:
 JSON bodies, `Status` errors (404 NotFound, 409 Conflict, 422 Invalid, 400, 415), a global
 resourceVersion bumped on every write, optimistic concurrency on PUT (a stale resourceVersion → 409),
-merge-patch on pods, equality label selectors on pod lists, the `/scale` subresource of Deployments,
+merge-patch on pods, graceful pod deletion (terminating; a Deployment's controller starts another),
+equality label selectors on pod lists, the `/scale` subresource of Deployments,
 StatefulSets and LeaderWorkerSets (`status.selector` included), HPA and KEDA ScaledObject lists (the
 latter 404 unless KEDA is "installed").
 
@@ -451,6 +452,16 @@ class FakeKubeApi:
         if pod is None:
             raise ApiFailureError(404, "NotFound", f'pods "{name}" not found')
         if method == "GET":
+            return 200, copy.deepcopy(pod)
+        if method == "DELETE":  # graceful: terminating now; its Deployment starts another at once
+            pod["metadata"]["deletionTimestamp"] = self._now()
+            pod["metadata"]["resourceVersion"] = str(next(self._rv))
+            if self.on_pod_terminating:
+                self.on_pod_terminating(copy.deepcopy(pod))
+            for (res, wns, wname), obj in list(self.objects.items()):
+                if res == "deployments" and wns == ns and _matches(pod["metadata"].get("labels", {}),
+                                                                  self._selector(res, obj)):
+                    self._reconcile(res, ns, wname)
             return 200, copy.deepcopy(pod)
         if method != "PATCH":
             raise ApiFailureError(405, "MethodNotAllowed", f"{method} on a pod is not supported here")

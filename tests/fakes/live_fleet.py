@@ -63,8 +63,20 @@ class FakeFleet:
             raise ValueError(f"pool {pool!r}: rejected by the fake")
         self.calls.append(("routing", pool, kw))
 
+    def set_ejected(self, pool: str, replicas: list[str]) -> None:
+        self._pool(pool)
+        self.calls.append(("ejected", pool, list(replicas)))
+
+    def replace_replicas(self, pool: str, replicas: list[str]) -> list[str]:
+        self._pool(pool)
+        self.calls.append(("replace", pool, list(replicas)))
+        return list(replicas)
+
     def set_admission(self, priority_class: str, **kw) -> None:
         self.calls.append(("admission", priority_class, kw))
+
+    def set_step_aware(self, step_aware: bool | None) -> None:
+        self.step_aware = step_aware  # kept apart from `calls`: the routing tests compare those exactly
 
     def set_pool_target(self, pool: str, *, replicas: int, warm_standby: int | None = None,
                         max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None) -> None:

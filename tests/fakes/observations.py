@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from controller.types import FleetObservation, PoolObservation, Reading, SignalStatus
 
 
@@ -17,7 +19,7 @@ def pool_obs(name: str, *, ready: float | None = 2, starting: float = 0, arrival
             return Reading(float(v) if v is not None else float("nan"), SignalStatus.STALE, 999.0)
         return Reading.of(v)
 
-    fields = {k: r(v) for k, v in extra.items()}
+    fields: dict[str, Any] = {k: r(v) for k, v in extra.items()}
     return PoolObservation(pool=name, replicas_ready=r(ready), replicas_starting=r(starting), arrival_rps=r(arrival),
                            ttft_p95_s=r(ttft), running=r(running), waiting=r(waiting), **fields)
 

@@ -61,7 +61,7 @@ def reading(v: Any) -> Reading:
 
 
 def obs_row(pool: str = "p", **values: Any) -> PoolObservation:
-    fields = {_ALIASES.get(k, k): reading(v) for k, v in values.items()}
+    fields: dict[str, Any] = {_ALIASES.get(k, k): (v if k == "replicas" else reading(v)) for k, v in values.items()}
     return PoolObservation(pool=pool, **fields)
 
 

@@ -22,20 +22,22 @@ from controller.core.guards import GuardConfig
 from controller.core.mpc.problem import LEVERS as MPC_FIXED_LEVERS
 from controller.core.step import Controller, TickInput
 from controller.gen.governor.v1 import control_pb2 as pb
-from controller.levers import LEVERS, Carrier, Lever, carried_by, lever
+from controller.levers import LEVERS, REPLICA_COMMANDS, Carrier, Lever, carried_by, lever
 from controller.rpc import lever_wire
 from controller.sim.control import apply_decision
 from controller.sim.fleet import Fleet
 from controller.sim.fleetspec import fleet_spec_from_scenario
-from controller.types import ClassAdmission, PolicyInput, PolicyOutput, PoolDecision
+from controller.types import ClassAdmission, PolicyInput, PolicyOutput, PoolDecision, TenantLimits
 from tests.fakes.sim_fleet import pool, scenario, workload
 
 
 def test_the_table_names_every_decision_field_once_with_its_default():
-    for cls, scope in ((PoolDecision, "pool"), (ClassAdmission, "class")):
-        fields = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    for cls, scope in ((PoolDecision, "pool"), (ClassAdmission, "class"), (TenantLimits, "tenant")):
+        names = {f.name for f in dataclasses.fields(cls)} - set(REPLICA_COMMANDS)  # per replica: not levers
+        fields = {f.name: f.default for f in dataclasses.fields(cls)
+                  if f.default is not dataclasses.MISSING and f.name in names}
         table = {lv.field: lv.default for lv in LEVERS if lv.scope == scope and lv.field in fields}
-        assert {lv.field for lv in LEVERS if lv.scope == scope} == {f.name for f in dataclasses.fields(cls)}
+        assert {lv.field for lv in LEVERS if lv.scope == scope} == names
         assert table == fields, cls.__name__
 
 
@@ -64,6 +66,7 @@ def test_a_lever_checks_its_bounds_and_says_what_its_unset_value_means():
     assert lever("queue_budget").problem(-2) == "must be >= -1 (-1 = unlimited)"
     assert lever("shed_frac").problem(1.5) == "is outside [0, 1]"
     assert lever("prefix_weight").problem(float("nan")) == "must be a finite number >= 0"
+    assert lever("tenant_weight").problem(0.0) == "must be a finite number > 0"
     assert lever("inflight_cap").show(0) == "none" and lever("inflight_cap").show(12) == "12"
 
 

@@ -351,3 +351,19 @@ def test_live_deadline_fallback(live):
                            and s, 10, what="fallback after the deadline")
         assert state.pools[0].target_replicas == 1  # the scenario's replicas
         assert state.applied_generation == 1
+
+
+def test_step_awareness_over_router_control_and_back_to_the_scenarios_at_expiry(rig):
+    msg = routing(1, ttl_s=10)
+    msg.step_aware = True
+    msg.tenants.add(tenant="acme", max_inflight=2, weight=1.0)  # validated; the simulated router has no tenants
+    assert rig.router.ApplyRoutingPolicy(msg).status == pb.ACK_STATUS_APPLIED
+    assert rig.fleet.step_aware is True and rig.router.GetRoutingPolicy(pb.GetRoutingPolicyRequest()).step_aware
+    bad = routing(2)
+    bad.tenants.add(tenant="acme", weight=0.0)
+    ack = rig.router.ApplyRoutingPolicy(bad)
+    assert ack.status == pb.ACK_STATUS_INVALID and "tenants[0].weight" in ack.message
+    rig.clock.advance(11)
+    assert rig.plane.check_deadlines() == ["router"]
+    assert rig.fleet.step_aware is None  # the scenario's own again
+    assert rig.router.GetRoutingPolicy(pb.GetRoutingPolicyRequest()).step_aware is False

@@ -333,3 +333,32 @@ def test_an_sglang_replica_and_the_dcgm_framebuffer_feed_the_window_in_process()
     assert a.hit_rate.value == pytest.approx(0.4)
     assert a.gpu_mem_used_frac.value == pytest.approx(0.9, abs=1e-4)
     assert not a.request_tpot_p95_s.ok  # SGLang exports no per-request TPOT histogram
+
+
+def test_each_replica_reports_its_own_mean_itl_and_batch() -> None:
+    """Per replica (outlier detection, controller/core/outliers.py): the increase of its ITL histogram's _sum
+    over that of its _count since the previous scrape, and its running batch; keyed by discovery's `replica`
+    label, else the engine's address. a1: 100 gaps of 20 ms then 100 more of 20 ms → 20 ms; a2: 100 of 20 ms,
+    then 100 of 60 ms → 6 / 100 = 60 ms (the last interval's, not the window's 40 ms)."""
+    a1 = ScrapeTarget("http://10.0.0.1:8000/metrics", "a", "vllm", {"replica": "pod-a1"})
+    a2 = TARGETS["a2"]
+    w = FamiliesWindow(["a"], window_s=60, stale_after_s=30)
+    first = {"a1": VllmState(running=10), "a2": VllmState(running=12)}
+    for s in first.values():
+        s.itl.add(0.025, 100, mean_value=0.02)
+    w.update(100.0, [(a1, families(vllm_text(first["a1"]))), (a2, families(vllm_text(first["a2"])))])
+    first["a1"].itl.add(0.025, 100, mean_value=0.02)
+    first["a2"].itl.add(0.075, 100, mean_value=0.06)
+    obs = w.update(115.0, [(a1, families(vllm_text(first["a1"]))), (a2, families(vllm_text(first["a2"])))])
+    reps = obs.pools["a"].replicas
+    assert set(reps) == {"pod-a1", "10.0.0.2:8000"}
+    assert reps["pod-a1"].itl_mean_s.value == pytest.approx(0.02)
+    assert reps["10.0.0.2:8000"].itl_mean_s.value == pytest.approx(0.06)
+    assert reps["10.0.0.2:8000"].running.value == 12.0
+    # no token since the last scrape: not a number, so not judged; a target down this time: not reported;
+    # every target down: no per-replica view at all
+    obs = w.update(130.0, [(a1, families(vllm_text(first["a1"]))), (a2, REFUSED)])
+    assert obs.pools["a"].replicas["pod-a1"].itl_mean_s.status is NAN
+    assert "10.0.0.2:8000" not in obs.pools["a"].replicas
+    obs = w.update(145.0, [(a1, REFUSED), (a2, REFUSED)])
+    assert obs.pools["a"].replicas == {}

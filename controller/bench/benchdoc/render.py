@@ -556,6 +556,31 @@ def tasks_live(results: Results) -> str:
         "\n\n" + ratios
 
 
+def tasks_sim(results: Results) -> str:
+    env = results["tasks-sim"]
+    sim = env["result"]["sim"]
+    c = sim["config"]
+    rows = []
+    for x in sim["summary"]:
+        w = x["wasted_gpu_s"]
+        rows.append([f"{x['load']:g}x", str(x["tasks"]),
+                     f"{x['completed']['step_aware']} / {x['completed']['step_blind']}",
+                     f"{x['successful']['step_aware']} / {x['successful']['step_blind']}",
+                     f"**{_ratio(x['tasks_per_usd_ratio'])}**", _ratio(x["successful_per_usd_ratio"]),
+                     f"{num(w['step_aware'], 0)} / {num(w['step_blind'], 0)}",
+                     f"**{_ratio(x['wasted_gpu_s_ratio'])}**"])
+    per_seed = ", ".join(f"{p['load']:g}x seed {p['seed']}: {_ratio(p['tasks_per_usd_ratio'])}" for p in sim["points"])
+    head = ["load", "tasks", "completed: aware / blind", "successful (SLO): aware / blind", "completed per $ ratio",
+            "successful per $ ratio", "GPU-s on tasks that failed: aware / blind", "wasted ratio"]
+    setup = (f"Fleet: {c['scenario']}'s pool pinned at {c['replicas']} replicas (min = max, nothing scaling it); "
+             f"in-flight cap {c['cap']} per replica, standard and sheddable queue budget {c['budget']}, hold "
+             f"timeout {c['hold_s']:g} s; the first {c['duration_s']:g} s of the trace at the scenario's rate "
+             f"({c['base_rate_scale']:g}x) times the load; seeds {', '.join(str(s) for s in c['seeds'])} summed per "
+             "load; no controller (the admission rule alone).")
+    return provenance(env) + " " + setup + "\n\n" + table(head, rows, [False] + [True] * 7) + \
+        f"\n\nCompleted per $, step-aware ÷ step-blind, per run: {per_seed}."
+
+
 def api_load(results: Results) -> str:
     env = results["api-load"]
     r = env["result"]
@@ -701,6 +726,7 @@ REGIONS: dict[str, Renderer] = {
     "api-load": Renderer(("api-load",), api_load),
     "tasks-hostile": Renderer(("tasks-hostile",), tasks_hostile),
     "tasks-live": Renderer(("tasks-live",), tasks_live),
+    "tasks-sim": Renderer(("tasks-sim",), tasks_sim),
     "aiperf": Renderer(("aiperf",), aiperf),
     "aiperf-governor": Renderer(("aiperf",), aiperf_governor),
     "sim-speed": Renderer(("sim-speed-azure-conv-rate1", "sim-speed-mooncake-conv", "sim-speed-azure-conv"),

@@ -178,6 +178,9 @@ SOURCES: tuple[Source, ...] = (
            "governor bench tasks --skip-hostile --live --task-rate 6 --duration 30 --drain 40 --json",
            "agentic tasks through Envoy and the picker beyond a static fleet: step-aware vs step-blind, two tenants",
            6.0, keys=("live",)),
+    Source("tasks-sim", "governor bench tasks --skip-hostile --sim --json",
+           "step-aware vs step-blind admission in the simulator: agentic tasks beyond a pinned fleet, 3 loads x 3 "
+           "seeds", 0.3, keys=("sim",)),
     Source("api-load", "governor bench api-load --json",
            "1,000 status/list + 50 override RPCs per second for 60 s while ticking, the picker beside it "
            "(= make loadtest)", 2.0, keys=("read_rps", "errors", "tick_overruns")),

@@ -124,6 +124,25 @@ class _PartRisk(Risk):
         self.fleet_decode = fleet_decode
         self.others: Others | None = None
         self.own: tuple[np.ndarray, np.ndarray] | None = None  # the last batch's own sums (for `part`)
+        self.own_lost: tuple[np.ndarray, np.ndarray] | None = None  # its own timed-out sums (None: none)
+
+    def lost_share(self, pl: PoolLatencies, share: np.ndarray) -> np.ndarray | None:
+        """The fleet's timed-out share: this part's sums with the rest's added before the hops combine (as
+        `late_share`), None when neither has a request timing out."""
+        own = self.lost_sums(pl, share)
+        self.own_lost = None if own is None else (own[0].copy(), own[1].copy())
+        o = self.others
+        rest = None if o is None or o.lost_first is None or o.lost_decode is None else (o.lost_first, o.lost_decode)
+        if own is None and rest is None:
+            return None
+        if own is None:
+            assert rest is not None
+            return self.combine_lost(rest[0][None], rest[1][None], self.fleet_decode)  # broadcasts over candidates
+        f, d = own
+        if rest is not None:
+            f = f + rest[0][None]
+            d = d + rest[1][None]
+        return self.combine_lost(f, d, self.fleet_decode)
 
     def late_share(self, pl: PoolLatencies, share: np.ndarray) -> np.ndarray:
         f, d = self.sums(pl, share)
@@ -220,17 +239,23 @@ class PartEvaluator(Evaluator):
         short = np.zeros(self.H, dtype=bool)
         for m in self.traffic.group_masks:
             short |= ready[m].sum(axis=0) < self.need[m].sum(axis=0) - 1e-9
+        lost = self.part_risk.own_lost
         return Others(cost_usd=float(cost[0]), change_usd=float(change[0]),
-                      late_first=own_f[0].copy(), late_decode=own_d[0].copy(), short=short)
+                      late_first=own_f[0].copy(), late_decode=own_d[0].copy(), short=short,
+                      lost_first=None if lost is None else lost[0][0].copy(),
+                      lost_decode=None if lost is None else lost[1][0].copy())
 
 
 def others_of(parts: Sequence[Others], g: int) -> Others:
     """The sums of every part but g."""
     rest = [p for k, p in enumerate(parts) if k != g]
     first = parts[g].late_first
+    lost = [(p.lost_first, p.lost_decode) for p in rest if p.lost_first is not None and p.lost_decode is not None]
     return Others(cost_usd=float(sum(p.cost_usd for p in rest)), change_usd=float(sum(p.change_usd for p in rest)),
                   late_first=sum((p.late_first for p in rest), np.zeros_like(first)),
                   late_decode=sum((p.late_decode for p in rest), np.zeros_like(first)),
+                  lost_first=sum((f for f, _ in lost), np.zeros_like(first)) if lost else None,
+                  lost_decode=sum((d for _, d in lost), np.zeros_like(first)) if lost else None,
                   short=np.logical_or.reduce([p.short for p in rest]) if rest else np.zeros(len(parts[g].short), bool))
 
 

@@ -3,7 +3,8 @@
 Violation probability per pool and class: P(TTFT > SLO) and P(TPOT > SLO) from a log-normal
 through the predicted p50 and p95, whose spread beyond the p95 is bounded (TTFT by the
 prompt-length spread, TPOT by a request's averaging over its life; see tails.py), TPOT truncated
-at the pool's full-chunk bound; a request whose backlog wait passes the client's timeout is late.
+at the pool's full-chunk bound; a request whose backlog wait passes the client's timeout is late,
+and lost (`lost_share`: the client gives up; the objective prices it as a rejected request too).
 Per class, the hops of each route group are combined, weighted by traffic share.
 
 Must not: price anything (score.py), or change its inputs (the latency stage's work arrays
@@ -54,6 +55,32 @@ class Risk:
         # past the tail probabilities, one compiled loop where numba is installed (the same values);
         # False = the numpy below (the reference)
         self.compiled = compiled
+
+    def lost_sums(self, pl: PoolLatencies, share: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(C,2,H,K) Σ share × timed out over the first-hop pools and over the decode pools (a request whose
+        backlog wait passes the client's timeout: the client gives up, it is lost as well as late), or None
+        when no row times out. Weighted by traffic share per class as in `late_share`."""
+        if not pl.timed_out.any():
+            return None
+        to = pl.timed_out.astype(float)  # (K,C,2,H,P)
+        w_share = share[:, :, None, :, :] if share.ndim == 4 else share[None, :, None, :, :]
+        first = np.moveaxis(sum_pools(w_share * self.first_hop * to), 0, -1)
+        dec = (np.moveaxis(sum_pools(w_share * self.decode_hop * to), 0, -1) if self.decode_hop.any()
+               else np.zeros_like(first))
+        return first, dec
+
+    @staticmethod
+    def combine_lost(first: np.ndarray, dec: np.ndarray, decode: bool) -> np.ndarray:
+        """The share lost at either hop, (C,2,H,K), clipped to [0, 1]."""
+        lost = 1.0 - (1.0 - first) * (1.0 - dec) if decode else first
+        return np.clip(lost, 0.0, 1.0)
+
+    def lost_share(self, pl: PoolLatencies, share: np.ndarray) -> np.ndarray | None:
+        """(C,2,H,K) share of each class's admitted requests that time out in a backlog, or None when no
+        row times out. Example: two pools at equal share, one backlogged past the timeout for standard →
+        0.5 of standard's admitted requests."""
+        sums = self.lost_sums(pl, share)
+        return None if sums is None else self.combine_lost(*sums, bool(self.decode_hop.any()))
 
     def late_share(self, pl: PoolLatencies, share: np.ndarray) -> np.ndarray:
         """(C,2,H,K) share of each class's admitted requests that is late, given each pool's share of

@@ -8,8 +8,8 @@ scenarios (the forecast's p50 and p90):
 3. latency (latency.py): hit rate, the PlanModel's latencies and the backlog's wait;
 4. risk (risk.py): each class's late share;
 5. the objective (here; see controller/core/objective.py): cost / expected successes × (1 +
-   weighted late and shed shares), + the chance-constraint penalty on the p90 scenario, +
-   change penalties.
+   weighted late and shed shares, a request timed out in a backlog counting as both), + the
+   chance-constraint penalty on the p90 scenario, + change penalties.
 
 Must not: choose candidates (search.py), do I/O, read the clock or draw randomness.
 """
@@ -46,6 +46,8 @@ class Others:
     late_first: np.ndarray  # (2,H,K) Σ share × late probability over their first-hop pools
     late_decode: np.ndarray  # (2,H,K) the same over their decode pools
     short: np.ndarray  # (H,) bool: some route group of theirs has fewer replicas ready than it needs
+    lost_first: np.ndarray | None = None  # (2,H,K) Σ share × timed out over their first-hop pools (None: 0)
+    lost_decode: np.ndarray | None = None  # the same over their decode pools
 
 
 class Evaluator:
@@ -110,8 +112,9 @@ class Evaluator:
         ready, billed, fresh = self.dynamics.run(cand.repl, cand.standby)
         flow = self.traffic.admit(cand, ready, self.need, self.work)
         pl = self.latency.predict(cand, flow, fresh, self.work, detail)
+        lost = self.risk.lost_share(pl, flow.share)  # before late_share, which reuses the latency arrays
         v = self.risk.late_share(pl, flow.share)
-        return self._objective(cand, ready, billed, flow, pl, v, detail)
+        return self._objective(cand, ready, billed, flow, pl, v, lost, detail)
 
     def _hold_fixed(self, cand: Candidates) -> None:
         """Put the levers `cfg.fixed_levers` names back to what is in force, in place, on every row
@@ -141,7 +144,8 @@ class Evaluator:
         return moved
 
     def _objective(self, cand: Candidates, ready: np.ndarray, billed: np.ndarray, flow: Flow, pl: PoolLatencies,
-                   v: np.ndarray, detail: bool) -> tuple[np.ndarray, dict[str, Any] | None]:
+                   v: np.ndarray, lost: np.ndarray | None,
+                   detail: bool) -> tuple[np.ndarray, dict[str, Any] | None]:
         prob, dt = self.prob, self.dt
         lam = self.traffic.lam
         adm, shed, rejected = flow.adm, flow.shed, flow.rejected
@@ -170,6 +174,16 @@ class Evaluator:
         # serves its successes can go below, the floor only binds for such plans.
         cpr = np.maximum(cost / succ, self.cpr_min)
         pen = 1.0 + (late[:, 0] * self.wv).sum(axis=1) / total + (shed_n[:, 0] * self.ws_shed).sum(axis=1) / total
+        # A request that times out in a backlog is lost as well as late: its client waited for nothing,
+        # as a rejected one's did not. Priced like a rejected request on top of its lateness (it is in
+        # `late` already), so admitting what will only time out never looks cheaper than shedding it:
+        # far past capacity a queue that only grows is worse than the fast 429 of the shed ladder.
+        # Example (balanced): a sheddable request that would time out costs 3 (late) + 3 (lost) against
+        # 3 for shedding it; a standard one 15 + 40 against 40.
+        lost_n = None
+        if lost is not None:
+            lost_n = (adm * lost * wt[None, None, :, None]).sum(axis=2) * dt  # (C,2,K)
+            pen = pen + (lost_n[:, 0] * self.ws_shed).sum(axis=1) / total
         q_i = 1  # the second load scenario is the planned-for quantile (see ClassInput.p90_rps)
         # chance constraint: late or shed, as a share of the class's offered requests (p90 load)
         v90 = (late[:, q_i] + shed_n[:, q_i]) / np.maximum(req[q_i][None], 1e-9)  # (C,K)
@@ -200,6 +214,8 @@ class Evaluator:
             "cost_usd": cost, "successes": succ, "cost_per_success_usd": cpr,
             "late_frac_p50": late[:, 0] / np.maximum(adm_n[:, 0], 1e-9), "late_or_shed_frac_p90": v90,
             "shed_frac_final": shed_n[:, 0] / np.maximum(req[0][None], 1e-9),
+            "timed_out_frac_p50": (np.zeros_like(shed_n[:, 0]) if lost_n is None
+                                   else lost_n[:, 0] / np.maximum(adm_n[:, 0], 1e-9)),
             "risk_excess": excess, "ready": ready, "billed": billed, "ttft_p95": pl.ttft95, "tpot_p95": pl.tpot95,
             "wait": pl.wait_detail, "utilisation": (flow.pool_rps / np.maximum(pl.cap_rps, 1e-9)), "hit": pl.hit,
             "penalty_factor": pen, "risk_term": risk, "change_usd": change,

@@ -22,7 +22,14 @@ from controller.core.mpc.candidates import Candidates
 from controller.core.mpc.problem import MpcConfig, Timer
 from controller.core.mpc.score import Evaluator
 from controller.core.mpc.trajectories import replica_templates
-from controller.core.mpc.vectors import apply_vec, continuous_bounds, delay_ladder, lever_order, to_vec
+from controller.core.mpc.vectors import (
+    apply_vec,
+    continuous_bounds,
+    delay_ladder,
+    ladder_level,
+    lever_order,
+    to_vec,
+)
 from controller.levers import LEVERS
 
 # the levers `settle` puts back one by one: the planned pool levers whose moves are priced (pw, cap, tw, standby)
@@ -289,6 +296,51 @@ def delay_sweep(s: Search) -> None:
                 c.cap[:, j] = min(cap, top)
         parts.append(c)
     s.run(Candidates.concat(parts))
+    _split_follows_delay(s, levels)
+
+
+# Steps of a pool's traffic weight tried with each delay level (`_split_follows_delay`): a fifth less, a
+# quarter more (the inverse of each other, so the pair brackets the split in force evenly on a log scale)
+SPLIT_STEPS = (0.8, 1.25)
+
+
+def _split_follows_delay(s: Search, levels: np.ndarray) -> None:
+    """The delay ladder with each pool's traffic weight a step down and up, on the best plan (pools of a
+    hop shared with others, whose levers are free). Shedding changes the load each pool is sent, so the
+    split balanced for the load before it is not balanced after it: shedding a class alone, the pool
+    that served it within its SLOs is left with capacity to spare while its neighbour stays short, and
+    the plan without shedding looks better than it is. Example: two pools at 2:1 capacity, far past
+    both, split 1:2 so the larger serves its share on time; shedding the sheddable class pays only
+    with the larger pool's share raised to take standard traffic in its place. Tried only while the
+    best plan has requests timing out (one scored row to find out)."""
+    ev = s.ev
+    if s.best is None or s.left() <= 0 or "traffic_split" in s.cfg.fixed_levers:
+        return
+    # only far past capacity: where the best plan leaves requests timing out in some pool's backlog (within
+    # the client's timeout every pool drains what it is sent, and the split's balance is the sweeps' job)
+    counted = ev.evaluations
+    _, info = ev.score(s.best, detail=True)
+    ev.evaluations = counted  # a look at the plan already scored, not a candidate: not charged to the budget
+    if info is None or not float(np.max(info["timed_out_frac_p50"])) > 0.0:
+        return
+    _, _, names = continuous_bounds(ev.prob, ev.cfg)
+    cols = [j for kind, j in names if kind == "tw"]
+    if not cols:
+        return
+    # whole classes shed (what moves the balance), and the best plan's own level
+    wanted = np.unique(np.concatenate([levels[np.isclose(levels, np.round(levels))], [ladder_level(s.best.shed[0])]]))
+    shed = lever_order(delay_ladder(wanted, ev.prob.classes))
+    parts = []
+    for j in cols:
+        for f in SPLIT_STEPS:
+            c = s.best.tile(len(wanted))
+            c.shed = shed.copy()
+            c.tw = c.tw.copy()
+            c.tw[:, j] = np.clip(c.tw[:, j] * f, 0.0, 1.0)
+            parts.append(c)
+    # at most a quarter of the budget left (a large fleet has many pools; the later moves need their share)
+    rows = Candidates.concat(parts)
+    s.run(rows.take(np.arange(min(rows.n, max(s.left() // 4, 1)))))
 
 
 def batch_caps(s: Search, needs: list[np.ndarray] | None = None) -> None:

@@ -19,6 +19,10 @@ class admission, with reasons a human can follow. The concerns live beside this 
 - first_step.py: the plan's first step → decisions (scale-down stabilisation, router weights);
 - reasons.py: reasons and diagnostics.
 
+Slow replicas (controller/core/outliers.py) are detected, ejected and replaced by `Controller.step`
+too, configured on the Controller like the breaker (the `outliers` entry of the MPC's parameters, off
+by default; true or a mapping of OutlierConfig fields turns it on: policies/registry.py outliers_for).
+
 The cascading-failure breaker (controller/core/breaker.py) runs in `Controller.step`, configured on the
 Controller (the `breaker` entry of the MPC's parameters, see policies/registry.py); it reads the core's
 estimate (the crash replacements the replica accounting saw, and whether the fleet carries the load

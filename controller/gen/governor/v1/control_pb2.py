@@ -25,43 +25,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19governor/v1/control.proto\x12\x0bgovernor.v1\"b\n\x0b\x43ommandMeta\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x1a\n\x12valid_until_unix_s\x18\x03 \x01(\x01\x12\x0e\n\x06issuer\x18\x04 \x01(\t\"Z\n\x03\x41\x63k\x12&\n\x06status\x18\x01 \x01(\x0e\x32\x16.governor.v1.AckStatus\x12\x1a\n\x12\x61pplied_generation\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\t\"@\n\rScorerWeights\x12\x0e\n\x06prefix\x18\x01 \x01(\x01\x12\r\n\x05queue\x18\x02 \x01(\x01\x12\x10\n\x08kv_usage\x18\x03 \x01(\x01\"v\n\x0bPoolRouting\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x16\n\x0etraffic_weight\x18\x02 \x01(\x01\x12\x14\n\x0cinflight_cap\x18\x03 \x01(\x05\x12+\n\x07weights\x18\x04 \x01(\x0b\x32\x1a.governor.v1.ScorerWeights\"m\n\x0e\x43lassAdmission\x12\x16\n\x0epriority_class\x18\x01 \x01(\t\x12\x16\n\x0erate_limit_rps\x18\x02 \x01(\x01\x12\x14\n\x0cqueue_budget\x18\x03 \x01(\x05\x12\x15\n\rshed_fraction\x18\x04 \x01(\x01\"\x90\x01\n\rRoutingPolicy\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.governor.v1.CommandMeta\x12\'\n\x05pools\x18\x02 \x03(\x0b\x32\x18.governor.v1.PoolRouting\x12.\n\tadmission\x18\x03 \x03(\x0b\x32\x1b.governor.v1.ClassAdmission\"\x19\n\x17GetRoutingPolicyRequest\"y\n\x0bPoolScaling\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\x05\x12\x14\n\x0cwarm_standby\x18\x03 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x04 \x01(\x05\x12\x1e\n\x16max_num_batched_tokens\x18\x05 \x01(\x05\"^\n\x0bScalingPlan\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.governor.v1.CommandMeta\x12\'\n\x05pools\x18\x02 \x03(\x0b\x32\x18.governor.v1.PoolScaling\"\x16\n\x14GetFleetStateRequest\"S\n\x0cReplicaState\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x1a\n\x12phase_since_unix_s\x18\x04 \x01(\x01\"\xc1\x01\n\tPoolState\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x17\n\x0ftarget_replicas\x18\x02 \x01(\x05\x12\r\n\x05ready\x18\x03 \x01(\x05\x12\x10\n\x08starting\x18\x04 \x01(\x05\x12\x10\n\x08\x64raining\x18\x05 \x01(\x05\x12\x0f\n\x07standby\x18\x06 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x07 \x01(\x05\x12\x1e\n\x16max_num_batched_tokens\x18\x08 \x01(\x05\x12\x13\n\x0bunavailable\x18\t \x01(\x05\"\xb2\x01\n\nFleetState\x12\x1a\n\x12\x61pplied_generation\x18\x01 \x01(\x04\x12\x1b\n\x13\x61pplied_decision_id\x18\x02 \x01(\t\x12\x17\n\x0f\x66\x61llback_active\x18\x03 \x01(\x08\x12%\n\x05pools\x18\x04 \x03(\x0b\x32\x16.governor.v1.PoolState\x12+\n\x08replicas\x18\x05 \x03(\x0b\x32\x19.governor.v1.ReplicaState*\x8f\x01\n\tAckStatus\x12\x1a\n\x16\x41\x43K_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43K_STATUS_APPLIED\x10\x01\x12\x15\n\x11\x41\x43K_STATUS_REPLAY\x10\x02\x12\x1f\n\x1b\x41\x43K_STATUS_STALE_GENERATION\x10\x03\x12\x16\n\x12\x41\x43K_STATUS_INVALID\x10\x04\x32\xa9\x01\n\rRouterControl\x12\x42\n\x12\x41pplyRoutingPolicy\x12\x1a.governor.v1.RoutingPolicy\x1a\x10.governor.v1.Ack\x12T\n\x10GetRoutingPolicy\x12$.governor.v1.GetRoutingPolicyRequest\x1a\x1a.governor.v1.RoutingPolicy2\xa0\x01\n\x11\x41utoscalerControl\x12>\n\x10\x41pplyScalingPlan\x12\x18.governor.v1.ScalingPlan\x1a\x10.governor.v1.Ack\x12K\n\rGetFleetState\x12!.governor.v1.GetFleetStateRequest\x1a\x17.governor.v1.FleetStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19governor/v1/control.proto\x12\x0bgovernor.v1\"b\n\x0b\x43ommandMeta\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x1a\n\x12valid_until_unix_s\x18\x03 \x01(\x01\x12\x0e\n\x06issuer\x18\x04 \x01(\t\"Z\n\x03\x41\x63k\x12&\n\x06status\x18\x01 \x01(\x0e\x32\x16.governor.v1.AckStatus\x12\x1a\n\x12\x61pplied_generation\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\t\"@\n\rScorerWeights\x12\x0e\n\x06prefix\x18\x01 \x01(\x01\x12\r\n\x05queue\x18\x02 \x01(\x01\x12\x10\n\x08kv_usage\x18\x03 \x01(\x01\"\x90\x01\n\x0bPoolRouting\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x16\n\x0etraffic_weight\x18\x02 \x01(\x01\x12\x14\n\x0cinflight_cap\x18\x03 \x01(\x05\x12+\n\x07weights\x18\x04 \x01(\x0b\x32\x1a.governor.v1.ScorerWeights\x12\x18\n\x10\x65jected_replicas\x18\x05 \x03(\t\"m\n\x0e\x43lassAdmission\x12\x16\n\x0epriority_class\x18\x01 \x01(\t\x12\x16\n\x0erate_limit_rps\x18\x02 \x01(\x01\x12\x14\n\x0cqueue_budget\x18\x03 \x01(\x05\x12\x15\n\rshed_fraction\x18\x04 \x01(\x01\"\\\n\x0cTenantLimits\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0erate_limit_rps\x18\x02 \x01(\x01\x12\x14\n\x0cmax_inflight\x18\x03 \x01(\x05\x12\x0e\n\x06weight\x18\x04 \x01(\x01\"\xe4\x01\n\rRoutingPolicy\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.governor.v1.CommandMeta\x12\'\n\x05pools\x18\x02 \x03(\x0b\x32\x18.governor.v1.PoolRouting\x12.\n\tadmission\x18\x03 \x03(\x0b\x32\x1b.governor.v1.ClassAdmission\x12*\n\x07tenants\x18\x04 \x03(\x0b\x32\x19.governor.v1.TenantLimits\x12\x17\n\nstep_aware\x18\x05 \x01(\x08H\x00\x88\x01\x01\x42\r\n\x0b_step_aware\"\x19\n\x17GetRoutingPolicyRequest\"\x93\x01\n\x0bPoolScaling\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\x05\x12\x14\n\x0cwarm_standby\x18\x03 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x04 \x01(\x05\x12\x1e\n\x16max_num_batched_tokens\x18\x05 \x01(\x05\x12\x18\n\x10replace_replicas\x18\x06 \x03(\t\"^\n\x0bScalingPlan\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.governor.v1.CommandMeta\x12\'\n\x05pools\x18\x02 \x03(\x0b\x32\x18.governor.v1.PoolScaling\"\x16\n\x14GetFleetStateRequest\"S\n\x0cReplicaState\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x1a\n\x12phase_since_unix_s\x18\x04 \x01(\x01\"\xc1\x01\n\tPoolState\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x17\n\x0ftarget_replicas\x18\x02 \x01(\x05\x12\r\n\x05ready\x18\x03 \x01(\x05\x12\x10\n\x08starting\x18\x04 \x01(\x05\x12\x10\n\x08\x64raining\x18\x05 \x01(\x05\x12\x0f\n\x07standby\x18\x06 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x07 \x01(\x05\x12\x1e\n\x16max_num_batched_tokens\x18\x08 \x01(\x05\x12\x13\n\x0bunavailable\x18\t \x01(\x05\"\xb2\x01\n\nFleetState\x12\x1a\n\x12\x61pplied_generation\x18\x01 \x01(\x04\x12\x1b\n\x13\x61pplied_decision_id\x18\x02 \x01(\t\x12\x17\n\x0f\x66\x61llback_active\x18\x03 \x01(\x08\x12%\n\x05pools\x18\x04 \x03(\x0b\x32\x16.governor.v1.PoolState\x12+\n\x08replicas\x18\x05 \x03(\x0b\x32\x19.governor.v1.ReplicaState*\x8f\x01\n\tAckStatus\x12\x1a\n\x16\x41\x43K_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43K_STATUS_APPLIED\x10\x01\x12\x15\n\x11\x41\x43K_STATUS_REPLAY\x10\x02\x12\x1f\n\x1b\x41\x43K_STATUS_STALE_GENERATION\x10\x03\x12\x16\n\x12\x41\x43K_STATUS_INVALID\x10\x04\x32\xa9\x01\n\rRouterControl\x12\x42\n\x12\x41pplyRoutingPolicy\x12\x1a.governor.v1.RoutingPolicy\x1a\x10.governor.v1.Ack\x12T\n\x10GetRoutingPolicy\x12$.governor.v1.GetRoutingPolicyRequest\x1a\x1a.governor.v1.RoutingPolicy2\xa0\x01\n\x11\x41utoscalerControl\x12>\n\x10\x41pplyScalingPlan\x12\x18.governor.v1.ScalingPlan\x1a\x10.governor.v1.Ack\x12K\n\rGetFleetState\x12!.governor.v1.GetFleetStateRequest\x1a\x17.governor.v1.FleetStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'governor.v1.control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ACKSTATUS']._serialized_start=1411
-  _globals['_ACKSTATUS']._serialized_end=1554
+  _globals['_ACKSTATUS']._serialized_start=1643
+  _globals['_ACKSTATUS']._serialized_end=1786
   _globals['_COMMANDMETA']._serialized_start=42
   _globals['_COMMANDMETA']._serialized_end=140
   _globals['_ACK']._serialized_start=142
   _globals['_ACK']._serialized_end=232
   _globals['_SCORERWEIGHTS']._serialized_start=234
   _globals['_SCORERWEIGHTS']._serialized_end=298
-  _globals['_POOLROUTING']._serialized_start=300
-  _globals['_POOLROUTING']._serialized_end=418
-  _globals['_CLASSADMISSION']._serialized_start=420
-  _globals['_CLASSADMISSION']._serialized_end=529
-  _globals['_ROUTINGPOLICY']._serialized_start=532
-  _globals['_ROUTINGPOLICY']._serialized_end=676
-  _globals['_GETROUTINGPOLICYREQUEST']._serialized_start=678
-  _globals['_GETROUTINGPOLICYREQUEST']._serialized_end=703
-  _globals['_POOLSCALING']._serialized_start=705
-  _globals['_POOLSCALING']._serialized_end=826
-  _globals['_SCALINGPLAN']._serialized_start=828
-  _globals['_SCALINGPLAN']._serialized_end=922
-  _globals['_GETFLEETSTATEREQUEST']._serialized_start=924
-  _globals['_GETFLEETSTATEREQUEST']._serialized_end=946
-  _globals['_REPLICASTATE']._serialized_start=948
-  _globals['_REPLICASTATE']._serialized_end=1031
-  _globals['_POOLSTATE']._serialized_start=1034
-  _globals['_POOLSTATE']._serialized_end=1227
-  _globals['_FLEETSTATE']._serialized_start=1230
-  _globals['_FLEETSTATE']._serialized_end=1408
-  _globals['_ROUTERCONTROL']._serialized_start=1557
-  _globals['_ROUTERCONTROL']._serialized_end=1726
-  _globals['_AUTOSCALERCONTROL']._serialized_start=1729
-  _globals['_AUTOSCALERCONTROL']._serialized_end=1889
+  _globals['_POOLROUTING']._serialized_start=301
+  _globals['_POOLROUTING']._serialized_end=445
+  _globals['_CLASSADMISSION']._serialized_start=447
+  _globals['_CLASSADMISSION']._serialized_end=556
+  _globals['_TENANTLIMITS']._serialized_start=558
+  _globals['_TENANTLIMITS']._serialized_end=650
+  _globals['_ROUTINGPOLICY']._serialized_start=653
+  _globals['_ROUTINGPOLICY']._serialized_end=881
+  _globals['_GETROUTINGPOLICYREQUEST']._serialized_start=883
+  _globals['_GETROUTINGPOLICYREQUEST']._serialized_end=908
+  _globals['_POOLSCALING']._serialized_start=911
+  _globals['_POOLSCALING']._serialized_end=1058
+  _globals['_SCALINGPLAN']._serialized_start=1060
+  _globals['_SCALINGPLAN']._serialized_end=1154
+  _globals['_GETFLEETSTATEREQUEST']._serialized_start=1156
+  _globals['_GETFLEETSTATEREQUEST']._serialized_end=1178
+  _globals['_REPLICASTATE']._serialized_start=1180
+  _globals['_REPLICASTATE']._serialized_end=1263
+  _globals['_POOLSTATE']._serialized_start=1266
+  _globals['_POOLSTATE']._serialized_end=1459
+  _globals['_FLEETSTATE']._serialized_start=1462
+  _globals['_FLEETSTATE']._serialized_end=1640
+  _globals['_ROUTERCONTROL']._serialized_start=1789
+  _globals['_ROUTERCONTROL']._serialized_end=1958
+  _globals['_AUTOSCALERCONTROL']._serialized_start=1961
+  _globals['_AUTOSCALERCONTROL']._serialized_end=2121
 # @@protoc_insertion_point(module_scope)

@@ -54,16 +54,18 @@ class ScorerWeights(_message.Message):
     def __init__(self, prefix: _Optional[float] = ..., queue: _Optional[float] = ..., kv_usage: _Optional[float] = ...) -> None: ...
 
 class PoolRouting(_message.Message):
-    __slots__ = ("pool", "traffic_weight", "inflight_cap", "weights")
+    __slots__ = ("pool", "traffic_weight", "inflight_cap", "weights", "ejected_replicas")
     POOL_FIELD_NUMBER: _ClassVar[int]
     TRAFFIC_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_CAP_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    EJECTED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     pool: str
     traffic_weight: float
     inflight_cap: int
     weights: ScorerWeights
-    def __init__(self, pool: _Optional[str] = ..., traffic_weight: _Optional[float] = ..., inflight_cap: _Optional[int] = ..., weights: _Optional[_Union[ScorerWeights, _Mapping]] = ...) -> None: ...
+    ejected_replicas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pool: _Optional[str] = ..., traffic_weight: _Optional[float] = ..., inflight_cap: _Optional[int] = ..., weights: _Optional[_Union[ScorerWeights, _Mapping]] = ..., ejected_replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClassAdmission(_message.Message):
     __slots__ = ("priority_class", "rate_limit_rps", "queue_budget", "shed_fraction")
@@ -77,33 +79,51 @@ class ClassAdmission(_message.Message):
     shed_fraction: float
     def __init__(self, priority_class: _Optional[str] = ..., rate_limit_rps: _Optional[float] = ..., queue_budget: _Optional[int] = ..., shed_fraction: _Optional[float] = ...) -> None: ...
 
+class TenantLimits(_message.Message):
+    __slots__ = ("tenant", "rate_limit_rps", "max_inflight", "weight")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_RPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    rate_limit_rps: float
+    max_inflight: int
+    weight: float
+    def __init__(self, tenant: _Optional[str] = ..., rate_limit_rps: _Optional[float] = ..., max_inflight: _Optional[int] = ..., weight: _Optional[float] = ...) -> None: ...
+
 class RoutingPolicy(_message.Message):
-    __slots__ = ("meta", "pools", "admission")
+    __slots__ = ("meta", "pools", "admission", "tenants", "step_aware")
     META_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    STEP_AWARE_FIELD_NUMBER: _ClassVar[int]
     meta: CommandMeta
     pools: _containers.RepeatedCompositeFieldContainer[PoolRouting]
     admission: _containers.RepeatedCompositeFieldContainer[ClassAdmission]
-    def __init__(self, meta: _Optional[_Union[CommandMeta, _Mapping]] = ..., pools: _Optional[_Iterable[_Union[PoolRouting, _Mapping]]] = ..., admission: _Optional[_Iterable[_Union[ClassAdmission, _Mapping]]] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantLimits]
+    step_aware: bool
+    def __init__(self, meta: _Optional[_Union[CommandMeta, _Mapping]] = ..., pools: _Optional[_Iterable[_Union[PoolRouting, _Mapping]]] = ..., admission: _Optional[_Iterable[_Union[ClassAdmission, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantLimits, _Mapping]]] = ..., step_aware: _Optional[bool] = ...) -> None: ...
 
 class GetRoutingPolicyRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class PoolScaling(_message.Message):
-    __slots__ = ("pool", "replicas", "warm_standby", "max_num_seqs", "max_num_batched_tokens")
+    __slots__ = ("pool", "replicas", "warm_standby", "max_num_seqs", "max_num_batched_tokens", "replace_replicas")
     POOL_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     WARM_STANDBY_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     pool: str
     replicas: int
     warm_standby: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    def __init__(self, pool: _Optional[str] = ..., replicas: _Optional[int] = ..., warm_standby: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ...) -> None: ...
+    replace_replicas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pool: _Optional[str] = ..., replicas: _Optional[int] = ..., warm_standby: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., replace_replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ScalingPlan(_message.Message):
     __slots__ = ("meta", "pools")

@@ -27,6 +27,10 @@ class OverrideKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OVERRIDE_KIND_SLO_TPOT: _ClassVar[OverrideKind]
     OVERRIDE_KIND_PROFILE: _ClassVar[OverrideKind]
     OVERRIDE_KIND_RELIABILITY: _ClassVar[OverrideKind]
+    OVERRIDE_KIND_TENANT_RATE_LIMIT: _ClassVar[OverrideKind]
+    OVERRIDE_KIND_TENANT_MAX_INFLIGHT: _ClassVar[OverrideKind]
+    OVERRIDE_KIND_TENANT_WEIGHT: _ClassVar[OverrideKind]
+    OVERRIDE_KIND_STEP_ADMISSION: _ClassVar[OverrideKind]
 MODE_UNSPECIFIED: Mode
 MODE_ACTIVE: Mode
 MODE_SHADOW: Mode
@@ -41,6 +45,10 @@ OVERRIDE_KIND_SLO_TTFT: OverrideKind
 OVERRIDE_KIND_SLO_TPOT: OverrideKind
 OVERRIDE_KIND_PROFILE: OverrideKind
 OVERRIDE_KIND_RELIABILITY: OverrideKind
+OVERRIDE_KIND_TENANT_RATE_LIMIT: OverrideKind
+OVERRIDE_KIND_TENANT_MAX_INFLIGHT: OverrideKind
+OVERRIDE_KIND_TENANT_WEIGHT: OverrideKind
+OVERRIDE_KIND_STEP_ADMISSION: OverrideKind
 
 class ComponentHealth(_message.Message):
     __slots__ = ("name", "healthy", "detail", "last_ok_unix_s")

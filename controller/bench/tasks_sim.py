@@ -1,0 +1,124 @@
+"""`governor bench tasks --sim`: step-aware against step-blind admission inside the simulator, at the same fleet.
+
+The agentic scenario (scenarios/agentic.yaml: tasks of 3-8 calls whose contexts grow step by step, lengths from
+the shared Mooncake conversation trace) with its pools pinned at `--sim-replicas` replicas each (min = max:
+nothing scales them, so the fleet and its cost are the same in both runs), its arrival rate multiplied by each
+of `--sim-loads`, and the router's own admission settings as the live bench gives the picker (`--cap` requests
+in flight per replica, a queue budget of `--budget` for standard and sheddable, `--hold-timeout`): the same
+arrivals (same seed) once step-blind and once step-aware (`router.step_aware`, controller/sim/router.py). No
+controller runs: the comparison is of the admission rule alone, beyond the fleet's capacity.
+
+Counted per run, as `governor bench tasks --live` counts them (controller/bench/tasks_live.py):
+
+- tasks: the tasks whose first step arrived; completed: every step completed (none failed or left unsent);
+  failed: a step failed (shed 429/503 on its last attempt, a timeout, a hold that expired);
+  successful: completed with every step within its class's TTFT and TPOT SLOs (the simulator's own figure);
+- completed per $: completed tasks / the fleet's cost (GPU-hours × the catalogue's price);
+- GPU-seconds on tasks that failed: the fleet's GPU-seconds × the share of the completed steps' tokens
+  (prompt + output) that belong to tasks that then failed: what was spent on tasks that delivered nothing.
+
+Ratios are step-aware ÷ step-blind within one (load, seed); the summary gives, per load, the ratio of the sums
+over the seeds. Seeds draw the workload (task grouping, classes) and the router's draws.
+
+Must not: touch the network, or print anything but one JSON object on stdout with --json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from controller.paths import PROJECT_ROOT
+from controller.sim.fleet import Fleet
+from controller.sim.scenario import AdmissionSpec, Scenario, load_scenario
+
+DEFAULT_SCENARIO = "scenarios/agentic.yaml"
+HELD_CLASSES = ("standard", "sheddable")  # critical passes the in-flight cap (controller/sim/router.py)
+
+
+def overload_variant(base: Scenario, *, replicas: int, load: float, cap: int, budget: int, hold_s: float,
+                     duration_s: float, step_aware: bool) -> Scenario:
+    """`base` with its pools pinned at `replicas`, its rate × `load`, its trace cut to `duration_s` and the router's
+    admission settings: the fleet both runs share."""
+    pools = [p.model_copy(update={"replicas": replicas, "min_replicas": replicas, "max_replicas": replicas,
+                                  "warm_standby": 0}) for p in base.pools]
+    router = base.router.model_copy(update={
+        "inflight_cap": cap, "hold_timeout_s": hold_s, "step_aware": step_aware,
+        "admission": {**base.router.admission, **{c: AdmissionSpec(queue_budget=budget) for c in HELD_CLASSES}}})
+    trace = base.trace.model_copy(update={"duration_s": duration_s, "rate_scale": base.trace.rate_scale * load})
+    return base.model_copy(update={"pools": pools, "router": router, "trace": trace})
+
+
+def task_outcomes(fleet: Fleet) -> dict[str, Any]:
+    """A finished run's tasks, cost and GPU-seconds on failed tasks (the module's docstring says how)."""
+    s = fleet.summary()
+    rec = fleet.request_records()
+    wl = fleet.workload
+    tid = np.asarray(wl.task_id)
+    status = rec["status"]
+    n = wl.n_tasks
+    failed = np.bincount(tid, weights=(status == 2).astype(np.float64), minlength=n) > 0
+    not_done = np.bincount(tid, weights=(status != 1).astype(np.float64), minlength=n) > 0
+    done = status == 1
+    tokens = (np.asarray(wl.trace.prompt_tokens) + np.asarray(wl.trace.output_tokens)).astype(np.float64)
+    spent = float(tokens[done].sum())
+    wasted_share = float(tokens[done & failed[tid]].sum()) / spent if spent else 0.0
+    gpu_s = s.gpu_hours * 3600.0
+    completed = int((~not_done).sum())
+    return {
+        "tasks": int(n), "completed": completed, "failed": int(failed.sum()),
+        "successful": int(s.successful_tasks), "cost_usd": s.cost_usd,
+        "tasks_per_usd": completed / s.cost_usd if s.cost_usd else None,
+        "gpu_s": gpu_s, "wasted_gpu_s": gpu_s * wasted_share, "shed": int(s.shed),
+        "slo_attainment": dict(s.slo_attainment),
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def run_sim(*, scenario: str = DEFAULT_SCENARIO, replicas: int = 2, loads: Sequence[float] = (0.6, 1.0, 1.5),
+            seeds: Sequence[int] = (1, 2, 3), cap: int = 4, budget: int = 16, hold_s: float = 10.0,
+            duration_s: float = 600.0) -> dict[str, Any]:
+    path = PROJECT_ROOT / scenario if not scenario.startswith("/") else scenario
+    base = load_scenario(path)
+    points = []
+    for load in loads:
+        for seed in seeds:
+            runs = {}
+            for aware in (False, True):
+                sc = overload_variant(base, replicas=replicas, load=load, cap=cap, budget=budget, hold_s=hold_s,
+                                      duration_s=duration_s, step_aware=aware)
+                fleet = Fleet(sc, seed=seed)
+                fleet.run()
+                runs["step_aware" if aware else "step_blind"] = task_outcomes(fleet)
+            a, b = runs["step_aware"], runs["step_blind"]
+            points.append({"load": load, "seed": seed, **runs,
+                           "tasks_per_usd_ratio": _ratio(a["tasks_per_usd"], b["tasks_per_usd"]),
+                           "wasted_gpu_s_ratio": _ratio(a["wasted_gpu_s"], b["wasted_gpu_s"])})
+    summary = []
+    for load in loads:
+        at = [p for p in points if p["load"] == load]
+
+        def total(mode: str, key: str, at: list[dict[str, Any]] = at) -> float:
+            return float(sum(p[mode][key] for p in at))
+
+        summary.append({
+            "load": load, "seeds": len(at),
+            "tasks": int(total("step_blind", "tasks")),
+            "completed": {m: int(total(m, "completed")) for m in ("step_aware", "step_blind")},
+            "successful": {m: int(total(m, "successful")) for m in ("step_aware", "step_blind")},
+            "wasted_gpu_s": {m: total(m, "wasted_gpu_s") for m in ("step_aware", "step_blind")},
+            "tasks_per_usd_ratio": _ratio(total("step_aware", "completed") / total("step_aware", "cost_usd"),
+                                          total("step_blind", "completed") / total("step_blind", "cost_usd")),
+            "successful_per_usd_ratio": _ratio(total("step_aware", "successful") / total("step_aware", "cost_usd"),
+                                               total("step_blind", "successful") / total("step_blind", "cost_usd")),
+            "wasted_gpu_s_ratio": _ratio(total("step_aware", "wasted_gpu_s"), total("step_blind", "wasted_gpu_s")),
+        })
+    return {"config": {"scenario": scenario, "replicas": replicas, "loads": list(loads), "seeds": list(seeds),
+                       "cap": cap, "budget": budget, "hold_s": hold_s, "duration_s": duration_s,
+                       "base_rate_scale": base.trace.rate_scale},
+            "points": points, "summary": summary}

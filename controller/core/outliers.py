@@ -1,0 +1,318 @@
+"""Slow and failing replicas: outlier detection against the pool's median, ejection that expires, replacement.
+
+What a slow replica looks like (a degraded GPU, a throttled host, a noisy neighbour): its engine
+steps take longer than its own load explains. Each tick, for each replica reporting its own
+series (`PoolObservation.replicas`: the mean inter-token latency of its window and its running
+batch, from its own /metrics), its *slowness* is
+
+    slowness = measured ITL / the step time its own load explains
+    (decode a + b·batch + c·context·batch, the context its sequences hold read from its KV usage,
+    stretched by the prompt tokens it computes riding in the steps: `expected_step_s`; the pool's
+    calibrated engine figures, perf/)
+
+so a replica running a larger batch, or computing more prefill (a colder cache, a new replica), is not
+taken for a slow one, and what every replica of the pool shares (a model the figures miss) cancels in
+the comparison below. A replica is an outlier when its slowness is at least `1 + threshold` times the median
+slowness of the *other* replicas of its pool (leave-one-out: in a pool of three, the slow one
+does not drag the reference up). Example: figures give 30 ms at a batch of 40; the replica
+measures 75 ms (2.5); the others 33 and 36 ms at similar batches (1.1, 1.2; median 1.15) →
+2.5 / 1.15 = 2.17 ≥ 1.3: an outlier.
+
+Like Envoy's outlier detection (its `consecutive_*` detectors and `max_ejection_percent`,
+`base_ejection_time`; envoyproxy.io, "Outlier detection"):
+
+- a replica is ejected after `consecutive` ticks in a row as an outlier (one noisy window is
+  not enough);
+- at most `max_ejection_frac` of a pool's replicas with readings are ejected at once (at least
+  one when the pool has two or more: a slow replica's requests miss their TPOT anyway), and never
+  the last serving one: if the reference itself is wrong, ejection must not empty a pool;
+- an ejection expires after `base_ejection_s` × the times that replica has been ejected (capped
+  at `max_ejection_s`); the router sends it traffic again, and detection starts over;
+- a replica ejected a second time (`replace_after`: slow again once its first ejection expired) is
+  replaced (the autoscaler deletes it so its controller makes a new one) when `replace` is on: a
+  transient slowdown passes within one ejection, a degraded GPU does not, and a replacement costs a
+  start-up's worth of the pool's capacity. As far as the guardrails allow: never more per pool per tick
+  than `guards.max_step_down`, never more drains at once than `guards.max_concurrent_drains`
+  (counting the drains in progress), never in a pool frozen by an override or while the
+  telemetry as a whole is frozen. A replica not replaced (the guardrails' room was used up)
+  stays ejected; the replacement is tried again next tick.
+
+The threshold: with the windows a tick reads (60 s of a replica's tokens, hundreds to thousands
+of gaps), healthy replicas of one pool sit within ±15 % of each other's slowness in the
+simulated fleets (tests/core/test_outliers.py's note); 30 % above the others' median is twice
+that spread, and below the mildest slowdown worth acting on (× 1.5: a degraded GPU keeps its share
+of traffic, and its requests' TPOT rises by that much).
+
+The state is a frozen value `Controller.step` carries (`ControllerState.outliers`).
+
+Must not: do I/O, read the clock (time is `now_s`), or draw randomness.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from controller.perf.engine_figures import EngineFigures
+from controller.perf.figures import figures_for
+from controller.types import FleetObservation, FleetSpec, Override, PoolObservation, PoolSpec, Reason
+
+# A replica that has not reported for this long is forgotten (replaced, drained, or gone).
+FORGET_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class OutlierConfig:
+    """Outlier detection of slow replicas (module docstring); `enabled` False turns it off."""
+
+    enabled: bool = True
+    threshold: float = 0.3  # an outlier's slowness is at least (1 + threshold) × the others' median
+    consecutive: int = 2  # ticks in a row as an outlier before ejection
+    max_ejection_frac: float = 0.34  # of a pool's replicas with readings, ejected at once
+    base_ejection_s: float = 120.0  # × the times ejected (Envoy's base_ejection_time)
+    max_ejection_s: float = 600.0
+    min_batch: float = 1.0  # a replica decoding fewer requests than this is not judged (no signal)
+    replace: bool = True  # replace chronically slow replicas (as far as the guardrails allow)
+    # ...once ejected this many times (slow again after an ejection expired): a transient slowdown passes
+    # within one ejection, a degraded GPU does not, and a replacement costs a start-up of capacity
+    replace_after: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("threshold", "max_ejection_frac", "base_ejection_s", "max_ejection_s", "min_batch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"outliers.{name} must be a finite number >= 0 (got {v!r})")
+        if not 0 < self.max_ejection_frac <= 1:
+            raise ValueError(f"outliers.max_ejection_frac must be in (0, 1] (got {self.max_ejection_frac!r})")
+        if self.threshold <= 0:
+            raise ValueError(f"outliers.threshold must be > 0 (got {self.threshold!r})")
+        for name in ("consecutive", "replace_after"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"outliers.{name} must be an integer >= 1 (got {v!r})")
+        if self.max_ejection_s < self.base_ejection_s:
+            raise ValueError(f"outliers.max_ejection_s ({self.max_ejection_s}) must be >= base_ejection_s "
+                             f"({self.base_ejection_s})")
+
+
+def outlier_setting(v: object) -> OutlierConfig | None:
+    """An outlier setting as a config gives it: true/false, a mapping of OutlierConfig fields (an unknown
+    one named), an OutlierConfig, or None; None when off."""
+    if v is None:
+        return None
+    if isinstance(v, OutlierConfig):
+        cfg = v
+    elif isinstance(v, bool):
+        cfg = OutlierConfig(enabled=v)
+    elif isinstance(v, Mapping):
+        known = set(OutlierConfig.__dataclass_fields__)
+        bad = sorted(set(map(str, v)) - known)
+        if bad:
+            raise ValueError(f"outliers: unknown field(s) {bad}; valid: {sorted(known)}")
+        cfg = OutlierConfig(**{str(k): x for k, x in v.items()})
+    else:
+        raise ValueError(f"outliers must be true/false or a mapping of OutlierConfig fields (got {v!r})")
+    return cfg if cfg.enabled else None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    """What the detector remembers of one replica."""
+
+    seen_s: float  # last tick it reported
+    strikes: int = 0  # consecutive ticks as an outlier
+    ejected_until_s: float | None = None
+    times_ejected: int = 0
+    replace_asked_s: float | None = None  # when its replacement was put in a decision
+
+
+@dataclass(frozen=True, slots=True)
+class OutlierState:
+    replicas: Mapping[tuple[str, str], ReplicaRecord] = field(default_factory=dict)  # (pool, replica id)
+
+    def replaced_since(self, since_s: Mapping[str, float]) -> dict[str, int]:
+        """Per pool, replacements this detector ordered at or after `since_s[pool]`."""
+        out: dict[str, int] = {}
+        for (pool, _), r in self.replicas.items():
+            if r.replace_asked_s is not None and pool in since_s and r.replace_asked_s >= since_s[pool]:
+                out[pool] = out.get(pool, 0) + 1
+        return out
+
+    def ejected(self, now_s: float) -> dict[str, tuple[str, ...]]:
+        """Per pool, the replicas ejected at `now_s` (sorted)."""
+        out: dict[str, list[str]] = {}
+        for (pool, rid), r in self.replicas.items():
+            if r.ejected_until_s is not None and now_s < r.ejected_until_s:
+                out.setdefault(pool, []).append(rid)
+        return {p: tuple(sorted(v)) for p, v in out.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class OutlierResult:
+    state: OutlierState
+    ejected: Mapping[str, tuple[str, ...]]  # per pool: replicas the router must not send new requests to
+    replace: Mapping[str, tuple[str, ...]]  # per pool: replicas the autoscaler replaces this tick
+    reasons: tuple[Reason, ...]
+    scores: Mapping[str, Mapping[str, float]]  # per pool, per replica: slowness over the others' median
+
+
+def expected_step_s(fig: EngineFigures, batch: float, context_tokens: float, prefill_tps: float = 0.0) -> float:
+    """The mean step time a replica's own load explains: decode a + b·batch + c·context·batch, and the
+    prompt tokens it computes at `prefill_tps` a second riding in its steps (chunked prefill): a step of
+    t seconds carries prefill_tps·t of them at d each, so t = decode / (1 − d·prefill_tps) (at most 10×:
+    a replica that cannot keep up with its prefill is slow for its load, not by its load). Example (70B,
+    4×H100-like figures a 25 ms, b 0.1 ms, c 2 ns, d 25 µs): batch 40 of 2,000-token contexts →
+    25 + 4 + 0.16 = 29.2 ms; with 8,000 prompt tokens/s computed, 29.2 / (1 − 0.2) = 36.5 ms."""
+    decode = fig.a_s + batch * (fig.b_s_per_seq + fig.c_s_per_ctx_token * context_tokens)
+    return decode / max(1.0 - fig.d_s_per_prefill_token * max(prefill_tps, 0.0), 0.1)
+
+
+def _context_tokens(po: PoolObservation) -> float:
+    """Mean context of a decoding request: prompt + half the output, from the pool's token and request
+    rates (1,000 + 100 when the rates are not read)."""
+    arr = po.arrival_rps.value if po.arrival_rps.ok else None
+    if arr is None or arr <= 0:
+        return 1100.0
+    prompt = po.prompt_tokens_rps.value / arr if po.prompt_tokens_rps.ok else 1000.0
+    gen = po.generation_tokens_rps.value / arr if po.generation_tokens_rps.ok else 200.0
+    return max(prompt, 0.0) + 0.5 * max(gen, 0.0)
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def slowness_scores(spec: PoolSpec, po: PoolObservation, min_batch: float = 1.0,
+                    fig: EngineFigures | None = None) -> dict[str, float]:
+    """Per replica with readings: its slowness over the median slowness of the others (module docstring).
+    Replicas without an OK ITL and batch ≥ `min_batch` are left out; a pool with fewer than two such
+    replicas gives no scores (in a pool of two, each is judged against the other: the slow one scores
+    ≥ 1 + threshold, the other ≤ 1 / (1 + threshold), so which one is slow is not in doubt)."""
+    fig = fig or figures_for(spec)
+    ctx = _context_tokens(po)
+    slow: dict[str, float] = {}
+    for rid, r in po.replicas.items():
+        if not (r.itl_mean_s.ok and r.running.ok) or r.running.value < min_batch or r.itl_mean_s.value <= 0:
+            continue
+        prefill = r.prefill_tokens_rps.value if r.prefill_tokens_rps.ok else 0.0
+        # the context its own sequences hold, from its KV usage (a replica holding the long conversations
+        # reads more KV a step); the pool's mean when its KV usage is not read
+        own_ctx = r.kv_usage_frac.value * fig.kv_tokens / r.running.value if r.kv_usage_frac.ok else ctx
+        slow[rid] = r.itl_mean_s.value / expected_step_s(fig, r.running.value, own_ctx, prefill)
+    if len(slow) < 2:
+        return {}
+    out = {}
+    for rid, x in slow.items():
+        ref = _median([v for k, v in slow.items() if k != rid])
+        out[rid] = x / ref if ref > 0 else math.inf
+    return out
+
+
+def _guard_room(pool: str, obs: PoolObservation | None, guards: object, frozen: bool) -> int:
+    """Replacements the guardrails allow in `pool` this tick (module docstring)."""
+    if frozen:
+        return 0
+    room = 10**6
+    step = getattr(guards, "max_step_down", None)
+    if step is not None:
+        room = min(room, int(step))
+    drains = getattr(guards, "max_concurrent_drains", None)
+    if drains is not None:
+        draining = obs.replicas_draining.value if obs is not None and obs.replicas_draining.ok else 0.0
+        room = min(room, max(int(drains) - int(math.ceil(draining)), 0))
+    return room
+
+
+def _frozen_pools(overrides: tuple[Override, ...], now_s: float) -> set[str]:
+    return {o.pool for o in overrides if o.kind in ("freeze", "pin_replicas") and o.active(now_s)}
+
+
+def detect(state: OutlierState, config: OutlierConfig, fleet: FleetSpec, obs: FleetObservation, now_s: float, *,
+           guards: object = None, overrides: tuple[Override, ...] = (), telemetry_frozen: bool = False,
+           figures: Mapping[str, EngineFigures] | None = None) -> OutlierResult:
+    """One tick of detection, ejection, expiry and replacement (module docstring). Pure."""
+    if not config.enabled:
+        return OutlierResult(state, {}, {}, (), {})
+    records = {k: v for k, v in state.replicas.items() if now_s - v.seen_s <= FORGET_S}
+    reasons: list[Reason] = []
+    replace_out: dict[str, tuple[str, ...]] = {}
+    scores_out: dict[str, dict[str, float]] = {}
+    frozen_pools = _frozen_pools(overrides, now_s)
+    for spec in fleet.pools:
+        po = obs.pools.get(spec.name)
+        if po is None or not po.replicas:
+            continue
+        scores = {} if telemetry_frozen else slowness_scores(
+            spec, po, config.min_batch, (figures or {}).get(spec.name))
+        scores_out[spec.name] = {k: round(v, 3) for k, v in scores.items()}
+        for rid in po.replicas:
+            key = (spec.name, rid)
+            rec = records.get(key) or ReplicaRecord(seen_s=now_s)
+            rec = replace(rec, seen_s=now_s)
+            if rec.ejected_until_s is not None and now_s >= rec.ejected_until_s:
+                reasons.append(Reason("slow_replica_restored", f"{rid}: its ejection expired; it takes traffic "
+                                      "again and is judged afresh", spec.name, {"replica": rid}))
+                rec = replace(rec, ejected_until_s=None, strikes=0, replace_asked_s=None)
+            s = scores.get(rid)
+            outlier = s is not None and s >= 1.0 + config.threshold
+            if rec.ejected_until_s is None:
+                rec = replace(rec, strikes=rec.strikes + 1 if outlier else 0)
+            records[key] = rec
+        # ejection, within the pool's cap, the slowest first
+        judged = [rid for rid in po.replicas if rid in scores]
+        ejected_now = [rid for rid in po.replicas if _is_ejected(records[(spec.name, rid)], now_s)]
+        cap = max(int(config.max_ejection_frac * len(judged)), 1 if len(judged) >= 2 else 0)
+        cap = min(cap, max(len(po.replicas) - 1, 0))  # never the last serving replica
+        due = sorted((rid for rid in judged if records[(spec.name, rid)].strikes >= config.consecutive
+                      and not _is_ejected(records[(spec.name, rid)], now_s)), key=lambda r: -scores[r])
+        for rid in due:
+            if len(ejected_now) >= cap:
+                reasons.append(Reason("slow_replica_not_ejected", f"{rid} is {scores[rid]:.2f}× the others' "
+                                      f"slowness, but {len(ejected_now)} of {len(judged)} replicas are ejected "
+                                      f"already (at most {config.max_ejection_frac:.0%})", spec.name,
+                                      {"replica": rid, "score": round(scores[rid], 3)}))
+                continue
+            rec = records[(spec.name, rid)]
+            rec = replace(rec, times_ejected=rec.times_ejected + 1, strikes=0)
+            dur = _duration(config, rec)
+            rec = replace(rec, ejected_until_s=now_s + dur)
+            records[(spec.name, rid)] = rec
+            ejected_now.append(rid)
+            reasons.append(Reason("slow_replica", f"{rid}: steps {scores[rid]:.2f}× slower than the other "
+                                  f"replicas' median for the load it runs, {config.consecutive} ticks in a row; "
+                                  f"ejected for {dur:.0f} s (no new requests)", spec.name,
+                                  {"replica": rid, "score": round(scores[rid], 3), "ejected_s": dur,
+                                   "times_ejected": rec.times_ejected}))
+        # replacement of the ejected ones not yet asked for, as far as the guardrails allow
+        if config.replace and ejected_now:
+            room = _guard_room(spec.name, po, guards, telemetry_frozen or spec.name in frozen_pools)
+            asked: list[str] = []
+            for rid in sorted(ejected_now):
+                rec = records[(spec.name, rid)]
+                if rec.replace_asked_s is not None or rec.times_ejected < config.replace_after:
+                    continue
+                if len(asked) >= room:
+                    reasons.append(Reason("slow_replica_replace_held", f"{rid} stays ejected: the guardrails "
+                                          "allow no more replacements in this pool now (max_step_down, "
+                                          "max_concurrent_drains, a freeze or pin, or frozen telemetry)",
+                                          spec.name, {"replica": rid}))
+                    continue
+                records[(spec.name, rid)] = replace(rec, replace_asked_s=now_s)
+                asked.append(rid)
+                reasons.append(Reason("slow_replica_replace", f"{rid}: replaced (the autoscaler drains it and "
+                                      "starts a new one)", spec.name, {"replica": rid}))
+            if asked:
+                replace_out[spec.name] = tuple(asked)
+    new_state = OutlierState(replicas=records)
+    return OutlierResult(new_state, new_state.ejected(now_s), replace_out, tuple(reasons), scores_out)
+
+
+def _is_ejected(rec: ReplicaRecord, now_s: float) -> bool:
+    return rec.ejected_until_s is not None and now_s < rec.ejected_until_s
+
+
+def _duration(config: OutlierConfig, rec: ReplicaRecord) -> float:
+    return min(config.base_ejection_s * max(rec.times_ejected, 1), config.max_ejection_s)

@@ -1,0 +1,224 @@
+"""Slow replicas (controller/core/outliers.py): judged against the pool's median for their own load,
+ejected after consecutive ticks within the pool's cap, ejection that expires (longer each time),
+replacement within the guardrails; and through Controller.step into the decision.
+
+Each case is a pool of 8B replicas on A100 (the perf table's figures), each replica reporting its mean
+ITL and running batch. `healthy(batch)` is the ITL the figures give for that batch × 1.1 (what every
+replica shares beyond the figures cancels in the comparison).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import pytest
+
+from controller.core.guards import GuardConfig
+from controller.core.outliers import OutlierConfig, OutlierState, detect, expected_step_s, slowness_scores
+from controller.core.step import Controller, TickInput
+from controller.perf.figures import figures_for
+from controller.types import (
+    FleetObservation,
+    FleetSpec,
+    Override,
+    PoolObservation,
+    PoolSpec,
+    Reading,
+    ReplicaObservation,
+    SloSpec,
+)
+from tests.fakes.core_policy import ScriptedPolicy
+
+SPEC = PoolSpec("a", "llama-3-8b", "a100-80gb", min_replicas=1, max_replicas=16)
+FLEET = FleetSpec(pools=(SPEC,), slos={"critical": SloSpec(1.0, 0.1), "standard": SloSpec(5.0, 0.15)})
+FIG = figures_for(SPEC)
+CTX = 1000.0 + 0.5 * 200.0  # the pool's rates below: 1,000 prompt and 200 output tokens a request
+
+
+def healthy(batch: float) -> float:
+    return 1.1 * expected_step_s(FIG, batch, CTX)
+
+
+def pool(itl: Mapping[str, tuple[float, float]], draining: float = 0.0) -> PoolObservation:
+    """itl: replica → (ITL multiple of healthy, running batch)."""
+    reps = {r: ReplicaObservation(r, Reading(k * healthy(b)), Reading(b)) for r, (k, b) in itl.items()}
+    return PoolObservation(pool="a", replicas_ready=Reading(float(len(itl))), arrival_rps=Reading(10.0),
+                           prompt_tokens_rps=Reading(10_000.0), generation_tokens_rps=Reading(2_000.0),
+                           replicas_draining=Reading(draining), replicas=reps)
+
+
+def obs(t: float, p: PoolObservation) -> FleetObservation:
+    return FleetObservation(at_s=t, pools={"a": p}, source="test")
+
+
+def run(rows, cfg=None, guards=None, overrides=(), frozen=False, state=None):
+    """rows: [(t, pool observation)] → (state, results per tick)."""
+    cfg = cfg or OutlierConfig()
+    state = state or OutlierState()
+    out = []
+    for t, p in rows:
+        r = detect(state, cfg, FLEET, obs(t, p), t, guards=guards, overrides=overrides, telemetry_frozen=frozen)
+        state = r.state
+        out.append(r)
+    return state, out
+
+
+NOW = OutlierConfig(replace_after=1)  # replace on the first ejection (the default waits for a second)
+FOUR: dict[str, tuple[float, float]] = {"r0": (1.0, 40), "r1": (1.0, 42), "r2": (1.0, 38), "r3": (2.0, 40)}
+
+
+def test_scores_compare_each_replica_with_the_others_median_for_its_load():
+    # r3 runs twice the batch and takes the step time that batch explains: not slow
+    s = slowness_scores(SPEC, pool({"r0": (1.0, 20), "r1": (1.0, 22), "r2": (1.0, 21), "r3": (1.0, 60)}))
+    assert max(s.values()) < 1.05 and min(s.values()) > 0.95, s
+    # r3 takes twice what its batch explains: 2× the others' median
+    s = slowness_scores(SPEC, pool(FOUR))
+    assert s["r3"] == pytest.approx(2.0, rel=0.02) and s["r0"] == pytest.approx(1.0, rel=0.02)
+    # two replicas: each against the other; one alone: no reference; an idle replica is not judged
+    two = slowness_scores(SPEC, pool({"r0": (1.0, 40), "r1": (2.0, 40)}))
+    assert two["r1"] == pytest.approx(2.0, rel=0.02) and two["r0"] == pytest.approx(0.5, rel=0.02)
+    assert slowness_scores(SPEC, pool({"r0": (1.0, 40)})) == {}
+    assert "r3" not in slowness_scores(SPEC, pool({**FOUR, "r3": (2.0, 0.5)}))
+
+
+@pytest.mark.parametrize("label, rows, ejected_at, replaced", [
+    ("one slow replica: ejected on its second tick as an outlier, replaced",
+     [FOUR, FOUR, FOUR], [(), ("r3",), ("r3",)], [(), ("r3",), ()]),
+    ("one noisy window is not enough",
+     [FOUR, {**FOUR, "r3": (1.0, 40)}, FOUR], [(), (), ()], [(), (), ()]),
+    ("just under the threshold: never ejected",
+     [{**FOUR, "r3": (1.28, 40)}] * 3, [(), (), ()], [(), (), ()]),
+])
+def test_ejection_needs_consecutive_ticks(label, rows, ejected_at, replaced):
+    _, res = run([(15.0 * (i + 1), pool(r)) for i, r in enumerate(rows)], NOW)
+    assert [r.ejected.get("a", ()) for r in res] == ejected_at, label
+    assert [r.replace.get("a", ()) for r in res] == replaced, label
+    if any(ejected_at):
+        first = next(r for r in res if r.ejected)
+        (reason,) = [x for x in first.reasons if x.code == "slow_replica"]
+        assert reason.pool == "a" and reason.data["replica"] == "r3" and reason.data["score"] > 1.9
+
+
+def test_at_most_a_third_of_the_pool_is_ejected_at_once_and_never_the_last():
+    two_slow = {**FOUR, "r2": (2.5, 40)}
+    _, res = run([(15.0, pool(two_slow)), (30.0, pool(two_slow))])
+    assert res[-1].ejected["a"] == ("r2",)  # the slowest first; 34 % of 4 is one
+    assert [x.data["replica"] for x in res[-1].reasons if x.code == "slow_replica_not_ejected"] == ["r3"]
+    # a pool of three: at most one, whatever the cap says
+    three = {"r0": (1.0, 40), "r1": (3.0, 40), "r2": (3.0, 40)}
+    _, res = run([(15.0, pool(three)), (30.0, pool(three))], OutlierConfig(max_ejection_frac=1.0))
+    assert len(res[-1].ejected.get("a", ())) <= 2
+
+
+def test_ejection_expires_and_lasts_longer_the_second_time():
+    cfg = OutlierConfig(base_ejection_s=60.0, max_ejection_s=600.0, replace=False)
+    rows = [(15.0 * (i + 1), pool(FOUR)) for i in range(2)]
+    state, res = run(rows, cfg)
+    assert res[-1].ejected == {"a": ("r3",)}  # ejected at 30 s until 90 s
+    state, res = run([(75.0, pool(FOUR)), (90.0, pool(FOUR))], cfg, state=state)
+    assert res[0].ejected == {"a": ("r3",)} and res[1].ejected == {}
+    assert any(x.code == "slow_replica_restored" for x in res[1].reasons)
+    # judged afresh from the tick it is back (90 s: one strike), so ejected again at 105 s, for twice as long
+    state, res = run([(105.0, pool(FOUR))], cfg, state=state)
+    (r,) = [x for x in res[0].reasons if x.code == "slow_replica"]
+    assert r.data["ejected_s"] == 120.0 and r.data["times_ejected"] == 2
+
+
+@pytest.mark.parametrize("label, guards, draining, overrides, frozen", [
+    ("max_concurrent_drains reached by a drain in progress", GuardConfig(max_concurrent_drains=1), 1.0, (), False),
+    ("max_step_down 0", GuardConfig(max_step_down=0), 0.0, (), False),
+    ("the pool frozen by an override", GuardConfig(), 0.0,
+     (Override("ov-1", "freeze", pool="a", created_s=0.0, expires_s=1e9),), False),
+])
+def test_replacement_never_exceeds_the_guardrails(label, guards, draining, overrides, frozen):
+    rows = [(15.0, pool(FOUR, draining)), (30.0, pool(FOUR, draining))]
+    _, res = run(rows, NOW, guards=guards, overrides=overrides, frozen=frozen)
+    assert res[-1].ejected == {"a": ("r3",)}, label  # ejected (the router's lever) ...
+    assert res[-1].replace == {}, label  # ... but not replaced
+    assert any(x.code == "slow_replica_replace_held" for x in res[-1].reasons), label
+
+
+def test_a_transient_slowdown_is_only_ejected_a_chronic_one_is_replaced():
+    """Default: the first ejection (120 s) takes the traffic away; slow again once it is back, it is ejected a
+    second time and replaced then. An ejected replica gets no traffic, so it reports no batch: not judged."""
+    idle = {**FOUR, "r3": (2.0, 0.0)}
+    rows = ([(15.0, pool(FOUR)), (30.0, pool(FOUR))] + [(30.0 + 15.0 * i, pool(idle)) for i in range(1, 8)]
+            + [(150.0, pool(FOUR)), (165.0, pool(FOUR))])
+    _, res = run(rows)
+    assert [r.replace.get("a", ()) for r in res] == [()] * 10 + [("r3",)]
+    assert res[1].ejected == {"a": ("r3",)} and res[9].ejected == {}  # expired at 150 s
+    assert res[-1].ejected == {"a": ("r3",)}
+    _, healed = run(rows[:9] + [(150.0, pool({**FOUR, "r3": (1.0, 40)})), (165.0, pool({**FOUR, "r3": (1.0, 40)}))])
+    assert [r.replace for r in healed] == [{}] * 11 and healed[-1].ejected == {}
+
+
+def test_frozen_telemetry_ejects_nobody_new():
+    _, res = run([(15.0, pool(FOUR)), (30.0, pool(FOUR))], frozen=True)
+    assert res[-1].ejected == {} and res[-1].replace == {}
+
+
+def test_the_mpc_parameter_turns_it_on_and_only_the_mpc_has_it():
+    from controller.policies.registry import build_policy, outliers_for
+
+    assert outliers_for("mpc") is None  # off by default
+    assert outliers_for("mpc", {"outliers": True}) == OutlierConfig()
+    assert outliers_for("mpc", {"outliers": {"threshold": 0.5}}) == OutlierConfig(threshold=0.5)
+    assert outliers_for("hpa", {}) is None
+    with pytest.raises(ValueError, match=r"policy mpc: outliers: unknown field\(s\) \['nope'\]"):
+        build_policy("mpc", FLEET, {"outliers": {"nope": 1}})
+    with pytest.raises(ValueError, match="policy hpa: unknown parameter"):
+        build_policy("hpa", FLEET, {"outliers": True})
+
+
+def test_bad_configuration_is_refused_by_name():
+    for bad, msg in (({"threshold": 0.0}, "threshold must be > 0"), ({"consecutive": 0}, "consecutive"),
+                     ({"replace_after": 0}, "replace_after"),
+                     ({"max_ejection_frac": 1.5}, "max_ejection_frac"),
+                     ({"base_ejection_s": 900.0}, "max_ejection_s")):
+        with pytest.raises(ValueError, match=msg):
+            OutlierConfig(**bad)
+
+
+def test_the_decision_carries_the_ejection_and_the_replacement_once():
+    c = Controller(FLEET, ScriptedPolicy({"a": 4}), outliers=NOW)
+    s = c.initial_state()
+    decisions = []
+    for t in (15.0, 30.0, 45.0):
+        s, r = c.step(s, TickInput(now_s=t, observation=obs(t, pool(FOUR))))
+        assert r.decision is not None
+        decisions.append(r.decision.pools["a"])
+    assert [(d.ejected, d.replace) for d in decisions] == [((), ()), (("r3",), ("r3",)), (("r3",), ())]
+    assert r.diagnostics["outliers"]["ejected"] == {"a": ["r3"]}
+    assert r.diagnostics["outliers"]["scores"]["a"]["r3"] > 1.9
+    plain = Controller(FLEET, ScriptedPolicy({"a": 4}))
+    _, r2 = plain.step(plain.initial_state(), TickInput(now_s=30.0, observation=obs(30.0, pool(FOUR))))
+    assert r2.decision is not None and r2.decision.pools["a"].ejected == ()  # a controller without it: off
+    assert "outliers" not in r2.diagnostics
+
+
+def test_explain_names_the_slow_replica():
+    c = Controller(FLEET, ScriptedPolicy({"a": 4}), outliers=NOW)
+    s = c.initial_state()
+    for t in (15.0, 30.0):
+        s, r = c.step(s, TickInput(now_s=t, observation=obs(t, pool(FOUR))))
+    assert "because slow_replica: r3: steps 2.00× slower" in r.explanation
+    # nothing else of the decision moved: the same policy without detection decides the rest alike
+    plain = Controller(FLEET, ScriptedPolicy({"a": 4}))
+    s2 = plain.initial_state()
+    for t in (15.0, 30.0):
+        s2, r2 = plain.step(s2, TickInput(now_s=t, observation=obs(t, pool(FOUR))))
+    assert r.decision is not None and r2.decision is not None
+    assert replace(r.decision.pools["a"], ejected=(), replace=()) == r2.decision.pools["a"]
+
+
+def test_a_replacement_we_ordered_is_not_a_replica_lost_for_the_breaker():
+    from controller.core.step import _less_ordered
+    from controller.types import BreakerSignals
+
+    state, _ = run([(15.0, pool(FOUR)), (30.0, pool(FOUR))], NOW)  # r3 replaced at 30 s
+    lost = BreakerSignals(lost={"a": 2}, carried=True)
+    # within the pool's cold start-up (default 180 s): one of the two is ours
+    assert _less_ordered(lost, state, FLEET, 45.0).lost == {"a": 1}
+    assert _less_ordered(lost, state, FLEET, 30.0 + SPEC.startup_cold_s + 1.0).lost == {"a": 2}
+    assert _less_ordered(BreakerSignals(), state, FLEET, 45.0) == BreakerSignals()
