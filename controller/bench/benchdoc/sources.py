@@ -137,9 +137,9 @@ SOURCES: tuple[Source, ...] = (
            35.0, keys=("policies", "cases", "feasible_cases", "cases_detail"), keep=_slim_cases,
            trimmed="each case row's generator spec and file path, and its policies' figures but the pass, the "
                    "attainment and the cost ratios (case K alone: --case K --seed 1)"),
-    Source("frontier", "governor bench frontier --cases 6 --seed 1 --quiet --json",
-           "every online policy at every setting of its knob and the MPC at each objective profile, on 6 generated "
-           "cases (3 of robustness's, 3 of the arena family)", 10.0,
+    Source("frontier", "governor bench frontier --cases 40 --seed 1 --quiet --json",
+           "every online policy at every setting of its knob and the MPC at each reliability setting, on 40 "
+           "generated cases (20 of robustness's, 20 of the arena family)", 30.0,
            keys=("policies", "dominance", "references", "cases", "feasible_cases", "cases_detail"), keep=_slim_frontier,
            trimmed="each case row's generator spec and file path, and its entries' figures but the pass, the "
                    "attainment, the cost ratio, the good requests and the GPU-seconds (case K alone: --case K)"),
