@@ -58,7 +58,7 @@ from controller.core.coupling.features import (
     latency_shared_features,
 )
 from controller.core.coupling.latency_prior import LatencyInputs, LatencyPrior, latency_prior
-from controller.core.coupling.models import (
+from controller.core.coupling.bundle import (
     DEFAULT_REUSE_SHAPE,
     PREDICT_BLOCK,
     CouplingModels,
