@@ -10,7 +10,7 @@ Everything that handles levers one by one iterates over `LEVERS` instead of nami
 
 - the wire: the Decision → RoutingPolicy / ScalingPlan mapping and its checks
   (controller/rpc/lever_wire.py, controller/rpc/command_rules.py, controller/actuation/grpc_actuator.py);
-- the picker's settings store (controller/dataplane/policy.py);
+- the picker's settings store (controller/dataplane/policy_store.py);
 - the simulator's control plane, in-process and over gRPC (controller/sim/control.py,
   controller/sim/control_plane.py, controller/sim/fleet.py);
 - the MPC: the levers `fixed_levers` can hold (controller/core/mpc/problem.py), the candidate arrays
@@ -159,7 +159,7 @@ LEVERS: tuple[Lever, ...] = (
           unset=0.0, unset_means="unlimited", label="rate limit (req/s)"),
     Lever("queue_budget", "class", "queue_budget", "ClassAdmission.queue_budget", _ROUTER, int, -1, lo=0,
           unset=-1, unset_means="unlimited", label="requests held at the router"),
-    # Per tenant (the picker's tenants, controller/dataplane/tasks.py); the simulator's router has no tenants.
+    # Per tenant (the picker's tenants, controller/dataplane/task_book.py); the simulator's router has no tenants.
     Lever("tenant_rate_limit_rps", "tenant", "rate_limit_rps", "TenantLimits.rate_limit_rps",
           frozenset({Carrier.PICKER}), float, 0.0, unset=0.0, unset_means="unlimited",
           label="tenant rate limit (req/s)"),

@@ -14,7 +14,7 @@ once and `tests/test_names.py` checks that every reader agrees with it:
   controller/metrics/names.py, its batch-cap flags in controller/actuation/kube.py and its exposition
   in the simulator); `TARGET_KINDS` adds the other exporters a scrape target may be (DCGM, the
   router).
-- A tenant's name (`tenant_problem`): the picker's fairness id (controller/dataplane/tasks.py), the
+- A tenant's name (`tenant_problem`): the picker's fairness id (controller/dataplane/task_book.py), the
   RoutingPolicy's tenant limits (controller/rpc/command_rules.py) and the tenant overrides
   (controller/api/store.py) accept the same names; `ALL_TENANTS` ("*") names every tenant not named.
 

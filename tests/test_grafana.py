@@ -302,7 +302,7 @@ def picker_series() -> dict[str, frozenset[str]]:
     """Series name → label names of `governor picker`'s own governor_picker_* families, from a real picker that
     routed a labelled task step (its collector names labels only on the samples it has)."""
     from controller.dataplane.server import PickerConfig, PickerService
-    from controller.dataplane.tasks import Identity
+    from controller.dataplane.task_book import Identity
 
     svc = PickerService(PickerConfig(groups={"g": ["a"]}, endpoints={"a": ["10.0.0.1:8000"]}))
     s = svc.settings()

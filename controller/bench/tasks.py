@@ -29,8 +29,8 @@ import time
 import numpy as np
 
 from controller.dataplane.picker import Picker
-from controller.dataplane.policy import PoolSettings, Settings
-from controller.dataplane.tasks import (
+from controller.dataplane.policy_store import PoolSettings, Settings
+from controller.dataplane.task_book import (
     STEP_HEADER,
     STEPS_HEADER,
     TASK_HEADER,

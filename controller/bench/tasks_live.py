@@ -46,7 +46,7 @@ from controller.bench.dataplane import SCENARIO, _metric_sum, _scrape
 from controller.dataplane.child import GovernorChild
 from controller.dataplane.envoy import EnvoyProcess
 from controller.dataplane.replay import send_one
-from controller.dataplane.tasks import STEP_HEADER, STEPS_HEADER, TASK_HEADER, TENANT_HEADER
+from controller.dataplane.task_book import STEP_HEADER, STEPS_HEADER, TASK_HEADER, TENANT_HEADER
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
 from controller.paths import shared_data_dir

@@ -139,9 +139,9 @@ def _split(items: list[str], flag: str) -> dict[str, list[str]]:
 
 def config_from_args(args: argparse.Namespace) -> PickerConfig:
     """The PickerConfig the flags describe; ValueError naming the bad flag."""
-    from controller.dataplane.models import pool_groups_serving_different_models
+    from controller.dataplane.model_routing import pool_groups_serving_different_models
     from controller.dataplane.picker import ColdStart
-    from controller.dataplane.policy import ClassSettings, PoolSettings, Settings
+    from controller.dataplane.policy_store import ClassSettings, PoolSettings, Settings
     from controller.dataplane.server import PickerConfig
     from controller.types import PRIORITY_CLASSES
 
@@ -214,7 +214,7 @@ def config_from_args(args: argparse.Namespace) -> PickerConfig:
 
 def tenants_from_args(items: list[str]) -> dict:
     """--tenant TENANT=RPS,INFLIGHT,WEIGHT → tenant → TenantSettings; ValueError naming the item."""
-    from controller.dataplane.tasks import TenantSettings
+    from controller.dataplane.task_book import TenantSettings
 
     out = {}
     for name, vals in _split(items, "--tenant").items():

@@ -58,8 +58,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controller.dataplane.policy import ClassSettings, PoolSettings, Settings
-from controller.dataplane.tasks import Identity, StepTicket, TaskBook
+from controller.dataplane.policy_store import ClassSettings, PoolSettings, Settings
+from controller.dataplane.task_book import Identity, StepTicket, TaskBook
 from controller.rpc.command_rules import show
 from controller.types import PRIORITY_CLASSES
 

@@ -64,7 +64,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from controller.dataplane.models import (
+from controller.dataplane.model_routing import (
     InferencePoolMembership,
     ModelNotServedError,
     ModelRoutes,
@@ -73,9 +73,9 @@ from controller.dataplane.models import (
     served_names,
 )
 from controller.dataplane.picker import ColdStart, Endpoint, HeldRequest, Picker
-from controller.dataplane.policy import PolicyStore, PoolSettings, Settings
+from controller.dataplane.policy_store import PolicyStore, PoolSettings, Settings
 from controller.dataplane.scrape import ScrapeError, fetch, parse_engine_metrics, parse_http_sd
-from controller.dataplane.tasks import Identity, IdentityError, StepTicket, TaskBook, TenantSettings, parse_identity
+from controller.dataplane.task_book import Identity, IdentityError, StepTicket, TaskBook, TenantSettings, parse_identity
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
 from controller.rpc.transport import (

@@ -5,7 +5,7 @@ Spend: each pool's replicas that cost money (ready and starting) × its price pe
 between ticks (a gap longer than `max_gap_s`, a daemon that was stopped or stalled, is charged `max_gap_s`: what
 it did not watch it does not bill).
 
-Tasks: the picker's cumulative `governor_picker_tasks_total{class,tenant,outcome}` (controller/dataplane/tasks.py),
+Tasks: the picker's cumulative `governor_picker_tasks_total{class,tenant,outcome}` (controller/dataplane/task_book.py),
 read each tick; the counts since this daemon's first reading are kept (a counter that goes down, a picker that
 restarted, counts from zero again, as Prometheus' rate() does). Several pickers: their counts add up.
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import controller.core.coupling as coupling
-import controller.core.coupling.models as coupling_models
+import controller.core.coupling.bundle as coupling_models
 import controller.learning.fit as learning_fit
 from controller.core.coupling import (
     REUSE_TAU_S,

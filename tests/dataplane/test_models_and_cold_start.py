@@ -1,5 +1,5 @@
 """Model-aware routing and holding requests for a route group with no ready replica (issue 34, parts 3 and 4):
-the pure parts (controller/dataplane/models.py, picker.py's cold start) and InferencePool membership through the
+the pure parts (controller/dataplane/model_routing.py, picker.py's cold start) and InferencePool membership through the
 official client against the in-process API server (tests/fakes/kube_api.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from controller.actuation.kube import api_client
-from controller.dataplane.models import (
+from controller.dataplane.model_routing import (
     InferencePoolMembership,
     ModelNotServedError,
     ModelRoutes,
@@ -16,7 +16,7 @@ from controller.dataplane.models import (
     served_names,
 )
 from controller.dataplane.picker import ColdStart, Picker
-from controller.dataplane.policy import PoolSettings, Settings
+from controller.dataplane.policy_store import PoolSettings, Settings
 from tests.fakes.kube_api import FakeKubeApi
 
 GROUPS = {"llama": ["llama-h100", "llama-a100"], "qwen": ["qwen-h100"]}

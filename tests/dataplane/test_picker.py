@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from controller.dataplane.picker import Endpoint, Picker, Route, prefix_key, rendezvous_home
-from controller.dataplane.policy import ClassSettings, PolicyStore, PoolSettings, Settings
-from controller.dataplane.tasks import TenantSettings
+from controller.dataplane.policy_store import ClassSettings, PolicyStore, PoolSettings, Settings
+from controller.dataplane.task_book import TenantSettings
 from controller.gen.governor.v1 import control_pb2 as pb
 
 POOLS = {"a": ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"], "b": ["10.0.1.1:8000", "10.0.1.2:8000"]}

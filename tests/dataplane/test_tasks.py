@@ -1,4 +1,4 @@
-"""Tasks, steps and tenants at the picker (controller/dataplane/tasks.py and the picker's use of them): the header
+"""Tasks, steps and tenants at the picker (controller/dataplane/task_book.py and the picker's use of them): the header
 convention, the bounded task book, step-aware admission, tenant limits and the token-weighted fair share."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import collections
 import pytest
 
 from controller.dataplane.picker import Picker, Route
-from controller.dataplane.policy import ClassSettings, PoolSettings, Settings
-from controller.dataplane.tasks import (
+from controller.dataplane.policy_store import ClassSettings, PoolSettings, Settings
+from controller.dataplane.task_book import (
     OTHER_TENANT,
     STEP_HEADER,
     STEPS_HEADER,

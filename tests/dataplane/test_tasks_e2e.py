@@ -36,7 +36,7 @@ import pytest
 
 from controller.dataplane.envoy import EnvoyProcess
 from controller.dataplane.server import PickerConfig, PickerThread
-from controller.dataplane.tasks import STEP_HEADER, STEPS_HEADER, TASK_HEADER, TENANT_HEADER
+from controller.dataplane.task_book import STEP_HEADER, STEPS_HEADER, TASK_HEADER, TENANT_HEADER
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
 from tests.dataplane.conftest import wait_for

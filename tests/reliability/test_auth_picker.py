@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controller.cli import build_parser
 from controller.dataplane.cli import config_from_args
-from controller.dataplane.policy import PoolSettings, Settings
+from controller.dataplane.policy_store import PoolSettings, Settings
 from controller.dataplane.server import PickerConfig, PickerService, PickerThread
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc

@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from controller.clock import VirtualClock
-from controller.dataplane.policy import PoolSettings, Settings
+from controller.dataplane.policy_store import PoolSettings, Settings
 from controller.dataplane.server import CONTROL_MAX_MESSAGE_BYTES, PickerConfig, PickerThread
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc

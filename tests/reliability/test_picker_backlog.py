@@ -21,7 +21,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from controller.dataplane.policy import PoolSettings, Settings
+from controller.dataplane.policy_store import PoolSettings, Settings
 from controller.dataplane.server import PickerConfig, PickerThread
 from tests.fakes.idle_engines import idle_engines
 

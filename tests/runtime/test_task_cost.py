@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from controller.dataplane.server import PickerConfig, PickerService
-from controller.dataplane.tasks import Identity
+from controller.dataplane.task_book import Identity
 from controller.obs.daemon_metrics import DaemonMetrics
 from controller.obs.task_cost import PickerTasks, PickerTasksReader, TaskCost, parse_picker_tasks
 from controller.runtime.daemon import cost_details

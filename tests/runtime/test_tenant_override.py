@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from controller.actuation.grpc_actuator import routing_policy_for
-from controller.dataplane.policy import PolicyStore, PoolSettings, Settings
-from controller.dataplane.tasks import TenantSettings
+from controller.dataplane.policy_store import PolicyStore, PoolSettings, Settings
+from controller.dataplane.task_book import TenantSettings
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import policy_pb2
 from controller.types import TenantLimits

@@ -45,6 +45,14 @@ physics arrive as `PoolPhysics` values, built at the edge (controller/learning/p
 """
 
 from controller.core.coupling.buckets import ITL_BUCKETS_S, TTFT_BUCKETS_S
+from controller.core.coupling.bundle import (
+    DEFAULT_REUSE_SHAPE,
+    PREDICT_BLOCK,
+    CouplingModels,
+    Prediction,
+    infer_reuse_profile,
+    with_physics,
+)
 from controller.core.coupling.cache_prior import REUSE_TAU_S, CacheInputs, CachePrior, cache_prior, router_affinity
 from controller.core.coupling.corrections import Correction
 from controller.core.coupling.features import (
@@ -58,14 +66,6 @@ from controller.core.coupling.features import (
     latency_shared_features,
 )
 from controller.core.coupling.latency_prior import LatencyInputs, LatencyPrior, latency_prior
-from controller.core.coupling.models import (
-    DEFAULT_REUSE_SHAPE,
-    PREDICT_BLOCK,
-    CouplingModels,
-    Prediction,
-    infer_reuse_profile,
-    with_physics,
-)
 from controller.core.coupling.physics import TOKEN_GRID, Calibration, PhysicsTable, PoolPhysics
 from controller.core.coupling.state import STATE_FORMAT, coupling_from_state, coupling_to_state
 

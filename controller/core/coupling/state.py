@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from controller.core.coupling.bundle import CouplingModels
 from controller.core.coupling.corrections import Correction
 from controller.core.coupling.features import ALL_TARGETS, CACHE_FEATURE_NAMES, LATENCY_FEATURE_NAMES
-from controller.core.coupling.models import CouplingModels
 from controller.core.coupling.physics import Calibration, PoolPhysics
 
 STATE_FORMAT = "governor-coupling/1"

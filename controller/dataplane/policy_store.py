@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from controller.dataplane.tasks import TenantSettings
+from controller.dataplane.task_book import TenantSettings
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.rpc import lever_wire
 from controller.rpc.command_rules import CommandInvalidError, check_meta, validate_routing
