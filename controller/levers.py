@@ -23,7 +23,8 @@ value, what the MPC predicts from it); tests/sim/test_lever_table.py adds a dumm
 table alone and follows it from a decision into the simulated fleet.
 
 `carriers` says which components carry a lever to the fleet, so a caller can ask which levers a
-given set of actuators can move (`carried_by`).
+given set of actuators can move (`carried_by`) and which MPC groups no one of them carries (`held_groups`;
+controller/config/carriers.py maps the configured actuators to carriers).
 
 Must not: import anything from controller/ (this is a value table, below every layer that reads it).
 """
@@ -44,8 +45,13 @@ class Carrier(StrEnum):
 
     PICKER = "picker"  # `governor picker` (controller/dataplane): every RouterControl lever
     SIMULATOR = "simulator"  # the simulator's control plane (controller/sim/control.py, control_plane.py)
+    AUTOSCALER = "autoscaler"  # a gRPC Autoscaler target (actuators.autoscaler.address): every PoolScaling lever
     KUBERNETES = "kubernetes"  # the Kubernetes adapter (controller/actuation/kube_actuator.py)
     KEDA = "keda"  # the KEDA external scaler (controller/actuation/keda.py): replica targets only
+    # Membership routers (controller/actuation/routers/): they follow the ready replicas, and carry none of
+    # the levers below: their policy, caps and limits are fixed at launch (docs/OPERATING.md, "Router adapters")
+    VLLM_ROUTER = "vllm-router"
+    SGLANG_ROUTER = "sglang-router"
 
 
 class Speed(StrEnum):
@@ -60,7 +66,7 @@ class Speed(StrEnum):
 SERVICES = {"PoolRouting": "router", "ClassAdmission": "router", "TenantLimits": "router", "PoolScaling": "autoscaler"}
 
 _ROUTER = frozenset({Carrier.PICKER, Carrier.SIMULATOR})
-_SCALER = frozenset({Carrier.SIMULATOR, Carrier.KUBERNETES})
+_SCALER = frozenset({Carrier.SIMULATOR, Carrier.AUTOSCALER, Carrier.KUBERNETES})
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +209,17 @@ def plan_groups() -> tuple[str, ...]:
         if lv.plan is not None and lv.plan not in out:
             out.append(lv.plan)
     return tuple(out)
+
+
+def held_groups(carriers: Collection[str]) -> tuple[str, ...]:
+    """The `MpcConfig.fixed_levers` groups none of whose levers any of `carriers` carries, in table order:
+    what the MPC must hold at what is in force rather than count on (KEDA alone: every group; replicas are
+    not a group and are always planned). No carrier at all (decisions only recorded): nothing is held, so
+    the record shows what a fleet carrying every lever would be told."""
+    if not carriers:
+        return ()
+    carried = {lv.plan for lv in carried_by(carriers)}
+    return tuple(g for g in plan_groups() if g not in carried)
 
 
 def routing_levers() -> tuple[Lever, ...]:

@@ -365,7 +365,8 @@ def test_cmd_validate(tmp_path, capsys):
     good = write(tmp_path, BASE)
     assert cmd_validate(argparse.Namespace(file=str(good))) == 0
     out = capsys.readouterr().out
-    assert out.count("\n") == 1 and "ok" in out and "2 pool(s)" in out
+    assert ": ok: " in out.splitlines()[0] and "2 pool(s)" in out.splitlines()[0]
+    assert out.splitlines()[1].split() == ["lever", "planned", "carried", "by"]  # the carriage table follows
     bad = write(tmp_path, sub("    min_replicas: 1\n", "    min_replicas: 9\n"))
     assert cmd_validate(argparse.Namespace(file=str(bad))) == 2
     captured = capsys.readouterr()

@@ -24,6 +24,7 @@ from controller.api.server import PolicyServer
 from controller.api.store import StateStore, StoreError
 from controller.clock import Clock, WallClock, budget_timer
 from controller.config import ConfigError, Settings
+from controller.config.carriers import actuator_carriers, held_levers
 from controller.core.guards import GuardConfig
 from controller.core.step import Controller
 from controller.learning.physics import physics_for_pool_spec
@@ -104,6 +105,18 @@ def build_controller(settings: Settings, learning: Learning | None = None) -> Co
             # the forecaster too: planned on where it beats the prior online (policies/mpc/forecasting.py)
             fslot = learning.slot
             params.setdefault("forecast_source", lambda: fslot.get().forecaster)
+        # the MPC plans only the levers a configured actuator carries: the others are held at what is in
+        # force, added to what the operator holds (policy_params.planner.fixed_levers)
+        held = held_levers(settings)
+        if held:
+            planner = dict(params.get("planner") or {})
+            mine = tuple(planner.get("fixed_levers") or ())
+            planner["fixed_levers"] = mine + tuple(g for g in held if g not in mine)
+            params["planner"] = planner
+            carriers = "; ".join(f"{a}: {', '.join(sorted(c))}" for a, c in actuator_carriers(settings).items())
+            logging.getLogger("governor").info(
+                "mpc: holding %s at what is in force: no configured actuator carries them (%s)",
+                ", ".join(held), carriers)
     return Controller(
         fleet, build_policy(settings.policy, fleet, params), breaker=breaker_for(settings.policy, params),
         estimator=estimator_for(settings.policy, params), outliers=outliers_for(settings.policy, params),

@@ -25,6 +25,7 @@ from typing import Any
 
 from controller.clock import budget_timer
 from controller.config import ConfigError, Settings, load_settings
+from controller.config.carriers import carriage_table
 from controller.config.tick_budget import tick_budget_problems
 from controller.policies.registry import build_policy
 from controller.rpc.transport import load_tokens_file
@@ -253,4 +254,5 @@ def cmd_validate(args) -> int:
         return 2
     engines = ", ".join(f"{name}={e.key} ({e.source})" for name, e in settings.engines().items())
     print(f"{args.file}: ok: {settings.summary()}; engines: {engines}")
+    print(carriage_table(settings))
     return 0
