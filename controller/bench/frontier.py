@@ -612,24 +612,16 @@ def write_png(path: Path, report: Mapping[str, Any], dpi: int = 90) -> Path:
 def cmd_bench_frontier(args: argparse.Namespace) -> int:
     from controller.bench.generator import GeneratorError
     from controller.bench.harness import BenchError
-    from controller.bench.robustness import MAX_CASES, TICK_S, _positive_int, run_cases
+    from controller.bench.robustness import case_options, run_cases
 
     prog = "governor bench frontier"
     clock = WallClock()
     t0 = clock.monotonic_s()
     try:
-        seed = _positive_int(str(args.seed), "seed", 0, 2**31 - 1)
-        workers = _positive_int(str(args.workers), "workers", 1, 64)
-        tick_s = float(args.tick_s) if getattr(args, "tick_s", None) is not None else TICK_S
-        if not (math.isfinite(tick_s) and 1.0 <= tick_s <= 600.0):
-            raise BenchError(f"--tick must be between 1 and 600 simulated seconds (got {tick_s:g})")
+        seed, workers, tick_s, indices = case_options(args)
         family = getattr(args, "family", None) or "all"
         if family not in FAMILY_CHOICES:
             raise BenchError(f"--family: {family!r} is not one of {', '.join(FAMILY_CHOICES)}")
-        if getattr(args, "case", None) is not None:
-            indices = [_positive_int(str(args.case), "case", 0, MAX_CASES - 1)]
-        else:
-            indices = list(range(_positive_int(str(args.cases), "cases", 1, MAX_CASES)))
         jobs = parse_policies(getattr(args, "policies", None))
     except (BenchError, GeneratorError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

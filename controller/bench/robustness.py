@@ -371,6 +371,23 @@ def _positive_int(text: str, option: str, lo: int, hi: int) -> int:
     return v
 
 
+def case_options(args: argparse.Namespace) -> tuple[int, int, float, list[int]]:
+    """The options every bench over generated cases shares (robustness, frontier): --seed, --workers,
+    --tick and --case / --cases, checked; BenchError names the bad one."""
+    from controller.bench.harness import BenchError
+
+    seed = _positive_int(str(args.seed), "seed", 0, 2**31 - 1)
+    workers = _positive_int(str(args.workers), "workers", 1, 64)
+    tick_s = float(args.tick_s) if getattr(args, "tick_s", None) is not None else TICK_S
+    if not (math.isfinite(tick_s) and 1.0 <= tick_s <= 600.0):
+        raise BenchError(f"--tick must be between 1 and 600 simulated seconds (got {tick_s:g})")
+    if getattr(args, "case", None) is not None:
+        indices = [_positive_int(str(args.case), "case", 0, MAX_CASES - 1)]
+    else:
+        indices = list(range(_positive_int(str(args.cases), "cases", 1, MAX_CASES)))
+    return seed, workers, tick_s, indices
+
+
 def cmd_bench_robustness(args: argparse.Namespace) -> int:
     from controller.bench.generator import GeneratorError
     from controller.bench.harness import BenchError
@@ -379,15 +396,7 @@ def cmd_bench_robustness(args: argparse.Namespace) -> int:
     clock = WallClock()
     t0 = clock.monotonic_s()
     try:
-        seed = _positive_int(str(args.seed), "seed", 0, 2**31 - 1)
-        workers = _positive_int(str(args.workers), "workers", 1, 64)
-        tick_s = float(args.tick_s) if getattr(args, "tick_s", None) is not None else TICK_S
-        if not (math.isfinite(tick_s) and 1.0 <= tick_s <= 600.0):
-            raise BenchError(f"--tick must be between 1 and 600 simulated seconds (got {tick_s:g})")
-        if getattr(args, "case", None) is not None:
-            indices = [_positive_int(str(args.case), "case", 0, MAX_CASES - 1)]
-        else:
-            indices = list(range(_positive_int(str(args.cases), "cases", 1, MAX_CASES)))
+        seed, workers, tick_s, indices = case_options(args)
         labels = parse_labels(getattr(args, "policies", None))
     except (BenchError, GeneratorError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
