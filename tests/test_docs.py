@@ -163,3 +163,15 @@ def test_resolution_and_sections(tmp_path):
     doc = tmp_path / "X.md"
     doc.write_text("# X\n\n## 1. One\n\n### 1.2 Two\n\n## Unnumbered\n")
     assert numbered_sections(doc) == {"1", "1.2"}
+
+
+# Issue 31's limit: docs/BENCHMARKS.md is a report of today's figures, not a notebook. Readings, what was
+# tried and superseded figures go to docs/decisions/ (a record per choice), leaving a pointer.
+BENCHMARKS_MAX_LINES = 600
+
+
+def test_benchmarks_stays_a_report():
+    lines = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= BENCHMARKS_MAX_LINES, (
+        f"docs/BENCHMARKS.md has {len(lines)} lines, over issue 31's {BENCHMARKS_MAX_LINES}: move readings and "
+        "history into decision records (docs/decisions/README.md) and leave a one-line pointer")
