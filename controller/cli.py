@@ -72,6 +72,24 @@ def _api_client_args(p: argparse.ArgumentParser, *, again: bool = False) -> None
                    help="name to check in the daemon's certificate instead of the address' host")
 
 
+def _case_selection(b: argparse.ArgumentParser) -> None:
+    """The options that pick generated cases (bench robustness, bench frontier: controller/bench/robustness.py
+    case_options checks them)."""
+    b.add_argument("--cases", type=int, default=40, help="number of generated cases, 0..N-1 (default 40)")
+    b.add_argument("--case", type=int, default=None, metavar="K",
+                   help="run only case K of the family (reproduces its row of a larger run)")
+    b.add_argument("--seed", type=int, default=1, help="seed of the case family (default 1)")
+
+
+def _case_running(b: argparse.ArgumentParser) -> None:
+    """How generated cases are run and reported (bench robustness, bench frontier)."""
+    b.add_argument("--workers", type=int, default=2, help="worker processes (default 2; results do not depend on it)")
+    b.add_argument("--tick", dest="tick_s", type=float, default=None, metavar="SECONDS",
+                   help="control-loop tick of every replay, simulated seconds (default 15, the daemon's)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="governor",
@@ -296,21 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_handler("controller.bench.planner:cmd_bench_planner"))
     b = bsub.add_parser("robustness", help="every policy on N generated cases (traffic shapes x shipped fleets x "
                                            "faults): SLO pass rate, worst case, cost against static and the oracle")
-    b.add_argument("--cases", type=int, default=40, help="number of generated cases, 0..N-1 (default 40)")
-    b.add_argument("--case", type=int, default=None, metavar="K",
-                   help="run only case K of the seed's family (reproduces its row of a larger run)")
-    b.add_argument("--seed", type=int, default=1, help="seed of the case family (default 1)")
+    _case_selection(b)
     b.add_argument("--policies", default=None,
                    help="comma-separated policy names (default: every registered policy, mpc when it builds, and "
                         "the oracle; static is always run, it is the cost reference, and so is the ceiling, every "
                         "pool at its maximum with the sheddable class shed: which cases are feasible at all)")
     b.add_argument("--out", default=None,
                    help="directory for the report, the plot and the generated cases (default bench-out/robustness)")
-    b.add_argument("--workers", type=int, default=2, help="worker processes (default 2; results do not depend on it)")
-    b.add_argument("--tick", dest="tick_s", type=float, default=None, metavar="SECONDS",
-                   help="control-loop tick of every replay, simulated seconds (default 15, the daemon's)")
-    b.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
-    b.add_argument("--json", action="store_true", help=JSON_HELP)
+    _case_running(b)
     b.set_defaults(func=_handler("controller.bench.robustness:cmd_bench_robustness"))
     b = bsub.add_parser("frontier", help="every policy swept over its own knob on N generated cases: SLO pass rate "
                                          "against cost, one curve per policy, and where the MPC dominates",
@@ -320,10 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "saturation thresholds, the MPC's reliability dial; controller/bench/frontier.py KNOBS) on "
                         "the generated cases of `bench robustness` and the Autoscaling Arena's traffic patterns, "
                         "against the verified static fleet and the capacity ceiling of each case.")
-    b.add_argument("--cases", type=int, default=40, help="number of cases, 0..N-1 (default 40)")
-    b.add_argument("--case", type=int, default=None, metavar="K",
-                   help="run only case K of the family (reproduces its row of a larger run)")
-    b.add_argument("--seed", type=int, default=1, help="seed of the case family (default 1)")
+    _case_selection(b)
     b.add_argument("--family", default="all", choices=["all", "robustness", "arena"],
                    help="the cases: robustness's (its cases 0, 1, ...), arena (staircase, flash crowd, diurnal, "
                         "sinusoid slower than a cold start, ramps) or all (default: the two interleaved)")
@@ -337,11 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--resume", action="store_true",
                    help="reuse the rows an interrupted run into the same --out saved for the same cases, settings, "
                         "tick and sources (OUT/rows/); without it every case is run")
-    b.add_argument("--workers", type=int, default=2, help="worker processes (default 2; results do not depend on it)")
-    b.add_argument("--tick", dest="tick_s", type=float, default=None, metavar="SECONDS",
-                   help="control-loop tick of every replay, simulated seconds (default 15, the daemon's)")
-    b.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
-    b.add_argument("--json", action="store_true", help=JSON_HELP)
+    _case_running(b)
     b.set_defaults(func=_handler("controller.bench.frontier:cmd_bench_frontier"))
     b = bsub.add_parser("report", help="rewrite docs/BENCHMARKS.md's tables and plots from the saved results in "
                                        "docs/bench/ (--check: are they current? --run: rerun benches first)",
