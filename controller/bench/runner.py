@@ -31,7 +31,8 @@ from controller.core.estimate import DEFAULT_ESTIMATOR, EstimatorConfig
 from controller.core.guards import GuardConfig
 from controller.core.outliers import OutlierConfig
 from controller.core.step import Controller, TickInput
-from controller.policies.registry import breaker_for, build_policy, estimator_for, outliers_for
+from controller.perf.engine_figures import EngineFigures
+from controller.policies.registry import breaker_for, build_policy, estimator_for, figures_in, outliers_for
 from controller.sim.control import apply_decision
 from controller.sim.fleet import Fleet
 from controller.sim.fleet_accounting import TimelinePoint
@@ -216,11 +217,12 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
                     guards: GuardConfig | None = None, slo_check_from_s: float | None = None,
                     profile: str = "balanced", breaker: BreakerConfig | None = DEFAULT_BREAKER,
                     estimator: EstimatorConfig = DEFAULT_ESTIMATOR, outliers: OutlierConfig | None = None,
-                    overrides: Sequence[Override] = (),
+                    engine_figures: Mapping[str, EngineFigures] | None = None, overrides: Sequence[Override] = (),
                     measure: Callable[[Fleet], Mapping[str, Any]] | None = None) -> RunResult:
     """Drive `policy` over the scenario: the loop every driver of the core shares. `profile` is the
     objective profile each tick carries, as the daemon's config sets it (only the MPC reads it);
-    `breaker` the controller's breaker (None: none, for the yardsticks replayed as found);
+    `breaker` the controller's breaker (None: none, for the yardsticks replayed as found); `engine_figures`
+    the step-time figures by pool the controller judges slow replicas on (None: each engine's default);
     `overrides` are operator overrides every tick carries (an SLO the policy is told, as `governor
     override` sets one); `measure`, when given, reads the finished fleet and its mapping joins
     `extra` (figures a bench needs beyond the summary)."""
@@ -229,7 +231,7 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
     fleet = Fleet(scenario, seed=seed, workload=workload)
     observer = SimObserver(fleet, window_s=OBSERVE_WINDOW_S)
     controller = Controller(fleet_spec_from_scenario(scenario), policy, guards=guards or GuardConfig(), breaker=breaker,
-                            estimator=estimator, outliers=outliers,
+                            estimator=estimator, outliers=outliers, engine_figures=engine_figures,
                             decision_validity_s=DECISION_VALIDITY_S, seed=seed, tick_s=tick_s)
     state = controller.initial_state()
     total_s = expected_end_s(fleet)
@@ -288,4 +290,5 @@ def run_policy(scenario: Scenario, policy_name: str, *, seed: int, tick_s: float
     return run_closed_loop(scenario, policy, seed=seed, tick_s=tick_s, workload=workload, progress=progress,
                            label=label or policy_name, params=recorded, profile=profile,
                            breaker=breaker_for(policy_name, params), estimator=estimator_for(policy_name, params),
-                           outliers=outliers_for(policy_name, params), overrides=overrides, measure=measure)
+                           outliers=outliers_for(policy_name, params),
+                           engine_figures=figures_in(policy_name, params), overrides=overrides, measure=measure)

@@ -37,6 +37,7 @@ from controller.core.guards import GuardConfig, GuardState, apply_guards, forced
 from controller.core.outliers import OutlierConfig, OutlierResult, OutlierState, detect
 from controller.jsonsafe import json_safe
 from controller.names import PROFILES
+from controller.perf.engine_figures import EngineFigures
 from controller.types import (
     BreakerAction,
     BreakerSignals,
@@ -185,12 +186,15 @@ class Controller:
 
     `breaker`: the cascading-failure breaker every policy runs under (core/breaker.py; None: no breaker,
     as the bench's yardsticks replay their schedules as found); `estimator`: how the estimate stage's
-    replica accounting reads the fleet (core/estimate.py)."""
+    replica accounting reads the fleet (core/estimate.py); `engine_figures`: each pool's step-time figures
+    (perf/), as the composition root resolved its engine, which the slow-replica detection judges a replica's
+    step time against (a pool not in it: its engine's default, perf/figures.py `figures_for`)."""
 
     def __init__(self, fleet: FleetSpec, policy: Policy, *, guards: GuardConfig | None = None,
                  breaker: BreakerConfig | None = DEFAULT_BREAKER, estimator: EstimatorConfig = DEFAULT_ESTIMATOR,
                  decision_validity_s: float = 120.0, seed: int = 0, tick_s: float = 15.0,
-                 outliers: OutlierConfig | None = None) -> None:
+                 outliers: OutlierConfig | None = None,
+                 engine_figures: Mapping[str, EngineFigures] | None = None) -> None:
         if decision_validity_s <= 0:
             raise ValueError(f"decision_validity_s must be > 0 (got {decision_validity_s})")
         self.fleet = fleet
@@ -204,6 +208,7 @@ class Controller:
         # slow replicas (core/outliers.py): configured on the Controller like the breaker (the MPC's `outliers`
         # parameter, policies/registry.py outliers_for); None or disabled: off
         self.outliers = outliers if outliers is not None and outliers.enabled else None
+        self.engine_figures: Mapping[str, EngineFigures] = dict(engine_figures or {})
 
     def initial_state(self, generation: int = 0, current: Decision | None = None) -> ControllerState:
         return ControllerState(generation=generation, current=current, policy_state=self.policy.initial_state())
@@ -285,7 +290,7 @@ class Controller:
         outliers = state.outliers
         if self.outliers is not None:  # slow replicas: eject, expire, replace within the guardrails (outliers.py)
             found = detect(state.outliers, self.outliers, fleet, obs, now_s, guards=self.guards, overrides=active,
-                           telemetry_frozen=guarded.frozen, figures=getattr(self.policy, "engine_figures", None))
+                           telemetry_frozen=guarded.frozen, figures=self.engine_figures)
             outliers = found.state
             pools_out = _with_outliers(guarded.pools, found)
             reasons = reasons + found.reasons

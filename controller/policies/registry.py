@@ -23,6 +23,7 @@ from controller.core.breaker import BreakerConfig, breaker_setting
 from controller.core.estimate import EstimatorConfig
 from controller.core.outliers import OutlierConfig, outlier_setting
 from controller.names import POLICY_NAMES
+from controller.perf.engine_figures import EngineFigures
 from controller.policies.aibrix_stack import AibrixStackPolicy
 from controller.policies.common import RoutingWeights
 from controller.policies.dynamo_stack import DynamoStackPolicy
@@ -36,7 +37,8 @@ from controller.policies.slo_feedback import SloFeedbackPolicy
 from controller.policies.static import StaticPolicy
 from controller.types import FleetSpec, Policy
 
-__all__ = ["POLICY_NAMES", "breaker_for", "build_policy", "estimator_for", "outliers_for", "policy_params"]
+__all__ = ["POLICY_NAMES", "breaker_for", "build_policy", "estimator_for", "figures_in", "outliers_for",
+           "policy_params"]
 
 # Parameters a policy's config carries that set up the controller around the policy rather than the policy:
 # the cascading-failure breaker (`breaker`: true/false or BreakerConfig fields; the MPC's parameters have
@@ -83,6 +85,16 @@ def outliers_for(name: str, params: Mapping[str, Any] | None = None) -> OutlierC
         return outlier_setting((params or {}).get("outliers", own["outliers"]))
     except (TypeError, ValueError) as e:
         raise ValueError(f"policy {name}: {e}") from None
+
+
+def figures_in(name: str, params: Mapping[str, Any] | None = None) -> dict[str, EngineFigures]:
+    """The step-time figures by pool that `name`'s parameters set (the MPC's `engine_figures`; {} for a policy
+    without them). The composition root hands them to the Controller too, whose slow-replica detection judges
+    each pool's replicas on the figures the planner plans with. Call it after `build_policy` accepted the
+    parameters (a bad entry raises ValueError naming the field)."""
+    if name != "mpc":
+        return {}
+    return {str(k): EngineFigures.of(v) for k, v in dict((params or {}).get("engine_figures") or {}).items()}
 
 
 def _policy_classes() -> dict[str, type]:

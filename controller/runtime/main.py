@@ -32,7 +32,14 @@ from controller.obs.daemon_metrics import DaemonMetrics
 from controller.obs.logs import setup_logging
 from controller.obs.otel import build_tick_telemetry
 from controller.obs.task_cost import CostTracker, PickerTasksReader
-from controller.policies.registry import POLICY_NAMES, breaker_for, build_policy, estimator_for, outliers_for
+from controller.policies.registry import (
+    POLICY_NAMES,
+    breaker_for,
+    build_policy,
+    estimator_for,
+    figures_in,
+    outliers_for,
+)
 from controller.rpc.transport import Authenticator, TlsConfig, TokenEntry, load_tokens_file
 from controller.runtime.actuators import build_actuator
 from controller.runtime.daemon import Daemon, TickReport
@@ -117,9 +124,11 @@ def build_controller(settings: Settings, learning: Learning | None = None) -> Co
             logging.getLogger("governor").info(
                 "mpc: holding %s at what is in force: no configured actuator carries them (%s)",
                 ", ".join(held), carriers)
+    policy = build_policy(settings.policy, fleet, params)
     return Controller(
-        fleet, build_policy(settings.policy, fleet, params), breaker=breaker_for(settings.policy, params),
+        fleet, policy, breaker=breaker_for(settings.policy, params),
         estimator=estimator_for(settings.policy, params), outliers=outliers_for(settings.policy, params),
+        engine_figures={**{n: e.figures for n, e in settings.engines().items()}, **figures_in(settings.policy, params)},
         guards=GuardConfig(max_step_up=g.max_step_up, max_step_down=g.max_step_down,
                            scale_down_stabilization_s=g.scale_down_stabilization_s,
                            budget_usd_per_hour=g.budget_usd_per_hour, min_confidence=g.min_confidence,

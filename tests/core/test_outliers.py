@@ -197,6 +197,21 @@ def test_the_decision_carries_the_ejection_and_the_replacement_once():
     assert "outliers" not in r2.diagnostics
 
 
+def test_the_controller_judges_on_the_engine_figures_it_is_given_not_the_policys():
+    # figures whose per-sequence cost dwarfs the fixed cost: the replicas' batches (38-42) then explain
+    # more of their step times than FIG's do, so the scores move; the Controller judges on what it is given
+    own = replace(FIG, a_s=FIG.a_s * 0.01, b_s_per_seq=FIG.b_s_per_seq * 50.0)
+    p = pool(FOUR)
+    given = Controller(FLEET, ScriptedPolicy({"a": 4}), outliers=NOW, engine_figures={"a": own})
+    _, r = given.step(given.initial_state(), TickInput(now_s=15.0, observation=obs(15.0, p)))
+    default = Controller(FLEET, ScriptedPolicy({"a": 4}), outliers=NOW)
+    _, r0 = default.step(default.initial_state(), TickInput(now_s=15.0, observation=obs(15.0, p)))
+    want = {k: round(v, 3) for k, v in slowness_scores(SPEC, p, NOW.min_batch, own).items()}
+    assert r.diagnostics["outliers"]["scores"]["a"] == want
+    assert r0.diagnostics["outliers"]["scores"]["a"] == {k: round(v, 3) for k, v in slowness_scores(SPEC, p).items()}
+    assert want != r0.diagnostics["outliers"]["scores"]["a"]
+
+
 def test_explain_names_the_slow_replica():
     c = Controller(FLEET, ScriptedPolicy({"a": 4}), outliers=NOW)
     s = c.initial_state()
