@@ -92,3 +92,33 @@ def fair_shares(demand: Mapping[str, float], capacity: float) -> dict[str, float
             out[t2] = level
         break
     return out
+
+
+MAX_PROFILE_STEPS = 32  # step indices past this share the last bucket (an agent's long loop: its tail, not its shape)
+
+
+def profile_from_samples(task_steps: np.ndarray, step_index: np.ndarray, step_tokens: np.ndarray,
+                         max_steps: int = MAX_PROFILE_STEPS) -> StepProfile | None:
+    """A step profile from samples: the step counts of the tasks seen (`task_steps`, one per task) and each step
+    seen with its index and tokens (`step_index`, `step_tokens`). None without a task of more than one step (a
+    profile of single requests weighs as none). Example: tasks [1, 2], steps (0, 900), (0, 1100), (1, 3000) →
+    tasks (0.5, 0.5), tokens (1000, 3000)."""
+    n = np.minimum(np.asarray(task_steps, dtype=np.int64), max_steps)
+    if n.size == 0 or n.max() <= 1:
+        return None
+    size = int(n.max())
+    tasks = np.bincount(n - 1, minlength=size)[:size].astype(float)
+    idx = np.minimum(np.asarray(step_index, dtype=np.int64), size - 1)
+    tok = np.asarray(step_tokens, dtype=float)
+    seen = np.bincount(idx, minlength=size)[:size]
+    total = np.bincount(idx, weights=tok, minlength=size)[:size]
+    mean = np.where(seen > 0, total / np.maximum(seen, 1), np.nan)
+    if np.isnan(mean).all():
+        return None
+    # an index no step was seen at (the window cut it) takes the nearest earlier one's mean (the first seen's before)
+    for s in range(size):
+        if np.isnan(mean[s]):
+            earlier = mean[:s][~np.isnan(mean[:s])]
+            mean[s] = earlier[-1] if earlier.size else mean[~np.isnan(mean)][0]
+    return StepProfile(tasks=tuple(float(x) / float(tasks.sum()) for x in tasks),
+                       tokens=tuple(float(x) for x in mean), count=int(n.size))
