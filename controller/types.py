@@ -174,6 +174,46 @@ class ClassObservation:
     retry_rps: Reading = MISSING
 
 
+@dataclass(frozen=True, slots=True)
+class StepProfile:
+    """The measured step profile of one priority class (or tenant): how many steps its tasks run and what a step
+    costs at each index, from the picker's task book (controller/dataplane/task_book.py) or the simulator's tasks.
+
+    `tasks[n]` is the share of tasks that ran n + 1 steps (the last entry: that many or more); `tokens[s]` the mean
+    tokens (prompt + output) of a step at index s (the last entry: that index or later), the work a step sinks
+    into its task. Same length, at least 1. Example: tasks (0.5, 0.5), tokens (1000, 3000): half the tasks run
+    one step, half two; a second step costs 3,000 tokens and carries the 1,000 of the first.
+    """
+
+    tasks: tuple[float, ...]
+    tokens: tuple[float, ...]
+    count: int = 0  # tasks measured
+
+    def __post_init__(self) -> None:
+        if not self.tasks or len(self.tasks) != len(self.tokens):
+            raise ValueError(f"StepProfile: tasks and tokens must have the same length >= 1 "
+                             f"(got {len(self.tasks)} and {len(self.tokens)})")
+        for name, vals in (("tasks", self.tasks), ("tokens", self.tokens)):
+            if any(not (math.isfinite(v) and v >= 0) for v in vals):
+                raise ValueError(f"StepProfile.{name}: every value must be a finite number >= 0 (got {vals})")
+        if sum(self.tasks) <= 0:
+            raise ValueError(f"StepProfile.tasks: no task at all (got {self.tasks})")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskProfile:
+    """What the data plane measured of tasks, steps and tenants over its window: the step profile per class
+    (classes without labelled tasks left out) and each tenant's tokens per second (prompt + output). Empty
+    (no classes, no tenants) where no request carried a task id: the planner then weighs steps statically."""
+
+    classes: Mapping[str, StepProfile] = field(default_factory=dict)
+    tenant_tokens_rps: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not self.classes and not self.tenant_tokens_rps
+
+
 class PoolPhases(Protocol):
     """One pool as the autoscaler reports it: its replicas per phase. The actuation adapters'
     `PoolStateView` and the simulator's `PoolState` both are one."""
@@ -364,6 +404,8 @@ class FleetEstimate:
     # (a change sets off a rolling restart) and the replicas it says each pool needs now
     decided_caps: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     needs: Mapping[str, int] = field(default_factory=dict)
+    # tasks, steps and tenants as the data plane measured them (None: nobody measured them, or no task labelled)
+    tasks: TaskProfile | None = None
 
 
 @dataclass(frozen=True, slots=True)

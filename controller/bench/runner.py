@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from controller.bench.observe import SimObserver
+from controller.bench.task_profile import sim_task_profile
 from controller.core.breaker import DEFAULT_BREAKER, BreakerConfig
 from controller.core.estimate import DEFAULT_ESTIMATOR, EstimatorConfig
 from controller.core.guards import GuardConfig
@@ -218,14 +219,17 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
                     profile: str = "balanced", breaker: BreakerConfig | None = DEFAULT_BREAKER,
                     estimator: EstimatorConfig = DEFAULT_ESTIMATOR, outliers: OutlierConfig | None = None,
                     engine_figures: Mapping[str, EngineFigures] | None = None, overrides: Sequence[Override] = (),
-                    measure: Callable[[Fleet], Mapping[str, Any]] | None = None) -> RunResult:
+                    measure: Callable[[Fleet], Mapping[str, Any]] | None = None,
+                    task_profile: bool = True) -> RunResult:
     """Drive `policy` over the scenario: the loop every driver of the core shares. `profile` is the
     objective profile each tick carries, as the daemon's config sets it (only the MPC reads it);
     `breaker` the controller's breaker (None: none, for the yardsticks replayed as found); `engine_figures`
     the step-time figures by pool the controller judges slow replicas on (None: each engine's default);
     `overrides` are operator overrides every tick carries (an SLO the policy is told, as `governor
     override` sets one); `measure`, when given, reads the finished fleet and its mapping joins
-    `extra` (figures a bench needs beyond the summary)."""
+    `extra` (figures a bench needs beyond the summary); `task_profile`: each tick carries the step profile
+    measured from the simulator's tasks (controller/bench/task_profile.py; None where no task is labelled), as
+    the daemon carries the picker's: False plans on the static steps-per-task weight instead."""
     if not (math.isfinite(tick_s) and tick_s > 0):
         raise ValueError(f"tick_s must be a finite number > 0 (got {tick_s!r})")
     fleet = Fleet(scenario, seed=seed, workload=workload)
@@ -245,9 +249,10 @@ def run_closed_loop(scenario: Scenario, policy: Policy, *, seed: int, tick_s: fl
         fleet.run_until(t)
         if fleet.done:
             break
+        tasks = sim_task_profile(fleet, t) if task_profile else None
         state, result = controller.step(state, TickInput(now_s=t, observation=observer.read(t),
                                                          fleet_state=observer.fleet_state(), profile=profile,
-                                                         overrides=tuple(overrides)))
+                                                         overrides=tuple(overrides), tasks=tasks))
         if result.decision is not None:
             apply_decision(fleet, result.decision)
             decisions += 1
@@ -279,9 +284,10 @@ def run_policy(scenario: Scenario, policy_name: str, *, seed: int, tick_s: float
                params: Mapping[str, Any] | None = None, progress: Progress | None = None,
                workload: Workload | None = None, label: str | None = None, profile: str = "balanced",
                overrides: Sequence[Override] = (),
-               measure: Callable[[Fleet], Mapping[str, Any]] | None = None) -> RunResult:
+               measure: Callable[[Fleet], Mapping[str, Any]] | None = None,
+               task_profile: bool = True) -> RunResult:
     """Replay `scenario` under the registered policy `policy_name` built with `params` (`overrides`,
-    `measure`: as `run_closed_loop`).
+    `measure`, `task_profile`: as `run_closed_loop`).
 
     Raises ValueError for an unknown policy or bad parameters (from `build_policy`).
     """
@@ -291,4 +297,5 @@ def run_policy(scenario: Scenario, policy_name: str, *, seed: int, tick_s: float
                            label=label or policy_name, params=recorded, profile=profile,
                            breaker=breaker_for(policy_name, params), estimator=estimator_for(policy_name, params),
                            outliers=outliers_for(policy_name, params),
-                           engine_figures=figures_in(policy_name, params), overrides=overrides, measure=measure)
+                           engine_figures=figures_in(policy_name, params), overrides=overrides, measure=measure,
+                           task_profile=task_profile)

@@ -55,6 +55,7 @@ from controller.types import (
     PoolPhases,
     PoolSpec,
     Reading,
+    TaskProfile,
 )
 
 # a rolling restart's next surge replica starts when the previous one is ready; this long past a
@@ -79,18 +80,21 @@ DEFAULT_ESTIMATOR = EstimatorConfig()
 
 
 def estimate(previous: Estimate | None, observation: FleetObservation,
-             fleet_state: Mapping[str, PoolPhases] | None, now_s: float) -> Estimate:
+             fleet_state: Mapping[str, PoolPhases] | None, now_s: float,
+             tasks: TaskProfile | None = None) -> Estimate:
     """Merge the autoscaler's replica phases (`fleet_state`, per pool; None or empty when unknown)
     into `observation`. `previous` is the last tick's estimate (None on the first tick); the merge
-    itself needs no memory.
+    itself needs no memory. `tasks`, the data plane's measured task profile, is carried as given (an empty
+    profile, nothing labelled, is None: the planner then weighs steps as it would without one).
 
     Example: the autoscaler reports pool a with 0 ready, 0 starting, 0 draining and the telemetry
     has no `replicas_ready` for it → a reads 0 ready, 0 starting, 0 draining; with 1 starting instead
     → `replicas_ready` stays missing and `replicas_starting` reads 1.
     """
     del previous  # the merge is stateless; the slot is here for estimator state that is fleet-wide
+    tasks = tasks if tasks is not None and not tasks.empty else None
     if not fleet_state:
-        return Estimate(at_s=now_s, observation=observation)
+        return Estimate(at_s=now_s, observation=observation, tasks=tasks)
     pools = dict(observation.pools)
     zero: list[str] = []
     for name, ps in fleet_state.items():
@@ -100,7 +104,8 @@ def estimate(previous: Estimate | None, observation: FleetObservation,
             p = replace(p, replicas_ready=Reading(0.0))
             zero.append(name)
         pools[name] = p
-    return Estimate(at_s=now_s, observation=replace(observation, pools=pools), scaled_to_zero=tuple(zero))
+    return Estimate(at_s=now_s, observation=replace(observation, pools=pools), scaled_to_zero=tuple(zero),
+                    tasks=tasks)
 
 
 def target_in_force(current: Decision | None, observation: FleetObservation, spec: PoolSpec) -> tuple[int, str]:

@@ -55,6 +55,7 @@ from controller.types import (
     PoolPhases,
     Reason,
     SloSpec,
+    TaskProfile,
 )
 
 
@@ -78,6 +79,9 @@ class TickInput:
     mode: Mode = Mode.ACTIVE
     overrides: tuple[Override, ...] = ()
     profile: str = "balanced"
+    # tasks, steps and tenants as the data plane measured them over its window (the picker's task book in the
+    # daemon, the simulator's tasks in the bench); None: not measured, or no request carried a task id
+    tasks: TaskProfile | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +247,7 @@ class Controller:
 
     def step(self, state: ControllerState, tick: TickInput) -> tuple[ControllerState, TickResult]:
         now_s = tick.now_s
-        est = estimate(state.estimate, tick.observation, tick.fleet_state, now_s)
+        est = estimate(state.estimate, tick.observation, tick.fleet_state, now_s, tick.tasks)
         obs = est.observation
         active = tuple(o for o in tick.overrides if o.active(now_s))
         telemetry = {p.name: pool_telemetry_status(obs.pools.get(p.name)) for p in self.fleet.pools}

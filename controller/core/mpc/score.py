@@ -28,6 +28,7 @@ from controller.core.mpc.problem import MpcConfig, PlanProblem, plan_steps
 from controller.core.mpc.risk import Risk
 from controller.core.mpc.traffic import Flow, Traffic
 from controller.core.mpc_model import PlanModel
+from controller.core.tasks import static_loss
 from controller.levers import LEVERS, Lever, plan_groups
 
 # the candidate arrays each lever of `MpcConfig.fixed_levers` owns (the lever table's `plan` and `array` columns)
@@ -78,8 +79,16 @@ class Evaluator:
         self.price = np.array([p.usd_per_hour for p in pools])
         self.ready_int = np.array([p.ready for p in pools])
         w = prob.weights
-        self.wv = np.array([w.cls("violation_weight", c.name) * (1 + w.cls("steps_per_task", c.name)) / 2 for c in cls])
-        self.ws_shed = np.array([w.cls("shed_weight", c.name) * (1 + w.cls("steps_per_task", c.name)) / 2 for c in cls])
+        # what a late or shed request loses, in requests' worth: its task's sunk steps too (controller/core/tasks.py)
+        loss = np.array([c.task_loss if c.task_loss is not None else static_loss(w.cls("steps_per_task", c.name))
+                         for c in cls])
+        self.wv = np.array([w.cls("violation_weight", c.name) for c in cls]) * loss
+        self.ws_shed = np.array([w.cls("shed_weight", c.name) for c in cls]) * loss
+        # step-aware admission sheds first steps only: nothing sunk, its own work lost (1 request's worth). Only a
+        # measured profile says what later steps carry; with the static weight there is nothing to choose.
+        self.ws_aware = np.array([w.cls("shed_weight", c.name) * (1.0 if c.task_loss is not None else lo)
+                                  for c, lo in zip(cls, loss, strict=True)])
+        self.aware_gain = self.ws_shed - self.ws_aware  # (K,) >= 0: what step-aware saves per request shed
         self.tol = np.array([w.cls("risk_tolerance", c.name) for c in cls])
         self.risk_prio = np.array([w.cls("risk_priority", c.name) for c in cls])
         self.step_weight = np.ones(H)
@@ -174,6 +183,13 @@ class Evaluator:
         # serves its successes can go below, the floor only binds for such plans.
         cpr = np.maximum(cost / succ, self.cpr_min)
         pen = 1.0 + (late[:, 0] * self.wv).sum(axis=1) / total + (shed_n[:, 0] * self.ws_shed).sum(axis=1) / total
+        # step-aware admission (a lever of the delay quadrant): the same sheds on first steps cost only their own
+        # work; chosen where it predicts shedding in either load scenario (the plan's shed is a first-step shed)
+        aware = None
+        if self.aware_gain.any():
+            saved = np.maximum(shed_n, 0.0) * self.aware_gain[None, None, :]  # (C,2,K)
+            aware = saved.sum(axis=2).max(axis=1) > 1e-9
+            pen = pen - saved[:, 0].sum(axis=1) / total
         # A request that times out in a backlog is lost as well as late: its client waited for nothing,
         # as a rejected one's did not. Priced like a rejected request on top of its lateness (it is in
         # `late` already), so admitting what will only time out never looks cheaper than shedding it:
@@ -219,6 +235,7 @@ class Evaluator:
             "risk_excess": excess, "ready": ready, "billed": billed, "ttft_p95": pl.ttft95, "tpot_p95": pl.tpot95,
             "wait": pl.wait_detail, "utilisation": (flow.pool_rps / np.maximum(pl.cap_rps, 1e-9)), "hit": pl.hit,
             "penalty_factor": pen, "risk_term": risk, "change_usd": change,
+            "step_aware": np.zeros(cand.n, dtype=bool) if aware is None else aware,
             "tpot_max": None if lat.tpot_max_s is None else np.reshape(lat.tpot_max_s, pl.shape),
         }
         return J, info

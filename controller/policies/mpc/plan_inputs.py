@@ -30,6 +30,7 @@ from controller.core.guards import override_bounds
 from controller.core.mpc import ClassInput, PlanProblem, PoolInput, hop
 from controller.core.mpc_model import LatencyQuery, PlanModel, QueueingPrior
 from controller.core.objective import ObjectiveWeights
+from controller.core.tasks import task_loss
 from controller.perf.catalogue import GIB, NON_TORCH_GIB_PER_GPU
 from controller.perf.engines import Catalogue, EngineError
 from controller.policies.common import value
@@ -390,6 +391,8 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
     # the reliability dial: that quantile of the forecast, its p90 being the measured error's (forecasting.py)
     z = float(ndtri(weights.reliability)) / float(ndtri(0.9))  # 0.75 → 0.53 of the way to p90
     plan_q = fc.p50 + z * (fc.p90 - fc.p50)
+    # the measured step profile (the core's estimate): what a lost request of each class loses with its task
+    tasks = inp.estimate.tasks if inp.estimate is not None else None
     for c in PRIORITY_CLASSES:
         if c not in fleet.slos:
             continue
@@ -405,7 +408,8 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
             p50_rps=tuple(float(x) * share for x in fc.p50), p90_rps=tuple(float(x) * share for x in plan_q),
             shed_now=shed_now, min_shed=max(float(action.min_shed.get(c, 0.0)), float(fb.min_shed.get(c, 0.0))),
             max_shed=1.0,
-            backlog=(value(co.queue_depth) or 0.0) if co is not None else 0.0))
+            backlog=(value(co.queue_depth) or 0.0) if co is not None else 0.0,
+            task_loss=task_loss(prof) if tasks is not None and (prof := tasks.classes.get(c)) is not None else None))
     total = sum(groups.values())
     gshare = {g: v / total for g, v in groups.items()} if total > 0 else {}
     held = sum((value(co.queue_depth) or 0.0) for co in obs.classes.values())

@@ -17,6 +17,9 @@ class admission, with reasons a human can follow. The concerns live beside this 
   the tightest protected TPOT SLO, so a surge faster than a tick waits at the router in priority
   order instead of slowing every stream, `stream_guard`, default true);
 - first_step.py: the plan's first step → decisions (scale-down stabilisation, router weights);
+- task_levers.py: the delay quadrant's task levers from the plan: step-aware admission where the plan sheds and
+  the measured step profile (`FleetEstimate.tasks`) says later steps carry sunk work, each tenant's fair share of
+  the admitted capacity under predicted overload;
 - reasons.py: reasons and diagnostics.
 
 Slow replicas (controller/core/outliers.py) are detected, ejected and replaced by `Controller.step`
@@ -95,7 +98,10 @@ from controller.policies.mpc.reasons import (
     planner_status,
     pool_reasons,
     redundancy_reasons,
+    task_diagnostics,
+    task_reasons,
 )
+from controller.policies.mpc.task_levers import step_admission, tenant_limits
 from controller.types import (
     PRIORITY_CLASSES,
     ClassAdmission,
@@ -313,6 +319,10 @@ class MpcPolicy:
             if s > 0.005:
                 admission[c] = ClassAdmission(shed_frac=round(s, 3))
         reasons.extend(class_reasons(state.shed_in_force, result.plan.shed, result, action, fb))
+        # the delay quadrant's task levers: step-aware admission and tenant limits, from the plan (task_levers.py)
+        step_aware = step_admission(result)
+        tenants = tenant_limits(problem, result, pools_out, est.tasks, class_share)
+        reasons.extend(task_reasons(inp.current, step_aware, tenants, result))
         reasons.extend(backlog_reasons(fb, targets))
         reasons.extend(redundancy_reasons(problem, pools_out, redundant))
         reasons.extend(guard_reasons(problem, pools_out, guards, inp.observation))
@@ -325,6 +335,7 @@ class MpcPolicy:
         diag["reliability"] = dial_diagnostics(weights.reliability, dial_source, problem, fc, startup)
         diag["model"]["planning_model"] = self.planning_model
         diag["stream_guard"] = dict(guards)
+        diag["tasks"] = task_diagnostics(est.tasks, step_aware, tenants, result)
         diag["forecast"]["validation"] = board.to_dict(fc_method)
         if learned_unusable:
             diag["model"]["learned_unusable"] = learned_unusable
@@ -337,4 +348,4 @@ class MpcPolicy:
                              waiting=dict(fb.waiting), forecast_board=board, estimate=kept)
         return new_state, PolicyOutput(pools=pools_out, admission=admission, reasons=tuple(reasons), diagnostics=diag,
                                        confidence=conf, status=planner_status(diag, guards, headroom, result),
-                                       needs=need_now)
+                                       needs=need_now, tenants=tenants.limits, step_aware=step_aware)

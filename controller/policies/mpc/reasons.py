@@ -7,7 +7,9 @@ pool), binding_floor (floors raised its lower bound to its upper one: `pin_cause
 split between pools), lever_standby (`pool_reasons`), lever_delay (shedding a class:
 `class_reasons`), backlog_floor (a measured backlog raised a pool's floor: `backlog_reasons`),
 memory_headroom (the framebuffer bars raising a pool's engine batch caps: `memory_reasons`),
-stream_guard (the standing in-flight ceiling binds: `guard_reasons`).
+stream_guard (the standing in-flight ceiling binds: `guard_reasons`), step_admission (step-aware admission turned
+on or handed back to the router) and tenant_share (a tenant held to its fair share, or its limit lifted:
+`task_reasons`).
 The policy adds scale_down_stabilised and low_confidence; the breaker's own
 (breaker_open / breaker_recovering / breaker_closed) come from Controller.step.
 
@@ -29,15 +31,18 @@ from controller.levers import LEVERS
 from controller.policies.common import reason, value
 from controller.policies.mpc.feedback import Feedback
 from controller.policies.mpc.plan_inputs import FB_MARGIN_GIB, MemoryHeadroom
+from controller.policies.mpc.task_levers import TenantPlan
 from controller.types import (
     PRIORITY_CLASSES,
     BreakerAction,
+    Decision,
     FleetObservation,
     PolicyStatus,
     PoolDecision,
     PoolGauges,
     PoolSpec,
     Reason,
+    TaskProfile,
 )
 
 # the pool levers a move of which pool_reasons explains (the lever table's `reason` column)
@@ -197,6 +202,61 @@ def class_reasons(before: Mapping[str, float], after: Mapping[str, float], resul
             out.append(reason("lever_delay", None, f"{c} shed fraction {a:.2f}→{b:.2f} ({why})",
                               priority_class=c, before=a, after=b))
     return out
+
+
+def task_reasons(current: Decision | None, step_aware: bool | None, tenants: TenantPlan,
+                 result: PlanResult) -> list[Reason]:
+    """Step-aware admission turned on or handed back, and each tenant whose limit the plan sets or lifts, said
+    as an operator would: what changed and why (task_levers.py)."""
+    out: list[Reason] = []
+    was = current.step_aware if current is not None else None
+    if step_aware != was and (step_aware or was):
+        if step_aware:
+            shed = {c: s for c, s in result.terms.get("shed_frac", {}).items() if s > 0}
+            loss = result.terms.get("task_loss", {})
+            worst = max(loss, key=lambda c: loss[c] * shed.get(c, 0.0), default=None)
+            what = (f"; a {worst} request carries {loss[worst]:.1f} requests' worth of its task's earlier steps"
+                    if worst is not None else "")
+            out.append(reason("step_admission", None,
+                              "step-aware admission on: the plan sheds "
+                              + ", ".join(f"{s:.1%} of {c}" for c, s in shed.items())
+                              + f"{what}; new tasks' first steps are shed and held before steps of tasks under way",
+                              step_aware=True, shed=shed, task_loss=dict(loss)))
+        else:
+            out.append(reason("step_admission", None, "step admission back to the router's own setting: the plan "
+                              "sheds nothing, or the measured tasks carry no earlier steps to protect",
+                              step_aware=None))
+    before = dict(current.tenants) if current is not None else {}
+    for t, lim in tenants.limits.items():
+        if before.get(t) == lim:
+            continue
+        share = tenants.token_share.get(t, 0.0)
+        if lim.max_inflight > 0:
+            msg = (f"tenant {t} held to {lim.max_inflight} requests in flight: it sends {share:.0%} of the tokens "
+                   f"and the plan admits {tenants.admitted_frac:.0%} of the demand ({tenants.slots} in flight); "
+                   "this is its fair share")
+        else:
+            msg = (f"tenant {t} not limited: it sends {share:.0%} of the tokens, within its fair share of what the "
+                   f"plan admits ({tenants.admitted_frac:.0%} of the demand)")
+        out.append(reason("tenant_share", None, msg, tenant=t, max_inflight=lim.max_inflight,
+                          token_share=round(share, 4), admitted_frac=round(tenants.admitted_frac, 4)))
+    for t in sorted(set(before) - set(tenants.limits)):
+        out.append(reason("tenant_share", None, f"tenant {t}: limits lifted, the plan predicts no overload",
+                          tenant=t, max_inflight=0))
+    return out
+
+
+def task_diagnostics(tasks: TaskProfile | None, step_aware: bool | None, tenants: TenantPlan,
+                     result: PlanResult) -> dict[str, Any]:
+    """The explain record's view of the task levers: the profile planned with and what it chose."""
+    return {"profile": None if tasks is None else {
+                "classes": {c: {"tasks": list(p.tasks), "tokens": list(p.tokens), "count": p.count}
+                            for c, p in tasks.classes.items()},
+                "tenant_tokens_rps": dict(tasks.tenant_tokens_rps)},
+            "task_loss": dict(result.terms.get("task_loss", {})), "step_aware": step_aware,
+            "tenants": {t: {"max_inflight": lim.max_inflight, "weight": lim.weight}
+                        for t, lim in tenants.limits.items()},
+            "admitted_frac": tenants.admitted_frac, "slots": tenants.slots}
 
 
 def backlog_reasons(feedback: Feedback, targets: Mapping[str, int]) -> list[Reason]:

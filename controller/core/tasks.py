@@ -1,0 +1,124 @@
+"""Tasks, steps and tenants as the planner weighs them: values derived from the measured task profile.
+
+The data plane measures, per priority class, how many steps tasks run and what a step costs at each index
+(`StepProfile`, controller/types.py; the picker's task book in the daemon, the simulator's tasks in the bench).
+From it the planner takes what losing one request of the class costs, in requests' worth of work:
+
+- step-blind (a shed or late request falls on any step alike): a request at step s loses its own tokens and the
+  tokens its task sank into steps 0 … s − 1 (the task fails, DESIGN.md §2 "workflow context"), so
+
+      task_loss = Σ_s r_s × (sunk_s + own_s) / Σ_s r_s × own_s,
+
+  r_s the share of the class's requests at step s (the tasks that reach it: r_s ∝ P(steps > s)).
+  Example: every task two steps of 1,000 then 3,000 tokens: r = (½, ½), task_loss = (1,000 + 4,000) /
+  (1,000 + 3,000) = 1.25; tasks of 5 equal steps: (1 + 2 + … + 5) / 5 = 3, the static (1 + 5) / 2.
+- step-aware (the router sheds first steps only: controller/dataplane/picker.py, controller/sim/router.py): a
+  shed falls on a task that has not started, nothing is sunk, and its later steps never arrive; shedding a
+  share f of first steps removes a share f of the class's requests once the tasks under way finish (within
+  a think time and a step: well inside one planning step), each losing its own work only: 1 request's worth.
+
+Tenants: a token-weighted fair share (max-min fair on tokens per second: no tenant gets more than it asks,
+what the light ones leave is shared equally among the rest), the share the picker's fair queue serves
+(controller/dataplane/task_book.py, virtual time = tokens served / weight).
+
+Must not: do I/O, read a clock or import anything outside the values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from controller.types import StepProfile
+
+
+def request_shares(p: StepProfile) -> np.ndarray:
+    """The share of the class's requests at each step index: the tasks that run at least s + 1 steps.
+    Example: tasks (0.5, 0.5) (one step, two steps) → requests (2/3, 1/3)."""
+    t = np.asarray(p.tasks, dtype=float)
+    reach = np.cumsum(t[::-1])[::-1]  # tasks with at least s + 1 steps
+    return np.asarray(reach / reach.sum(), dtype=float)
+
+
+def sunk_tokens(p: StepProfile) -> np.ndarray:
+    """Tokens a task has sunk into its earlier steps when it sends step s (0 for the first)."""
+    tok = np.asarray(p.tokens, dtype=float)
+    return np.concatenate(([0.0], np.cumsum(tok)[:-1]))
+
+
+def task_loss(p: StepProfile) -> float:
+    """Requests' worth of work one request of the class loses when it is shed or late, step-blind (its own and
+    its task's sunk steps; module docstring). At least 1; 1 for single-step tasks or a profile with no tokens."""
+    r = request_shares(p)
+    tok = np.asarray(p.tokens, dtype=float)
+    own = float((r * tok).sum())
+    if own <= 0:
+        return 1.0
+    return max(1.0, float((r * (sunk_tokens(p) + tok)).sum()) / own)
+
+
+def static_loss(steps_per_task: float) -> float:
+    """The static weight the objective used before a profile was measured: (1 + steps) / 2, the mean over a
+    task's steps of the steps lost with it when every step costs the same (controller/core/objective.py)."""
+    return (1.0 + steps_per_task) / 2.0
+
+
+def mean_steps(p: StepProfile) -> float:
+    """Mean steps per task of the profile."""
+    t = np.asarray(p.tasks, dtype=float)
+    return float((t * np.arange(1, len(t) + 1)).sum() / t.sum())
+
+
+def fair_shares(demand: Mapping[str, float], capacity: float) -> dict[str, float]:
+    """Max-min fair shares of `capacity` over `demand` (same unit: tokens per second): a tenant asking less than
+    an equal share keeps what it asks, the rest is split equally among the others (water filling).
+    Example: demand {a: 100, b: 10}, capacity 60 → {a: 50, b: 10}; capacity 200 → {a: 100, b: 10}."""
+    if not math.isfinite(capacity) or capacity < 0:
+        raise ValueError(f"fair_shares: capacity must be a finite number >= 0 (got {capacity!r})")
+    left = capacity
+    out: dict[str, float] = {}
+    todo = sorted(((max(float(d), 0.0), t) for t, d in demand.items()), key=lambda x: (x[0], x[1]))
+    while todo:
+        level = left / len(todo)
+        d, t = todo[0]
+        if d <= level:
+            out[t] = d
+            left -= d
+            todo.pop(0)
+            continue
+        for _d, t2 in todo:
+            out[t2] = level
+        break
+    return out
+
+
+MAX_PROFILE_STEPS = 32  # step indices past this share the last bucket (an agent's long loop: its tail, not its shape)
+
+
+def profile_from_samples(task_steps: np.ndarray, step_index: np.ndarray, step_tokens: np.ndarray,
+                         max_steps: int = MAX_PROFILE_STEPS) -> StepProfile | None:
+    """A step profile from samples: the step counts of the tasks seen (`task_steps`, one per task) and each step
+    seen with its index and tokens (`step_index`, `step_tokens`). None without a task of more than one step (a
+    profile of single requests weighs as none). Example: tasks [1, 2], steps (0, 900), (0, 1100), (1, 3000) →
+    tasks (0.5, 0.5), tokens (1000, 3000)."""
+    n = np.minimum(np.asarray(task_steps, dtype=np.int64), max_steps)
+    if n.size == 0 or n.max() <= 1:
+        return None
+    size = int(n.max())
+    tasks = np.bincount(n - 1, minlength=size)[:size].astype(float)
+    idx = np.minimum(np.asarray(step_index, dtype=np.int64), size - 1)
+    tok = np.asarray(step_tokens, dtype=float)
+    seen = np.bincount(idx, minlength=size)[:size]
+    total = np.bincount(idx, weights=tok, minlength=size)[:size]
+    mean = np.where(seen > 0, total / np.maximum(seen, 1), np.nan)
+    if np.isnan(mean).all():
+        return None
+    # an index no step was seen at (the window cut it) takes the nearest earlier one's mean (the first seen's before)
+    for s in range(size):
+        if np.isnan(mean[s]):
+            earlier = mean[:s][~np.isnan(mean[:s])]
+            mean[s] = earlier[-1] if earlier.size else mean[~np.isnan(mean)][0]
+    return StepProfile(tasks=tuple(float(x) / float(tasks.sum()) for x in tasks),
+                       tokens=tuple(float(x) for x in mean), count=int(n.size))
