@@ -127,11 +127,12 @@ class EnvoyProcess:
             return ""
 
     def stats(self, prefix: str = "") -> dict[str, int]:
-        """Envoy's counters and gauges (admin /stats), optionally filtered by a name prefix."""
+        """Envoy's counters and gauges (admin /stats), optionally filtered by a name prefix (text readouts, whose
+        values are strings, are left out)."""
         with urllib.request.urlopen(self.admin_url + "/stats?format=json", timeout=2) as r:
             data = json.loads(r.read())
         return {s["name"]: int(s["value"]) for s in data.get("stats", [])
-                if "value" in s and s["name"].startswith(prefix)}
+                if isinstance(s.get("value"), int) and s["name"].startswith(prefix)}
 
     def stop(self, grace_s: float = 5.0) -> None:
         if self.proc is not None and self.proc.poll() is None:

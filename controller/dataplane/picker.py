@@ -33,6 +33,10 @@ Per request, in this order (the simulated router's order, controller/sim/router.
      `vllm:num_requests_running + vllm:num_requests_waiting` from its /metrics), min-max
      normalised over the candidates (0 when all are equal); kv_usage: `vllm:kv_cache_usage_perc`.
    Ties go to the first candidate in a rotating order (round robin among equals).
+   The request also names a fallback: the best-scoring other candidate of the same pool (same model, same rules;
+   none when the pool has one candidate). The edge hands both to Envoy, which retries once on the fallback only
+   when the request never reached the primary (deploy/envoy/loopback.yaml); the slot stays counted on the primary
+   until the edge learns the fallback served it (`moved`).
    A route group none of whose pools has a ready replica (scaled to zero, or starting from zero):
    the request is held for the group in a bounded queue (`ColdStart`: at most `queue_size` at once;
    each class waits up to its own `wait_s`, 0 = not held: 503 at once), released critical first, FCFS
@@ -119,6 +123,7 @@ class HeldRequest:
     key: int | None
     token: object = None
     endpoint: Endpoint | None = None  # set when dispatched
+    fallback: Endpoint | None = None  # set when dispatched: where a request that never reached `endpoint` retries
     done: bool = False
     group: str = ""
     wait_s: float | None = None
@@ -159,6 +164,7 @@ class Route:
     retry_after_s: int = 0
     reason: str = ""
     ticket: StepTicket | None = None  # the admitted step's accounting: hand it back to `finish` with its outcome
+    fallback: Endpoint | None = None  # another replica of the endpoint's pool, for a retry before the first byte
 
 
 @dataclass
@@ -218,6 +224,7 @@ class Counters:
     arrivals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PRIORITY_CLASSES, 0))
     held: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PRIORITY_CLASSES, 0))
     rejected: dict[tuple[str, str], int] = field(default_factory=dict)  # (class, reason)
+    fallbacks: dict[str, int] = field(default_factory=dict)  # pool → requests retried on its fallback replica
     per_second: dict[str, deque[tuple[int, int]]] = field(
         default_factory=lambda: {c: deque(maxlen=4) for c in PRIORITY_CLASSES})
 
@@ -351,7 +358,7 @@ class Picker:
             return rejected
         assert rejected.endpoint is not None
         self._charge(tenant, tokens, settings)
-        return Route(endpoint=rejected.endpoint, ticket=ticket)
+        return Route(endpoint=rejected.endpoint, ticket=ticket, fallback=rejected.fallback)
 
     def _place(self, cls: str, prompt: str, settings: Settings, group: str | None, later: bool,
                tenant: str) -> Route:
@@ -361,10 +368,10 @@ class Picker:
         key = prefix_key(prompt, self.block_chars, self.affinity_blocks)
         if pool is None:
             return self._hold_cold(cls, g, key, later, tenant)
-        ep = self._pick(pool, cls, key, settings.pools[pool])
+        ep, fallback = self._pick(pool, cls, key, settings.pools[pool])
         if ep is not None:
             self._start(ep)
-            return Route(endpoint=ep)
+            return Route(endpoint=ep, fallback=fallback)
         budget = settings.admission_of(cls).queue_budget
         st = self._classes[cls]
         # the budget bounds what a class holds; step-aware, first steps count everything held and later steps only
@@ -386,6 +393,13 @@ class Picker:
         ep.inflight = max(0, ep.inflight - 1)
         self._release(ticket, ok)
         return self.dispatch_held(settings, ep.pool)
+
+    def moved(self, primary: Endpoint, served: Endpoint) -> None:
+        """The request never reached `primary` and Envoy retried it on `served`, its fallback: its slot moves there
+        (the step is still one step: its ticket, its tenant's slot and its outcome, the retry's, are untouched)."""
+        primary.inflight = max(0, primary.inflight - 1)
+        served.inflight += 1
+        self.counters.fallbacks[served.pool] = self.counters.fallbacks.get(served.pool, 0) + 1
 
     def settle(self, ticket: StepTicket, ok: bool) -> None:
         """The outcome of a step whose slot `finish` freed with ok=None."""
@@ -412,12 +426,12 @@ class Picker:
                     if q is None:
                         break
                     h = q[0]
-                    ep = self._pick(p, h.cls, h.key, ps)
+                    ep, fallback = self._pick(p, h.cls, h.key, ps)
                     if ep is None:
                         blocked = True  # no room for this class: none for the classes behind it either
                         break
                     q.popleft()
-                    self._dispatched(h, ep, settings)
+                    self._dispatched(h, ep, fallback, settings)
                     out.append(h)
         return out
 
@@ -475,11 +489,11 @@ class Picker:
                     q.popleft()
                     self._cold_count -= 1
                     h.pool = pool
-                    ep = self._pick(pool, h.cls, h.key, settings.pools[pool])
+                    ep, fallback = self._pick(pool, h.cls, h.key, settings.pools[pool])
                     if ep is None:
                         self._held[pool][h.prio].append(h)  # still held (counted), now for room in the pool
                         continue
-                    self._dispatched(h, ep, settings)
+                    self._dispatched(h, ep, fallback, settings)
                     out.append(h)
         return out
 
@@ -542,9 +556,10 @@ class Picker:
         out, self._evicted = self._evicted, []
         return out
 
-    def _dispatched(self, h: HeldRequest, ep: Endpoint, settings: Settings) -> None:
+    def _dispatched(self, h: HeldRequest, ep: Endpoint, fallback: Endpoint | None, settings: Settings) -> None:
         self._start(ep)
         h.endpoint = ep
+        h.fallback = fallback
         h.done = True
         self._unhold(h)
         if h.ticket is not None:
@@ -613,34 +628,40 @@ class Picker:
         cw[best] -= total
         return best
 
-    def _pick(self, pool: str, cls: str, key: int | None, ps: PoolSettings) -> Endpoint | None:
+    def _pick(self, pool: str, cls: str, key: int | None, ps: PoolSettings
+              ) -> tuple[Endpoint | None, Endpoint | None]:
+        """(the best candidate, the best other candidate: the fallback), or (None, None) when none has room."""
         eps = [e for e in self.endpoints[pool] if e.healthy]
         if ps.ejected:  # slow endpoints Governor ejected; all of them ejected: all used (Envoy's panic threshold)
             eps = [e for e in eps if e.address not in ps.ejected] or eps
         if not eps:
-            return None
+            return None, None
         cap = 0 if cls == CRITICAL else ps.inflight_cap
         cands = [e for e in eps if cap <= 0 or e.load < cap]
         if not cands:
-            return None
+            return None, None
         n = len(cands)
         start = self._rr[pool] = (self._rr[pool] + 1) % n
         order = cands[start:] + cands[:start]
         if n == 1:
-            return order[0]
+            return order[0], None
         home = rendezvous_home(key, [e.address for e in eps]) if (key is not None and ps.prefix_weight > 0) else None
         loads = [e.load for e in order]
         lo = min(loads)
         span = max(loads) - lo
         qscale = ps.queue_weight / span if span > 0 else 0.0
         best, best_score = order[0], -math.inf
+        second, second_score = None, -math.inf
         for e, q in zip(order, loads, strict=True):
             score = (lo - q) * qscale - ps.kv_weight * e.kv_usage
             if e.address == home:
                 score += ps.prefix_weight
             if score > best_score:
+                second, second_score = best if best_score > -math.inf else None, best_score
                 best, best_score = e, score
-        return best
+            elif score > second_score:
+                second, second_score = e, score
+        return best, second
 
     def _start(self, ep: Endpoint) -> None:
         ep.inflight += 1

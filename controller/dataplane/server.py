@@ -7,10 +7,11 @@ group from another (`x-governor-route-group`; absent → the first group) and th
 buffered JSON body (`prompt`, or the chat `messages`), asks the pure `Picker` (picker.py) and
 answers with either
 
-- a header mutation setting `x-gateway-destination-endpoint: host:port` (the Gateway API
-  Inference Extension's convention; Envoy's ORIGINAL_DST cluster sends the request there), with
-  the same value as dynamic metadata `envoy.lb` / `x-gateway-destination-endpoint` for gateways
-  that route on metadata (Envoy's override_host policy), or
+- a header mutation setting `x-gateway-destination-endpoint: primary[,fallback]` (the Gateway API
+  Inference Extension's convention: the chosen replica, then another replica of the same pool when it has one),
+  with the same value as dynamic metadata `envoy.lb` / `x-gateway-destination-endpoint` for gateways that
+  route on metadata; Envoy's override_host policy sends the request to the primary and retries it once on the
+  fallback only if it never reached the primary (deploy/envoy/loopback.yaml), or
 - an ImmediateResponse: 429 (shed, rate limit) or 503 (queue budget, hold timeout, no
   endpoint) with `retry-after`.
 
@@ -18,7 +19,10 @@ A held request's stream simply waits: Envoy's `message_timeout` must exceed the 
 The request's slot is freed when Envoy closes the stream (the HTTP exchange is over). Its tenant and task come
 from headers (tasks.py; a header that breaks the convention is 400 `bad_header`); its step's outcome from the
 response status, and from Envoy's access log (`AccessLogServicer` on the ext_proc port), whose entry says whether
-the stream was cut after its first byte — the ext_proc stream ends the same way either way.
+the stream was cut after its first byte — the ext_proc stream ends the same way either way. Which replica served it
+comes back on the response headers (metadata `envoy.lb` / `x-gateway-destination-endpoint-served`, the GIE
+convention): when the fallback did, the request's slot moves there (`Picker.moved`); it stays one step.
+Envoy learns the replicas it may send to from the picker itself: EDS on the ext_proc port (eds.py).
 
 Beside it: `governor.v1.RouterControl` (policy.py's semantics) and the gRPC health service on
 a control port — beyond loopback only with a bearer token (`control_token`) or mTLS (`control_tls`),
@@ -56,6 +60,7 @@ import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.data.accesslog.v3 import accesslog_pb2 as al_pb
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+from envoy.service.endpoint.v3 import eds_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
@@ -64,6 +69,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from controller.dataplane.eds import EndpointDiscovery
 from controller.dataplane.model_routing import (
     InferencePoolMembership,
     ModelNotServedError,
@@ -92,6 +98,8 @@ from controller.types import PRIORITY_CLASSES
 log = logging.getLogger(__name__)
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
+LB_NAMESPACE = "envoy.lb"  # the GIE's metadata namespace for the destination (and the served endpoint)
+SERVED_KEY = "x-gateway-destination-endpoint-served"  # set by Envoy's override_host policy (selected_host_key)
 POOL_HEADER = "x-governor-pool"
 PICK_BUCKETS = (0.000025, 0.00005, 0.000075, 0.0001, 0.0002, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.0015,
                 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
@@ -193,6 +201,15 @@ def _follow_channel(cfg: PickerConfig) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(cfg.follow, creds)
 
 
+def _served(msg: ep_pb.ProcessingRequest) -> str:
+    """The replica Envoy sent the request to (its last attempt), from the metadata ext_proc forwards, or ""."""
+    ns = msg.metadata_context.filter_metadata.get(LB_NAMESPACE)
+    if ns is None:
+        return ""
+    v = ns.fields.get(SERVED_KEY)
+    return v.string_value if v is not None else ""
+
+
 def _header(headers: ep_pb.HttpHeaders, name: str) -> str | None:
     for h in headers.headers.headers:
         if h.key.lower() == name:
@@ -287,6 +304,8 @@ class PickerService:
         self.store = PolicyStore(cfg.defaults)
         for pool, addrs in cfg.endpoints.items():
             self.picker.set_endpoints(pool, addrs)
+        self.eds = EndpointDiscovery()  # the replicas Envoy may send to (eds.py)
+        self.publish_endpoints()
         self.registry = CollectorRegistry(auto_describe=True)
         self.pick_latency = Histogram("governor_picker_pick_latency_seconds",
                                       "Time to decide one request (body parsed to answer sent), held ones excluded",
@@ -340,7 +359,7 @@ class PickerService:
             if isinstance(fut, asyncio.Future) and not fut.done():
                 fut.set_result(None)
         if r.endpoint is not None:
-            resp = self._route_to(r.endpoint)
+            resp = self._route_to(r.endpoint, r.fallback)
             self.pick_latency.observe(time.perf_counter() - t0)
             return r.endpoint, resp, r.ticket
         if r.held is None:
@@ -375,17 +394,34 @@ class PickerService:
         if ep is None:  # it gave its place in the queue budget up to another tenant (picker.py `_displace`)
             return None, immediate(503, 1, h.rejected or "queue_budget")
         self.hold_time.observe(time.monotonic() - t0)
-        return ep, self._route_to(ep)
+        return ep, self._route_to(ep, h.fallback)
 
     @staticmethod
-    def _route_to(ep: Endpoint) -> ep_pb.ProcessingResponse:
-        mutation = ep_pb.HeaderMutation(set_headers=[_set_header(DESTINATION_HEADER, ep.address),
+    def _route_to(ep: Endpoint, fallback: Endpoint | None = None) -> ep_pb.ProcessingResponse:
+        dest = ep.address if fallback is None else f"{ep.address},{fallback.address}"
+        mutation = ep_pb.HeaderMutation(set_headers=[_set_header(DESTINATION_HEADER, dest),
                                                      _set_header(POOL_HEADER, ep.pool)])
-        # the same endpoint as dynamic metadata (namespace envoy.lb), which Gateway API implementations read
+        # the same value as dynamic metadata (namespace envoy.lb), which Gateway API implementations read
         meta = struct_pb2.Struct()
-        meta.update({"envoy.lb": {DESTINATION_HEADER: ep.address}})
+        meta.update({LB_NAMESPACE: {DESTINATION_HEADER: dest}})
         return ep_pb.ProcessingResponse(request_body=ep_pb.BodyResponse(
             response=ep_pb.CommonResponse(header_mutation=mutation)), dynamic_metadata=meta)
+
+    def served_by(self, ep: Endpoint, served: str) -> Endpoint:
+        """The replica that served a request sent to `ep` (Envoy's word, from the response headers' metadata): `ep`,
+        or its fallback after a retry — then the request's slot moves there. An address that is not another replica
+        of the same pool (membership changed meanwhile) leaves the slot where it was."""
+        if not served or served == ep.address:
+            return ep
+        other = next((e for e in self.picker.endpoints.get(ep.pool, ()) if e.address == served), None)
+        if other is None:
+            return ep
+        self.picker.moved(ep, other)
+        return other
+
+    def publish_endpoints(self) -> None:
+        """Every replica the picker routes, to Envoy's EDS stream (a new version only when the set changed)."""
+        self.eds.publish(e.address for es in self.picker.endpoints.values() for e in es)
 
     def release(self, ep: Endpoint, ticket: StepTicket | None = None, status: int = 0,
                 request_id: str | None = None) -> None:
@@ -493,6 +529,7 @@ class PickerService:
                 log.warning("pool %s: cannot resolve %s: %s (keeping the last membership)", pool, name, exc)
         self.expire_pending()
         await self._read_inferencepools(loop)
+        self.publish_endpoints()
         eps = [e for es in self.picker.endpoints.values() for e in es]
         await self._read_models(loop, [e for e in eps if e.healthy], timeout)
 
@@ -607,6 +644,11 @@ class _Collector:
             for e in list(eps):
                 inflight.add_metric([pool, e.address], e.inflight)
                 picks.add_metric([pool, e.address], e.picks)
+        fallbacks = CounterMetricFamily("governor_picker_fallback_retries", "Requests that never reached the "
+                                        "replica picked first and were retried on the pool's fallback replica "
+                                        "(Envoy's one retry; the step's outcome is the retry's)", labels=["pool"])
+        for pool in p.endpoints:
+            fallbacks.add_metric([pool], c.fallbacks.get(pool, 0))
         epp = self._epp_families(p)
         a = self.svc.store.settings(time.time())
         fallback = GaugeMetricFamily("governor_picker_policy_fallback",
@@ -614,7 +656,7 @@ class _Collector:
         fallback.add_metric([], 1.0 if a.fallback else 0.0)
         gen = GaugeMetricFamily("governor_picker_policy_generation", "Generation of the last applied RoutingPolicy")
         gen.add_metric([], a.generation)
-        return [arrivals, rate, held_total, held_now, cold, rejected, inflight, picks, fallback, gen, *epp,
+        return [arrivals, rate, held_total, held_now, cold, rejected, inflight, picks, fallbacks, fallback, gen, *epp,
                 *self._task_families(p)]
 
     @staticmethod
@@ -731,6 +773,8 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):
                 elif kind == "response_headers":
                     raw_status = _header(msg.response_headers, ":status") or ""
                     status = int(raw_status) if raw_status.isdigit() else 0
+                    if ep is not None:
+                        ep = svc.served_by(ep, _served(msg))
                     yield ep_pb.ProcessingResponse(response_headers=ep_pb.HeadersResponse())
                 elif kind == "response_body":
                     yield ep_pb.ProcessingResponse(response_body=ep_pb.BodyResponse())
@@ -824,6 +868,7 @@ async def start_picker(cfg: PickerConfig) -> RunningPicker:
     extproc = grpc.aio.server(options=options, interceptors=[AioCheckedRequestsInterceptor()])
     ep_grpc.add_ExternalProcessorServicer_to_server(ExtProcServicer(svc), extproc)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogServicer(svc), extproc)
+    eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(svc.eds, extproc)
     port = extproc.add_insecure_port(_hp(cfg.host, cfg.extproc_port))
     interceptors: list[grpc.aio.ServerInterceptor] = [AioCheckedRequestsInterceptor()]
     if cfg.control_token:

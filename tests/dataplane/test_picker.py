@@ -295,3 +295,43 @@ def test_a_bad_tenant_limit_is_refused_naming_it_and_nothing_is_applied(tenant, 
     msg.tenants.add(tenant="acme", weight=1.0)
     msg.tenants.add(tenant="acme", weight=2.0)
     assert "tenants[1].tenant: tenant 'acme' appears more than once" in st.apply(msg, 10.0).message
+
+
+def test_the_fallback_is_the_best_other_replica_of_the_same_pool_and_none_for_a_lone_one():
+    p = _picker()
+    s = _settings(PoolSettings(traffic_weight=1.0), PoolSettings(traffic_weight=0.0))
+    a = {e.address: e for e in p.endpoints["a"]}
+    a["10.0.0.1:8000"].engine_queue, a["10.0.0.2:8000"].engine_queue, a["10.0.0.3:8000"].engine_queue = 0, 4, 8
+    r = p.route("standard", "x", s, 0.0)
+    assert (_ep(r).address, r.fallback and r.fallback.address) == ("10.0.0.1:8000", "10.0.0.2:8000")
+    # the fallback is not counted in flight: only the primary is, until the edge says the fallback served it
+    assert [e.inflight for e in p.endpoints["a"]] == [1, 0, 0]
+    assert r.fallback is not None
+    p.moved(_ep(r), r.fallback)
+    assert [e.inflight for e in p.endpoints["a"]] == [0, 1, 0] and p.counters.fallbacks == {"a": 1}
+    # a fallback below the cap only (critical passes it), healthy only, never the primary
+    s_cap = _settings(PoolSettings(traffic_weight=1.0, inflight_cap=5), PoolSettings(traffic_weight=0.0))
+    a["10.0.0.2:8000"].healthy = False
+    r = p.route("standard", "x", s_cap, 1.0)
+    assert _ep(r).address == "10.0.0.1:8000" and r.fallback is None  # .3 is at the cap, .2 is not ready
+    r = p.route("critical", "x", s_cap, 2.0)
+    assert r.fallback is not None and r.fallback.address == "10.0.0.3:8000" and r.fallback.pool == "a"
+    lone = Picker({"g": ["solo"]})
+    lone.set_endpoints("solo", ["10.0.2.1:8000"])
+    r = lone.route("standard", "x", Settings({"solo": PoolSettings()}), 0.0)
+    assert r.endpoint is not None and r.fallback is None
+
+
+def test_a_held_request_gets_its_fallback_when_dispatched():
+    p = _picker()
+    s = _settings(PoolSettings(traffic_weight=1.0, inflight_cap=1), PoolSettings(traffic_weight=0.0))
+    first = [_ep(p.route("standard", "x", s, 0.0)) for _ in range(3)]
+    held = [p.route("standard", "x", s, 0.0).held for _ in range(2)]
+    assert all(h is not None and h.endpoint is None for h in held)
+    p.finish(first[0], s)  # one replica has room: the oldest held request goes there, with no fallback (none has room)
+    assert held[0] is not None and held[0].endpoint is first[0] and held[0].fallback is None
+    # a policy raises the cap: the other held request goes out with another replica of its pool as its fallback
+    wider = _settings(PoolSettings(traffic_weight=1.0, inflight_cap=3), PoolSettings(traffic_weight=0.0))
+    p.dispatch_held(wider)
+    assert held[1] is not None and held[1].endpoint is not None and held[1].fallback is not None
+    assert held[1].fallback is not held[1].endpoint and held[1].fallback.pool == held[1].endpoint.pool == "a"

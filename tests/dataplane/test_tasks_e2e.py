@@ -19,17 +19,9 @@ steady, step 1 to cutter and step 2 to steady:
 
 from __future__ import annotations
 
-import json
-import socket
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.client import IncompleteRead
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import grpc
 import pytest
@@ -40,66 +32,9 @@ from controller.dataplane.task_book import STEP_HEADER, STEPS_HEADER, TASK_HEADE
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
 from tests.dataplane.conftest import wait_for
+from tests.dataplane.streaming import TOKENS, StreamingReplica, post
 
 pytestmark = pytest.mark.e2e
-TOKENS = 6
-TOKEN_S = 0.05  # between tokens, as an engine decodes: the response has begun at the client before the cut
-
-
-class StreamingReplica:
-    """Streams TOKENS server-sent events per completion; with `cut_after` it closes the connection after that many
-    (no terminating chunk: the stream is cut). Counts the completions it started."""
-
-    def __init__(self, cut_after: int | None = None) -> None:
-        self.started = 0
-        self._lock = threading.Lock()
-        replica = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:  # http.server's method name; the picker's scrape
-                body = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self) -> None:  # http.server's method name
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with replica._lock:
-                    replica.started += 1
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                for i in range(TOKENS):
-                    time.sleep(TOKEN_S)  # a decode step's pace (the replica's own, not a wait for a condition)
-                    if cut_after is not None and i == cut_after:
-                        self.wfile.flush()
-                        self.connection.shutdown(socket.SHUT_RDWR)
-                        self.close_connection = True
-                        return
-                    ev = f"data: {json.dumps({'choices': [{'text': f't{i} '}]})}\n\n".encode()
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
-                    self.wfile.flush()
-                done = b"data: [DONE]\n\n"
-                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
-                self.close_connection = True
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.address = f"127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -123,22 +58,6 @@ def plane() -> Iterator[tuple[str, PickerThread, StreamingReplica, StreamingRepl
         cutter.stop()
 
 
-def _post(url: str, group: str, headers: dict[str, str]) -> tuple[int, bytes, bool]:
-    """(status, body, complete) of one streaming completion."""
-    body = json.dumps({"prompt": "plan the next step", "max_tokens": TOKENS, "stream": True}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body, method="POST",
-                                 headers={"content-type": "application/json", "x-governor-route-group": group,
-                                          **headers})
-    try:
-        with urllib.request.urlopen(req, timeout=15) as r:
-            try:
-                return r.status, r.read(), True
-            except IncompleteRead as exc:
-                return r.status, exc.partial, False
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(), True
-
-
 def _book(picker: PickerThread):
     assert picker.running is not None
     return picker.running.svc.picker.book
@@ -155,22 +74,22 @@ def _steps(picker: PickerThread) -> dict:
 def test_a_stream_cut_mid_way_is_not_replayed_and_fails_its_step_and_task(plane):
     url, picker, steady, cutter = plane
     # the access log stream connects on Envoy's first entry: one unlabelled request first
-    assert _post(url, "steady", {})[0] == 200
+    assert post(url, "steady", {})[0] == 200
     assert picker.running is not None
     svc = picker.running.svc
     wait_for(lambda: picker.call(lambda: svc.access_log), 10.0, "Envoy's access log stream")
     task = {TENANT_HEADER: "acme", TASK_HEADER: "agent-run-1", STEPS_HEADER: "3"}
 
-    status, body, complete = _post(url, "steady", {**task, STEP_HEADER: "0"})
+    status, body, complete = post(url, "steady", {**task, STEP_HEADER: "0"})
     assert (status, complete) == (200, True) and body.count(b"data: {") == TOKENS
     before = cutter.started
-    status, body, complete = _post(url, "cutter", {**task, STEP_HEADER: "1"})
+    status, body, complete = post(url, "cutter", {**task, STEP_HEADER: "1"})
     assert status == 200 and not complete and body.count(b"data: {") == 3  # three tokens, then the cut
     wait_for(lambda: _count(picker, "failed") == 1, 10.0, "the cut step counted failed")
     assert cutter.started == before + 1  # generated once: Envoy did not replay the cut stream
     assert _steps(picker).get(("later", "failed")) == 1
 
-    status, body, complete = _post(url, "steady", {**task, STEP_HEADER: "2"})
+    status, body, complete = post(url, "steady", {**task, STEP_HEADER: "2"})
     assert (status, complete) == (200, True)  # the task's later step is still admitted
     wait_for(lambda: _steps(picker).get(("later", "ok")) == 1, 10.0, "step 2 settled")
     assert (_count(picker, "started"), _count(picker, "failed"), _count(picker, "completed")) == (1, 1, 0)
@@ -180,16 +99,16 @@ def test_a_whole_task_completes_once(plane):
     url, picker, _steady, _cutter = plane
     task = {TENANT_HEADER: "acme", TASK_HEADER: "agent-run-2", STEPS_HEADER: "2"}
     for step in range(2):
-        assert _post(url, "steady", {**task, STEP_HEADER: str(step)})[:1] == (200,)
+        assert post(url, "steady", {**task, STEP_HEADER: str(step)})[:1] == (200,)
     wait_for(lambda: _count(picker, "completed") == 1, 10.0, "the task completed")
 
 
 def test_a_header_that_breaks_the_convention_is_refused_naming_it(plane):
     url, _picker, steady, _cutter = plane
     before = steady.started
-    status, body, _ = _post(url, "steady", {TASK_HEADER: "x" * 4000})
+    status, body, _ = post(url, "steady", {TASK_HEADER: "x" * 4000})
     assert status == 400 and TASK_HEADER.encode() in body and b"at most 128" in body
-    status, body, _ = _post(url, "steady", {TASK_HEADER: "t", STEP_HEADER: "first"})
+    status, body, _ = post(url, "steady", {TASK_HEADER: "t", STEP_HEADER: "first"})
     assert status == 400 and STEP_HEADER.encode() in body
     assert steady.started == before
 
@@ -201,9 +120,9 @@ def _two_at_once(url: str, picker: PickerThread, tenant: str) -> tuple[int, int]
         return st.inflight if st is not None else 0
 
     with ThreadPoolExecutor(1) as pool:
-        first = pool.submit(_post, url, "steady", {TENANT_HEADER: tenant})
+        first = pool.submit(post, url, "steady", {TENANT_HEADER: tenant})
         wait_for(lambda: inflight() == 1, 10.0, f"{tenant}'s first request in flight")
-        second = _post(url, "steady", {TENANT_HEADER: tenant})
+        second = post(url, "steady", {TENANT_HEADER: tenant})
         return first.result(timeout=15)[0], second[0]
 
 
