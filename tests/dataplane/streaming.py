@@ -1,15 +1,17 @@
 """A streaming OpenAI-style replica on loopback for the data-plane tests through real Envoy, and a client call.
 
 `StreamingReplica` streams TOKENS server-sent events per completion, TOKEN_S apart (an engine's decode pace); with
-`cut_after` it closes the connection after that many (no terminating chunk: the stream is cut). It counts the
-completions it started and the scrapes of its /metrics; `close()` stops it listening (a replica gone: connections
-refused).
+`cut_after` it closes the connection after that many (no terminating chunk: the stream is cut); with
+`reset_after_read` it reads the whole request and then resets the connection (TCP RST) before any response byte —
+an engine that may have begun work. It counts the completions it received and the scrapes of its /metrics;
+`close()` stops it listening (a replica gone: connections refused).
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 import urllib.error
@@ -23,7 +25,7 @@ TOKEN_S = 0.05  # between tokens, as an engine decodes: the response has begun a
 
 
 class StreamingReplica:
-    def __init__(self, cut_after: int | None = None) -> None:
+    def __init__(self, cut_after: int | None = None, reset_after_read: bool = False) -> None:
         self.started = 0
         self.scrapes = 0
         self._lock = threading.Lock()
@@ -49,6 +51,11 @@ class StreamingReplica:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with replica._lock:
                     replica.started += 1
+                if reset_after_read:
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()  # linger 0: the close is a reset
+                    self.close_connection = True
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")

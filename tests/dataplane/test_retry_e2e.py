@@ -9,14 +9,16 @@ Route groups, one pool each:
   scrape is an hour away), then `gone` stopped listening: to the picker it is still a ready replica, so it is picked
   first for about half the requests, whose connections are refused;
 - `dead`: two replicas, both gone the same way; `lone`: one replica, gone;
-- `cut`: `cutter` (closes its streams after three tokens) and `steady_b`.
+- `cut`: `cutter` (closes its streams after three tokens) and `steady_b`;
+- `reset`: `resetter` (reads each request whole, then resets the connection before any response byte) and
+  `steady_c`.
 
 Checked: every request to `two` completes at the client, `steady` generated each once and nothing else (no request
 twice), Envoy retried exactly the requests the picker had sent to `gone` (its retry counter, the picker's
 `governor_picker_fallback_retries`), and each is one step of one task, completed; when the fallback also refuses, or
 the pool has no other replica, the client gets 503 and the step fails once; a stream cut after tokens were sent is
 not retried on the fallback (the fallback generated nothing), even when the client asks Envoy for retries, and fails
-its step.
+its step; nor is a request the replica received and then reset before answering (it may have begun generating).
 """
 
 from __future__ import annotations
@@ -85,12 +87,13 @@ class Plane:
         raise AssertionError("unreachable")
 
 
-POOLS = {"two": ["gone", "steady"], "dead": ["dead_a", "dead_b"], "lone": ["lone"], "cut": ["cutter", "steady_b"]}
+POOLS = {"two": ["gone", "steady"], "dead": ["dead_a", "dead_b"], "lone": ["lone"], "cut": ["cutter", "steady_b"],
+         "reset": ["resetter", "steady_c"]}
 
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[Plane]:
-    r = {name: StreamingReplica(cut_after=3 if name == "cutter" else None)
+    r = {name: StreamingReplica(cut_after=3 if name == "cutter" else None, reset_after_read=name == "resetter")
          for names in POOLS.values() for name in names}
     gone = [n for n in r if n in ("gone", "dead_a", "dead_b", "lone")]
     picker = envoy = None
@@ -188,3 +191,16 @@ def test_a_stream_cut_after_its_first_byte_is_not_retried_on_the_fallback(plane)
                                    prompt=plane.homed_on("steady_b", POOLS["cut"]))
     assert (status, complete) == (200, True)
 
+
+
+def test_a_request_the_replica_received_is_not_retried_even_if_it_never_answered(plane):
+    prompt = plane.homed_on("resetter", POOLS["reset"])  # the resetter is the primary, steady_c its fallback
+    got, steady_c, retries0 = plane.r["resetter"].started, plane.r["steady_c"].started, plane.stat(
+        "upstream_rq_retry")
+    task = {TENANT_HEADER: "reset", TASK_HEADER: "job-reset", STEPS_HEADER: "1", STEP_HEADER: "0"}
+    status, _body, _ = post(plane.url, "reset", {**task, **WIDEN}, prompt=prompt)
+    assert status == 503  # the reset came after the request was sent: not one of the retry conditions
+    assert plane.r["resetter"].started == got + 1 and plane.r["steady_c"].started == steady_c
+    assert plane.stat("upstream_rq_retry") == retries0 and plane.fallback_retries("reset") == 0
+    wait_for(lambda: plane.book("failed", "reset") == 1, 10.0, "the step settled")
+    assert plane.book("started", "reset") == 1 and plane.tenant_inflight("reset") == 0
