@@ -120,7 +120,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "abandoned)")
     p.add_argument("--max-tenants", type=int, default=64, metavar="N",
                    help="distinct tenants kept in state and metrics; later ones share the tenant _other")
-    p.add_argument("--extproc-port", type=int, default=9002, help="ext_proc gRPC port Envoy connects to (0 = any)")
+    p.add_argument("--extproc-port", type=int, default=9002,
+                   help="gRPC port Envoy connects to: ext_proc, its access log and EDS (the replicas it may send "
+                        "to) (0 = any)")
     p.add_argument("--control-port", type=int, default=9003, help="RouterControl gRPC port Governor calls (0 = any)")
     p.add_argument("--metrics-port", type=int, default=9004, help="Prometheus /metrics port (0 = any)")
 

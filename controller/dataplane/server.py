@@ -645,8 +645,8 @@ class _Collector:
                 inflight.add_metric([pool, e.address], e.inflight)
                 picks.add_metric([pool, e.address], e.picks)
         fallbacks = CounterMetricFamily("governor_picker_fallback_retries", "Requests that never reached the "
-                                        "replica picked first and were retried on the pool's fallback replica "
-                                        "(Envoy's one retry; the step's outcome is the retry's)", labels=["pool"])
+                                        "replica picked first and went to the pool's fallback replica (Envoy's one "
+                                        "retry, or a primary Envoy's EDS did not list yet)", labels=["pool"])
         for pool in p.endpoints:
             fallbacks.add_metric([pool], c.fallbacks.get(pool, 0))
         epp = self._epp_families(p)
