@@ -183,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sim", action="store_true",
                    help="also step-aware vs step-blind admission inside the simulator: the agentic scenario pinned at "
                         "--sim-replicas per pool beyond its capacity, the same arrivals both ways")
+    b.add_argument("--sim-mpc", action="store_true",
+                   help="also the MPC in the loop at the same pinned fleet: planning on the step profile measured from "
+                        "the simulator's tasks (it turns step-aware admission on where it predicts shedding) vs on the "
+                        "static steps-per-task weight; the same --sim-* options")
     b.add_argument("--sim-scenario", default="scenarios/agentic.yaml", help="sim: the scenario")
     b.add_argument("--sim-replicas", type=int, default=2, help="sim: replicas per pool, fixed (default 2)")
     b.add_argument("--sim-loads", default="0.6,1,1.5",
@@ -190,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sim-seeds", default="1,2,3", help="sim: seeds, comma-separated (default 1,2,3)")
     b.add_argument("--sim-duration", type=float, default=600.0, metavar="SECONDS",
                    help="sim: seconds of the trace (default 600)")
-    b.add_argument("--skip-hostile", action="store_true", help="only the --live / --sim parts")
+    b.add_argument("--skip-hostile", action="store_true", help="only the --live / --sim / --sim-mpc parts")
     b.add_argument("--task-rate", type=float, default=1.5, help="live: tasks per second (default 1.5)")
     b.add_argument("--duration", type=float, default=60.0, metavar="SECONDS", help="live: arrivals for this long")
     b.add_argument("--drain", type=float, default=60.0, metavar="SECONDS",

@@ -123,8 +123,8 @@ def cmd_bench_tasks(args: argparse.Namespace) -> int:
                                drain_s=args.drain, length_scale=args.length_scale, max_output=args.max_output,
                                seed=args.seed, tenants=not args.no_tenants, light_rate=args.light_rate,
                                steps=not args.tenants_only)
-    if args.sim:
-        from controller.bench.tasks_sim import run_sim
+    if args.sim or args.sim_mpc:
+        from controller.bench.tasks_sim import run_sim, run_sim_mpc
 
         try:
             loads = [float(x) for x in args.sim_loads.split(",")]
@@ -137,9 +137,12 @@ def cmd_bench_tasks(args: argparse.Namespace) -> int:
             print("governor bench tasks: --sim-replicas and --cap must be >= 1, --sim-loads and --sim-duration > 0",
                   file=sys.stderr)
             return 2
-        res["sim"] = run_sim(scenario=args.sim_scenario, replicas=args.sim_replicas, loads=loads, seeds=seeds,
-                             cap=args.cap, budget=args.budget, hold_s=args.hold_timeout,
-                             duration_s=args.sim_duration)
+        common = dict(scenario=args.sim_scenario, replicas=args.sim_replicas, loads=loads, seeds=seeds, cap=args.cap,
+                      budget=args.budget, hold_s=args.hold_timeout, duration_s=args.sim_duration)
+        if args.sim:
+            res["sim"] = run_sim(**common)
+        if args.sim_mpc:
+            res["sim_mpc"] = run_sim_mpc(**common)
     if args.json:
         print(json.dumps(res))
     elif "hostile" in res:
@@ -155,4 +158,11 @@ def cmd_bench_tasks(args: argparse.Namespace) -> int:
             print(f"sim load x{x['load']:g}: completed tasks aware/blind {x['completed']['step_aware']}/"
                   f"{x['completed']['step_blind']} of {x['tasks']}, tasks per $ ratio {x['tasks_per_usd_ratio']:.2f}, "
                   f"GPU-s on failed tasks {x['wasted_gpu_s']['step_aware']:.0f}/{x['wasted_gpu_s']['step_blind']:.0f}")
+    if "sim_mpc" in res and not args.json:
+        for x in res["sim_mpc"]["summary"]:
+            print(f"sim MPC load x{x['load']:g}: completed tasks profile/static {x['completed']['mpc_profile']}/"
+                  f"{x['completed']['mpc_static']} of {x['tasks']}, tasks per $ ratio {x['tasks_per_usd_ratio']:.2f}, "
+                  f"GPU-s on failed tasks {x['wasted_gpu_s']['mpc_profile']:.0f}/"
+                  f"{x['wasted_gpu_s']['mpc_static']:.0f}, "
+                  f"decisions step-aware {x['step_aware_share']['mpc_profile']:.0%}")
     return 0

@@ -20,6 +20,13 @@ Counted per run, as `governor bench tasks --live` counts them (controller/bench/
 Ratios are step-aware ÷ step-blind within one (load, seed); the summary gives, per load, the ratio of the sums
 over the seeds. Seeds draw the workload (task grouping, classes) and the router's draws.
 
+With `--sim-mpc` (`run_sim_mpc`), the controller runs too: the MPC in the loop at the same pinned fleet (it plans
+admission, in-flight caps and step admission; replicas cannot move), the router step-blind unless a decision says
+otherwise, once planning on the step profile measured from the simulator's tasks (controller/bench/task_profile.py:
+the planner scores step-aware admission against step-blind and turns it on where it predicts shedding,
+controller/core/tasks.py) and once on the static steps-per-task weight (no profile: what the MPC did before, and
+never touches step admission). Also counted: the share of decisions that turned step-aware admission on.
+
 Must not: touch the network, or print anything but one JSON object on stdout with --json.
 """
 
@@ -30,9 +37,13 @@ from typing import Any
 
 import numpy as np
 
+from controller.bench.runner import run_closed_loop
 from controller.paths import PROJECT_ROOT
+from controller.policies.registry import breaker_for, build_policy, estimator_for
 from controller.sim.fleet import Fleet
+from controller.sim.fleetspec import fleet_spec_from_scenario
 from controller.sim.scenario import AdmissionSpec, Scenario, load_scenario
+from controller.types import PolicyInput, PolicyOutput
 
 DEFAULT_SCENARIO = "scenarios/agentic.yaml"
 HELD_CLASSES = ("standard", "sheddable")  # critical passes the in-flight cap (controller/sim/router.py)
@@ -120,5 +131,80 @@ def run_sim(*, scenario: str = DEFAULT_SCENARIO, replicas: int = 2, loads: Seque
         })
     return {"config": {"scenario": scenario, "replicas": replicas, "loads": list(loads), "seeds": list(seeds),
                        "cap": cap, "budget": budget, "hold_s": hold_s, "duration_s": duration_s,
+                       "base_rate_scale": base.trace.rate_scale},
+            "points": points, "summary": summary}
+
+
+class _Counting:
+    """A policy passed through, counting its decisions and those that turned step-aware admission on."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self.decisions = 0
+        self.aware = 0
+
+    def initial_state(self) -> Any:
+        return self.policy.initial_state()
+
+    def estimator(self) -> Any:
+        return self.policy.estimator()
+
+    def decide(self, state: Any, inp: PolicyInput, rng: np.random.Generator) -> tuple[Any, PolicyOutput]:
+        state, out = self.policy.decide(state, inp, rng)
+        self.decisions += 1
+        self.aware += int(out.step_aware is True)
+        return state, out
+
+
+ARMS = ("mpc_profile", "mpc_static")  # the measured step profile; the static steps-per-task weight (no profile)
+
+
+def run_sim_mpc(*, scenario: str = DEFAULT_SCENARIO, replicas: int = 2, loads: Sequence[float] = (1.0, 1.5),
+                seeds: Sequence[int] = (11, 12, 13), cap: int = 4, budget: int = 16, hold_s: float = 10.0,
+                duration_s: float = 600.0, tick_s: float = 15.0) -> dict[str, Any]:
+    """The MPC in the loop, planning on the measured step profile against the static weight (module docstring)."""
+    path = PROJECT_ROOT / scenario if not scenario.startswith("/") else scenario
+    base = load_scenario(path)
+    points = []
+    for load in loads:
+        for seed in seeds:
+            sc = overload_variant(base, replicas=replicas, load=load, cap=cap, budget=budget, hold_s=hold_s,
+                                  duration_s=duration_s, step_aware=False)
+            runs: dict[str, Any] = {}
+            for arm in ARMS:
+                pol = _Counting(build_policy("mpc", fleet_spec_from_scenario(sc), {}))
+                res = run_closed_loop(sc, pol, seed=seed, tick_s=tick_s, label=arm, breaker=breaker_for("mpc", {}),
+                                      estimator=estimator_for("mpc", {}), measure=task_outcomes,
+                                      task_profile=arm == "mpc_profile")
+                runs[arm] = {**{k: res.extra[k] for k in ("tasks", "completed", "failed", "successful", "cost_usd",
+                                                         "tasks_per_usd", "gpu_s", "wasted_gpu_s", "shed")},
+                             "decisions": pol.decisions,
+                             "step_aware_share": pol.aware / pol.decisions if pol.decisions else 0.0}
+            a, b = runs["mpc_profile"], runs["mpc_static"]
+            points.append({"load": load, "seed": seed, **runs,
+                           "tasks_per_usd_ratio": _ratio(a["tasks_per_usd"], b["tasks_per_usd"]),
+                           "wasted_gpu_s_ratio": _ratio(a["wasted_gpu_s"], b["wasted_gpu_s"])})
+    summary = []
+    for load in loads:
+        at = [p for p in points if p["load"] == load]
+
+        def total(arm: str, key: str, at: list[dict[str, Any]] = at) -> float:
+            return float(sum(p[arm][key] for p in at))
+
+        summary.append({
+            "load": load, "seeds": len(at), "tasks": int(total("mpc_static", "tasks")),
+            "completed": {m: int(total(m, "completed")) for m in ARMS},
+            "successful": {m: int(total(m, "successful")) for m in ARMS},
+            "wasted_gpu_s": {m: total(m, "wasted_gpu_s") for m in ARMS},
+            "step_aware_share": {m: total(m, "step_aware_share") / max(len(at), 1) for m in ARMS},
+            "tasks_per_usd_ratio": _ratio(total("mpc_profile", "completed") / total("mpc_profile", "cost_usd"),
+                                          total("mpc_static", "completed") / total("mpc_static", "cost_usd")),
+            "successful_per_usd_ratio": _ratio(total("mpc_profile", "successful") / total("mpc_profile", "cost_usd"),
+                                               total("mpc_static", "successful") / total("mpc_static", "cost_usd")),
+            "wasted_gpu_s_ratio": _ratio(total("mpc_profile", "wasted_gpu_s"), total("mpc_static", "wasted_gpu_s")),
+        })
+    return {"config": {"scenario": scenario, "replicas": replicas, "loads": list(loads), "seeds": list(seeds),
+                       "cap": cap, "budget": budget, "hold_s": hold_s, "duration_s": duration_s, "tick_s": tick_s,
                        "base_rate_scale": base.trace.rate_scale},
             "points": points, "summary": summary}

@@ -34,13 +34,16 @@ def _obs(t: float, rps: float, waiting: float) -> FleetObservation:
 
 
 def _runs(tasks: TaskProfile | None, rps: float = 30.0, ticks: int = 6, overrides: tuple[Override, ...] = (),
-          waiting: float = 20.0) -> list:
-    ctl = Controller(FL, MpcPolicy(max_evaluations=300), seed=1)
+          waiting: float = 20.0, then: tuple[float, ...] = (), breaker: bool = True) -> list:
+    """`ticks` ticks at `rps` (engine queue `waiting`), then one tick at each rate of `then` (no queue)."""
+    ctl = (Controller(FL, MpcPolicy(max_evaluations=300), seed=1) if breaker
+           else Controller(FL, MpcPolicy(max_evaluations=300), seed=1, breaker=None))
     state = ctl.initial_state()
     out = []
-    for k in range(1, ticks + 1):
+    rates = [(rps, waiting)] * ticks + [(x, 0.0) for x in then]
+    for k, (r, w) in enumerate(rates, start=1):
         t = 15.0 * k
-        state, res = ctl.step(state, TickInput(now_s=t, observation=_obs(t, rps, waiting), tasks=tasks,
+        state, res = ctl.step(state, TickInput(now_s=t, observation=_obs(t, r, w), tasks=tasks,
                                                overrides=overrides))
         assert res.decision is not None
         out.append(res)
@@ -64,7 +67,7 @@ def test_overload_with_a_step_profile_turns_step_aware_admission_on(overloaded):
     # said once, when it came on, in an operator's words
     said = [r for res in overloaded for r in res.policy_reasons if r.code == "step_admission"]
     assert len(said) == 1 and said[0].message.startswith("step-aware admission on: the plan sheds")
-    assert "requests' worth of its task's earlier steps" in said[0].message
+    assert "requests' worth of work, its task's earlier steps with it" in said[0].message
 
 
 def test_overload_holds_the_heavy_tenant_to_its_fair_share(overloaded):
@@ -111,3 +114,17 @@ def test_single_tenant_or_unlabelled_tasks_set_nothing():
                      classes={c: StepProfile((1.0,), (900.0,)) for c in ("standard",)}))
     assert dict(r.decision.tenants) == {}
     assert r.decision.step_aware is None
+
+
+def test_step_aware_holds_through_the_stabilisation_window_then_returns_to_the_router():
+    """The overload ends at 90 s: step-aware admission stays on for the scale-down stabilisation window (120 s
+    after the last plan that chose it), then goes back to the router's own setting, and says so. (No breaker: its
+    shed floors would keep the plan shedding while it recovers, and step-aware with it.)"""
+    runs = _runs(PROFILE, then=(2.0,) * 16, breaker=False)
+    aware = [r.decision.step_aware for r in runs]
+    assert aware[5] is True
+    last_on = max(i for i, a in enumerate(aware) if a is True)
+    assert aware[-1] is None and last_on < len(aware) - 1
+    assert all(a is True for a in aware[5:last_on + 1])
+    assert any(r.code == "step_admission" and "router's own setting" in r.message
+               for r in runs[last_on + 1].policy_reasons)

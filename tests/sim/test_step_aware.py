@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.bench.tasks_sim import run_sim
+from controller.bench.tasks_sim import run_sim, run_sim_mpc
 from controller.sim.control import apply_decision
 from controller.sim.engine_records import Req
 from controller.sim.fleet import Fleet
@@ -110,3 +110,18 @@ def test_the_bench_compares_both_rules_on_the_same_fleet_and_arrivals():
     assert 0 <= aware["completed"] <= aware["tasks"] and aware["completed"] + aware["failed"] <= aware["tasks"]
     (s,) = res["summary"]
     assert s["completed"] == {"step_aware": aware["completed"], "step_blind": blind["completed"]}
+
+
+def test_the_mpc_in_the_loop_chooses_step_aware_admission_only_with_the_measured_profile():
+    """The MPC at a pinned fleet beyond its capacity: planning on the simulator's step profile it turns step-aware
+    admission on (and wastes less GPU time on tasks that fail); on the static weight it never touches it."""
+    res = run_sim_mpc(replicas=1, loads=(1.5,), seeds=(11,), duration_s=240.0)
+    (p,) = res["points"]
+    prof, static = p["mpc_profile"], p["mpc_static"]
+    assert prof["tasks"] == static["tasks"] > 0  # the same arrivals
+    assert prof["decisions"] > 0 and static["decisions"] > 0
+    assert prof["step_aware_share"] > 0.0
+    assert static["step_aware_share"] == 0.0
+    assert static["failed"] > 0 and prof["wasted_gpu_s"] < static["wasted_gpu_s"]
+    (s,) = res["summary"]
+    assert s["completed"] == {"mpc_profile": prof["completed"], "mpc_static": static["completed"]}

@@ -35,6 +35,9 @@ from controller.levers import LEVERS, Lever, plan_groups
 _LEVER_FIELDS = {g: tuple(lv.array for lv in LEVERS if lv.plan == g and lv.array) for g in plan_groups()}
 # the levers whose moves the change penalty counts, in table order (a move: beyond the lever's threshold)
 _PRICED = tuple(lv for lv in LEVERS if lv.scope == "pool" and lv.threshold is not None and lv.array)
+# step-aware admission is chosen where the plan drops (sheds, or lets time out) more than this share of a class's
+# requests: one in a thousand, below which the prediction is the fluid model's rounding, not an overload
+AWARE_MIN_DROP = 1e-3
 
 
 @dataclass(frozen=True)
@@ -183,13 +186,6 @@ class Evaluator:
         # serves its successes can go below, the floor only binds for such plans.
         cpr = np.maximum(cost / succ, self.cpr_min)
         pen = 1.0 + (late[:, 0] * self.wv).sum(axis=1) / total + (shed_n[:, 0] * self.ws_shed).sum(axis=1) / total
-        # step-aware admission (a lever of the delay quadrant): the same sheds on first steps cost only their own
-        # work; chosen where it predicts shedding in either load scenario (the plan's shed is a first-step shed)
-        aware = None
-        if self.aware_gain.any():
-            saved = np.maximum(shed_n, 0.0) * self.aware_gain[None, None, :]  # (C,2,K)
-            aware = saved.sum(axis=2).max(axis=1) > 1e-9
-            pen = pen - saved[:, 0].sum(axis=1) / total
         # A request that times out in a backlog is lost as well as late: its client waited for nothing,
         # as a rejected one's did not. Priced like a rejected request on top of its lateness (it is in
         # `late` already), so admitting what will only time out never looks cheaper than shedding it:
@@ -200,6 +196,17 @@ class Evaluator:
         if lost is not None:
             lost_n = (adm * lost * wt[None, None, :, None]).sum(axis=2) * dt  # (C,2,K)
             pen = pen + (lost_n[:, 0] * self.ws_shed).sum(axis=1) / total
+        # step-aware admission (a lever of the delay quadrant): the router sheds first steps only and holds later
+        # steps ahead of first ones (the stream guard keeps the backlog at the router), so what it sheds or lets
+        # time out falls on tasks not yet started and costs only its own work. Chosen where the plan predicts
+        # shedding or timeouts in either load scenario beyond AWARE_MIN_DROP of a class whose later steps carry work.
+        aware = None
+        if self.aware_gain.any():
+            dropped = np.maximum(shed_n, 0.0) + (lost_n if lost_n is not None else 0.0)  # (C,2,K)
+            saved = dropped * self.aware_gain[None, None, :]
+            share = dropped / np.maximum(req[None], 1e-9) * (self.aware_gain > 0)[None, None, :]
+            aware = share.max(axis=(1, 2)) > AWARE_MIN_DROP
+            pen = pen - saved[:, 0].sum(axis=1) / total
         q_i = 1  # the second load scenario is the planned-for quantile (see ClassInput.p90_rps)
         # chance constraint: late or shed, as a share of the class's offered requests (p90 load)
         v90 = (late[:, q_i] + shed_n[:, q_i]) / np.maximum(req[q_i][None], 1e-9)  # (C,K)

@@ -74,6 +74,8 @@ class MpcState:
     forecast_board: Scoreboard = field(default_factory=Scoreboard)  # the forecasters' online scores
     # driven without a Controller (tests): the core's estimate, advanced by the policy itself (None otherwise)
     estimate: FleetEstimate | None = None
+    # step-aware admission stays on until then after the last plan that chose it (task_levers.py)
+    step_aware_until_s: float = -math.inf
 
 
 def ewma(old: float | None, new: float, alpha: float) -> float:

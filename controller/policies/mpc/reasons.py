@@ -205,7 +205,7 @@ def class_reasons(before: Mapping[str, float], after: Mapping[str, float], resul
 
 
 def task_reasons(current: Decision | None, step_aware: bool | None, tenants: TenantPlan,
-                 result: PlanResult) -> list[Reason]:
+                 result: PlanResult, hold_s: float) -> list[Reason]:
     """Step-aware admission turned on or handed back, and each tenant whose limit the plan sets or lifts, said
     as an operator would: what changed and why (task_levers.py)."""
     out: list[Reason] = []
@@ -215,17 +215,17 @@ def task_reasons(current: Decision | None, step_aware: bool | None, tenants: Ten
             shed = {c: s for c, s in result.terms.get("shed_frac", {}).items() if s > 0}
             loss = result.terms.get("task_loss", {})
             worst = max(loss, key=lambda c: loss[c] * shed.get(c, 0.0), default=None)
-            what = (f"; a {worst} request carries {loss[worst]:.1f} requests' worth of its task's earlier steps"
-                    if worst is not None else "")
+            what = (f"; a {worst} request lost step-blind loses {loss[worst]:.1f} requests' worth of work, its "
+                    "task's earlier steps with it" if worst is not None else "")
             out.append(reason("step_admission", None,
                               "step-aware admission on: the plan sheds "
                               + ", ".join(f"{s:.1%} of {c}" for c, s in shed.items())
                               + f"{what}; new tasks' first steps are shed and held before steps of tasks under way",
                               step_aware=True, shed=shed, task_loss=dict(loss)))
         else:
-            out.append(reason("step_admission", None, "step admission back to the router's own setting: the plan "
-                              "sheds nothing, or the measured tasks carry no earlier steps to protect",
-                              step_aware=None))
+            out.append(reason("step_admission", None, f"step admission back to the router's own setting: for "
+                              f"{hold_s:.0f} s no plan has shed or timed out requests of tasks with earlier steps "
+                              "to protect", step_aware=None, hold_s=hold_s))
     before = dict(current.tenants) if current is not None else {}
     for t, lim in tenants.limits.items():
         if before.get(t) == lim:

@@ -3,8 +3,9 @@
 - Step-aware admission (`PolicyOutput.step_aware`): the planner scores every plan's shedding twice, falling on any
   step and falling on first steps only, with the measured step profile (controller/core/mpc/score.py,
   controller/core/tasks.py); where the plan sheds and later steps carry sunk work, step-aware costs less and the
-  plan says so (`terms["step_aware"]`): on. Otherwise None: the router keeps its own setting (nothing to protect,
-  or no profile measured: the planner behaves as it did without one).
+  plan says so (`terms["step_aware"]`): on, and kept on through the scale-down stabilisation window after the
+  last plan that chose it. Otherwise None: the router keeps its own setting (nothing to protect, or no profile
+  measured: the planner behaves as it did without one).
 - Tenant limits (`PolicyOutput.tenants`): while the plan sheds (it predicts demand beyond what it provisions),
   each measured tenant gets its token-weighted fair share of what the plan admits: the max-min fair share of the
   admitted tokens (controller/core/tasks.py `fair_shares`), turned into requests in flight at the replicas the
@@ -40,9 +41,14 @@ class TenantPlan:
     token_share: Mapping[str, float] = field(default_factory=dict)  # each tenant's share of the tokens
 
 
-def step_admission(result: PlanResult) -> bool | None:
-    """True where the plan chose step-aware admission, else None (the router's own setting)."""
-    return True if result.terms.get("step_aware") else None
+def step_admission(result: PlanResult, now_s: float, until_s: float, hold_s: float) -> tuple[bool | None, float]:
+    """(step-aware admission, on until): True where the plan chooses it, and for `hold_s` after the last plan that
+    did (`until_s`), else None (the router's own setting). The hold is the scale-down stabilisation window, for the
+    reason the planner keeps capacity through it: an overload that eases for a tick or two comes back, and the
+    tasks started under it still have steps to send."""
+    if result.terms.get("step_aware"):
+        return True, now_s + hold_s
+    return (True if now_s < until_s else None), until_s
 
 
 def admitted_fraction(result: PlanResult, class_share: Mapping[str, float]) -> float:
@@ -89,5 +95,7 @@ def tenant_limits(problem: PlanProblem, result: PlanResult, pools_out: Mapping[s
         held = fair[t] < d - 1e-9 and fair[t] >= level - 1e-9
         n = max(1, math.ceil(slots * fair[t] / max(adm * total, 1e-9))) if held else 0
         limits[t] = TenantLimits(max_inflight=n, weight=1.0)
+    if not any(lim.max_inflight for lim in limits.values()):
+        return TenantPlan()  # every tenant within its share: nothing to hold
     return TenantPlan(limits=limits, admitted_frac=adm, slots=slots,
                       token_share={t: d / total for t, d in demand.items()})
