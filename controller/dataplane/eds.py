@@ -8,6 +8,9 @@ goes out when the set of addresses changes (not when a replica's health or load 
 named, Envoy only needs to know the addresses). Envoy's ACK or NACK of each version comes back on the stream;
 a NACK is logged with Envoy's reason.
 
+A request for another resource type, more than MAX_NAMES cluster names or a name longer than MAX_NAME_CHARS is
+refused INVALID_ARGUMENT naming the field (each answer carries the whole fleet per name).
+
 Only IP-literal `host:port` addresses can be Envoy hosts (EDS does not resolve names); any other is left out and
 logged once (the picker's DNS pools resolve to IPs; Envoy's ORIGINAL_DST cluster used before took IPs only too).
 
@@ -32,6 +35,10 @@ from google.protobuf import any_pb2
 log = logging.getLogger(__name__)
 
 CLA_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+# A request names the clusters it wants (Envoy: the one EDS cluster of its bootstrap); each answer carries the whole
+# fleet per name, so the names are bounded: a caller cannot turn one small request into a large answer.
+MAX_NAMES = 16
+MAX_NAME_CHARS = 253
 
 
 def split_address(address: str) -> tuple[str, int] | None:
@@ -61,6 +68,18 @@ def load_assignment(cluster: str, addresses: Iterable[str]) -> endpoint_pb2.Clus
                 socket_address=address_pb2.SocketAddress(address=hp[0], port_value=hp[1]))),
             health_status=health_check_pb2.HEALTHY)
     return cla
+
+
+def request_problem(req: discovery_pb2.DiscoveryRequest) -> str:
+    """What is wrong with a DiscoveryRequest for this server, naming the field, or ""."""
+    if req.type_url and req.type_url != CLA_TYPE:
+        return f"type_url: {req.type_url[:100]!r} is not {CLA_TYPE} (this server answers EDS only)"
+    if len(req.resource_names) > MAX_NAMES:
+        return f"resource_names: {len(req.resource_names)} names (at most {MAX_NAMES})"
+    for i, name in enumerate(req.resource_names):
+        if not name or len(name) > MAX_NAME_CHARS:
+            return f"resource_names[{i}]: a cluster name of 1 to {MAX_NAME_CHARS} characters ({len(name)} given)"
+    return ""
 
 
 class EndpointDiscovery(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
@@ -135,6 +154,9 @@ class EndpointDiscovery(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
                 req = get.result()
                 if req is None:
                     return
+                problem = request_problem(req)
+                if problem:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
                 if req.error_detail.code:
                     self.nacks += 1
                     log.warning("Envoy refused endpoint version %s: %s", req.version_info or "(none)",

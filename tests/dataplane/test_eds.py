@@ -1,5 +1,6 @@
 """The picker's EDS (controller/dataplane/eds.py) over real gRPC: the first answer, a new version on a membership
-change and only then, Envoy's NACK counted, addresses Envoy cannot take left out."""
+change and only then, Envoy's NACK counted, addresses Envoy cannot take left out, requests it cannot serve refused
+naming the field."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
-from controller.dataplane.eds import CLA_TYPE, EndpointDiscovery, load_assignment, split_address
+from controller.dataplane.eds import (
+    CLA_TYPE,
+    MAX_NAMES,
+    EndpointDiscovery,
+    load_assignment,
+    request_problem,
+    split_address,
+)
 
 
 def test_addresses_envoy_can_take():
@@ -73,5 +81,38 @@ async def _stream() -> None:
             assert _hosts(third) == ["10.0.0.4:8000"] and third.version_info == "3" and eds.nacks == 1
             await requests.put(None)
             call.cancel()
+    finally:
+        await server.stop(0.5)
+
+
+def test_a_request_it_cannot_serve_is_refused_naming_the_field():
+    ok = discovery_pb2.DiscoveryRequest(type_url=CLA_TYPE, resource_names=["inference_pool"])
+    assert request_problem(ok) == ""
+    cases = {
+        "type_url": discovery_pb2.DiscoveryRequest(type_url="type.googleapis.com/envoy.config.cluster.v3.Cluster"),
+        "resource_names:": discovery_pb2.DiscoveryRequest(resource_names=[f"c{i}" for i in range(MAX_NAMES + 1)]),
+        "resource_names[1]": discovery_pb2.DiscoveryRequest(resource_names=["ok", "x" * 300]),
+    }
+    for field, req in cases.items():
+        assert request_problem(req).startswith(field), (field, request_problem(req))
+    asyncio.run(_refused(cases["resource_names:"]))
+
+
+async def _refused(req: discovery_pb2.DiscoveryRequest) -> None:
+    server = grpc.aio.server()
+    eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(EndpointDiscovery(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            async def one():
+                yield req
+
+            call = eds_pb2_grpc.EndpointDiscoveryServiceStub(ch).StreamEndpoints(one())
+            try:
+                await asyncio.wait_for(call.read(), 5)
+                raise AssertionError("answered a request it should refuse")
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "resource_names" in (exc.details() or "")
     finally:
         await server.stop(0.5)
