@@ -11,8 +11,9 @@ a NACK is logged with Envoy's reason.
 A request for another resource type, more than MAX_NAMES cluster names or a name longer than MAX_NAME_CHARS is
 refused INVALID_ARGUMENT naming the field (each answer carries the whole fleet per name).
 
-Only IP-literal `host:port` addresses can be Envoy hosts (EDS does not resolve names); any other is left out and
-logged once (the picker's DNS pools resolve to IPs; Envoy's ORIGINAL_DST cluster used before took IPs only too).
+Only IP-literal `host:port` addresses, written as Envoy writes them (`10.0.0.1:8000`, `[fd00::1]:8000`), can be
+hosts the picker names (EDS does not resolve names); any other is left out and logged once (the picker's DNS
+pools resolve to IPs; the ORIGINAL_DST cluster used before took IPs only too).
 
 Must not: decide anything (membership comes from the picker's sources), or hold the event loop.
 """
@@ -42,14 +43,19 @@ MAX_NAME_CHARS = 253
 
 
 def split_address(address: str) -> tuple[str, int] | None:
-    """(IP, port) of an `ip:port` or `[ipv6]:port` address, or None if it is not an IP literal with a port."""
+    """(IP, port) of an `ip:port` or `[ipv6]:port` address, or None if it is not an IP literal in its canonical
+    form with a port: Envoy names its hosts canonically (`[fd00::1]:8000`), and override_host finds a host the
+    picker names only by that exact string."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         return None
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
     try:
-        ipaddress.ip_address(host)
+        ip = ipaddress.ip_address(host)
     except ValueError:
+        return None
+    if ip.compressed != host or bracketed != (ip.version == 6):
         return None
     return host, int(port)
 
@@ -99,8 +105,8 @@ class EndpointDiscovery(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
             if split_address(a) is None:
                 if a not in self._skipped:
                     self._skipped.add(a)
-                    log.warning("endpoint %r is not an ip:port address: Envoy cannot route to it (EDS takes IPs)",
-                                a)
+                    log.warning("endpoint %r is not an ip:port address in canonical form (10.0.0.1:8000, "
+                                "[fd00::1]:8000): Envoy cannot route to it", a)
                 continue
             usable.append(a)
         new = tuple(sorted(usable))

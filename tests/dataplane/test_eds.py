@@ -25,7 +25,8 @@ from controller.dataplane.eds import (
 def test_addresses_envoy_can_take():
     assert split_address("10.0.0.1:8000") == ("10.0.0.1", 8000)
     assert split_address("[fd00::1]:8000") == ("fd00::1", 8000)
-    for bad in ("vllm-0.vllm:8000", "10.0.0.1", "10.0.0.1:0", "10.0.0.1:http", ":8000"):
+    for bad in ("vllm-0.vllm:8000", "10.0.0.1", "10.0.0.1:0", "10.0.0.1:http", ":8000", "[fd00:0::1]:8000",
+                "fd00::1:8000", "[10.0.0.1]:8000"):
         assert split_address(bad) is None, bad
     cla = load_assignment("inference_pool", ["10.0.0.1:8000", "vllm-0:8000", "[fd00::1]:9000"])
     got = [(e.endpoint.address.socket_address.address, e.endpoint.address.socket_address.port_value)
