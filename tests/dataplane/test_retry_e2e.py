@@ -11,20 +11,26 @@ Route groups, one pool each:
 - `dead`: two replicas, both gone the same way; `lone`: one replica, gone;
 - `cut`: `cutter` (closes its streams after three tokens) and `steady_b`;
 - `reset`: `resetter` (reads each request whole, then resets the connection before any response byte) and
-  `steady_c`.
+  `steady_c`;
+- `hole`: `hole` (gone like `gone`, its port then listening without ever accepting: a connection to it hangs until
+  Envoy's connect_timeout, 2 s) and `steady_d`.
 
 Checked: every request to `two` completes at the client, `steady` generated each once and nothing else (no request
 twice), Envoy retried exactly the requests the picker had sent to `gone` (its retry counter, the picker's
 `governor_picker_fallback_retries`), and each is one step of one task, completed; when the fallback also refuses, or
 the pool has no other replica, the client gets 503 and the step fails once; a stream cut after tokens were sent is
 not retried on the fallback (the fallback generated nothing), even when the client asks Envoy for retries, and fails
-its step; nor is a request the replica received and then reset before answering (it may have begun generating).
+its step; nor is a request the replica received and then reset before answering (it may have begun generating). A
+connection that hangs is retried after Envoy's connect_timeout; a client that gives up first cancels the request and
+the retry with it: the fallback never sees it.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import socket
+import urllib.error
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -88,15 +94,28 @@ class Plane:
 
 
 POOLS = {"two": ["gone", "steady"], "dead": ["dead_a", "dead_b"], "lone": ["lone"], "cut": ["cutter", "steady_b"],
-         "reset": ["resetter", "steady_c"]}
+         "reset": ["resetter", "steady_c"], "hole": ["hole", "steady_d"]}
+
+
+def _blackhole(address: str) -> list[socket.socket]:
+    """Listen on `address` again without ever accepting, its one-place accept queue filled: a connection to it
+    neither succeeds nor is refused (its SYNs are dropped) until the caller's connect timeout."""
+    host, port = address.rsplit(":", 1)
+    hole = socket.socket()
+    hole.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    hole.bind((host, int(port)))
+    hole.listen(0)
+    filler = socket.create_connection((host, int(port)), timeout=5)
+    return [hole, filler]
 
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[Plane]:
     r = {name: StreamingReplica(cut_after=3 if name == "cutter" else None, reset_after_read=name == "resetter")
          for names in POOLS.values() for name in names}
-    gone = [n for n in r if n in ("gone", "dead_a", "dead_b", "lone")]
+    gone = [n for n in r if n in ("gone", "dead_a", "dead_b", "lone", "hole")]
     picker = envoy = None
+    held: list[socket.socket] = []
     try:
         picker = PickerThread(PickerConfig(groups={g: [g] for g in POOLS},
                                            endpoints={g: [r[n].address for n in names] for g, names in POOLS.items()},
@@ -108,6 +127,7 @@ def plane() -> Iterator[Plane]:
         wait_for(lambda: all(r[n].scrapes >= 2 for n in gone), 10.0, "the picker's first two scrapes")
         for n in gone:
             r[n].close()
+        held = _blackhole(r["hole"].address)
         host, port = running.extproc_address.rsplit(":", 1)
         envoy = EnvoyProcess(picker_address=host, picker_port=int(port), message_timeout_s=15.0)
         plane = Plane(envoy.start(), picker, envoy, r)
@@ -123,6 +143,8 @@ def plane() -> Iterator[Plane]:
             picker.stop()
         for rep in r.values():
             rep.close()
+        for sock in held:
+            sock.close()
 
 
 def test_envoy_learns_every_replica_from_the_pickers_eds(plane):
@@ -204,3 +226,30 @@ def test_a_request_the_replica_received_is_not_retried_even_if_it_never_answered
     assert plane.stat("upstream_rq_retry") == retries0 and plane.fallback_retries("reset") == 0
     wait_for(lambda: plane.book("failed", "reset") == 1, 10.0, "the step settled")
     assert plane.book("started", "reset") == 1 and plane.tenant_inflight("reset") == 0
+
+
+def test_a_hung_connection_is_retried_after_the_connect_timeout(plane):
+    prompt = plane.homed_on("hole", POOLS["hole"])
+    steady_d, retries0, timeouts0 = plane.r["steady_d"].started, plane.stat("upstream_rq_retry"), plane.stat(
+        "upstream_cx_connect_timeout")
+    task = {TENANT_HEADER: "hole", TASK_HEADER: "job-hole-1", STEPS_HEADER: "1", STEP_HEADER: "0"}
+    status, body, complete = post(plane.url, "hole", task, prompt=prompt)
+    assert (status, complete, body.count(b"data: {")) == (200, True, TOKENS)
+    assert plane.stat("upstream_cx_connect_timeout") == timeouts0 + 1
+    assert plane.stat("upstream_rq_retry") == retries0 + 1
+    assert plane.r["steady_d"].started == steady_d + 1
+    wait_for(lambda: plane.book("completed", "hole") == 1, 10.0, "the step settled")
+
+
+def test_a_client_that_gives_up_first_cancels_the_retry(plane):
+    prompt = plane.homed_on("hole", POOLS["hole"])
+    steady_d, retries0, cancelled0 = plane.r["steady_d"].started, plane.stat("upstream_rq_retry"), plane.stat(
+        "upstream_rq_cancelled")
+    task = {TENANT_HEADER: "gave-up", TASK_HEADER: "job-hole-2", STEPS_HEADER: "1", STEP_HEADER: "0"}
+    with pytest.raises((TimeoutError, urllib.error.URLError)):  # its deadline (0.5 s) before the connect timeout (2 s)
+        post(plane.url, "hole", task, prompt=prompt, timeout_s=0.5)
+    # the request is cancelled while it waits for its connection: nothing is left to retry
+    wait_for(lambda: plane.stat("upstream_rq_cancelled") == cancelled0 + 1, 10.0, "Envoy to cancel the request")
+    assert plane.stat("upstream_rq_retry") == retries0 and plane.r["steady_d"].started == steady_d
+    wait_for(lambda: plane.book("failed", "gave-up") == 1, 10.0, "the step settled")
+    assert plane.tenant_inflight("gave-up") == 0
