@@ -423,6 +423,12 @@ class PickerService:
         """Every replica the picker routes, to Envoy's EDS stream (a new version only when the set changed)."""
         self.eds.publish(e.address for es in self.picker.endpoints.values() for e in es)
 
+    def set_membership(self, pool: str, addrs: list[str]) -> None:
+        """A pool's replicas now, to the picker and at once to Envoy (a replica the picker may name is one Envoy
+        has, but for the moment Envoy takes to apply the new version)."""
+        self.picker.set_endpoints(pool, addrs)
+        self.publish_endpoints()
+
     def release(self, ep: Endpoint, ticket: StepTicket | None = None, status: int = 0,
                 request_id: str | None = None) -> None:
         """The request's stream ended: free its slot; settle its step by its response status (2xx ok), or, when
@@ -516,20 +522,19 @@ class PickerService:
             try:
                 body = await loop.run_in_executor(None, fetch, self.cfg.discovery_url, timeout)
                 for pool, addrs in parse_http_sd(body, self.picker.endpoints).items():
-                    self.picker.set_endpoints(pool, addrs)
+                    self.set_membership(pool, addrs)
             except ScrapeError as exc:
                 self.scrape_errors += 1
                 log.warning("discovery: %s", exc)
         for pool, (name, port) in self.cfg.dns.items():
             try:
                 addrs = await loop.run_in_executor(None, resolve, name, port)
-                self.picker.set_endpoints(pool, addrs)
+                self.set_membership(pool, addrs)
             except OSError as exc:
                 self.scrape_errors += 1
                 log.warning("pool %s: cannot resolve %s: %s (keeping the last membership)", pool, name, exc)
         self.expire_pending()
         await self._read_inferencepools(loop)
-        self.publish_endpoints()
         eps = [e for es in self.picker.endpoints.values() for e in es]
         await self._read_models(loop, [e for e in eps if e.healthy], timeout)
 
@@ -560,7 +565,7 @@ class PickerService:
                 self.scrape_errors += 1
                 log.warning("pool %s: cannot read its InferencePool: %s (keeping the last membership)", pool, exc)
                 continue
-            self.picker.set_endpoints(pool, addrs)
+            self.set_membership(pool, addrs)
             if declared:
                 self.models.declared[pool] = set(self.cfg.models.get(pool, ())) | declared
 

@@ -22,7 +22,8 @@ the pool has no other replica, the client gets 503 and the step fails once; a st
 not retried on the fallback (the fallback generated nothing), even when the client asks Envoy for retries, and fails
 its step; nor is a request the replica received and then reset before answering (it may have begun generating). A
 connection that hangs is retried after Envoy's connect_timeout; a client that gives up first cancels the request and
-the retry with it: the fallback never sees it.
+the retry with it: the fallback never sees it. A replica that joins a pool reaches Envoy through the picker's EDS
+and serves at once; one that leaves leaves Envoy too.
 """
 
 from __future__ import annotations
@@ -253,3 +254,27 @@ def test_a_client_that_gives_up_first_cancels_the_retry(plane):
     assert plane.stat("upstream_rq_retry") == retries0 and plane.r["steady_d"].started == steady_d
     wait_for(lambda: plane.book("failed", "gave-up") == 1, 10.0, "the step settled")
     assert plane.tenant_inflight("gave-up") == 0
+
+
+def test_a_replica_that_joins_reaches_envoy_through_eds_and_serves_at_once(plane):
+    late = StreamingReplica()
+    try:
+        lone = plane.r["lone"].address
+        total = plane.envoy.stats(UPSTREAM)[UPSTREAM + "membership_total"]
+        plane.picker.call(lambda: plane.svc.set_membership("lone", [lone, late.address]))
+        wait_for(lambda: plane.envoy.stats(UPSTREAM)[UPSTREAM + "membership_total"] == total + 1, 10.0,
+                 "Envoy to take the new version")
+        task = {TENANT_HEADER: "joined", STEPS_HEADER: "1", STEP_HEADER: "0"}
+        # the gone replica and the new one alternate as the primary (equal loads: round robin), so one of two is
+        # retried; each is served by the new one
+        got = []
+        for i in range(2):
+            got.append(post(plane.url, "lone", {**task, TASK_HEADER: f"job-join-{i}"})[::2])
+            wait_for(lambda: not any(plane.inflight().values()), 10.0, "the request's slot freed")
+        assert got == [(200, True)] * 2 and late.started == 2
+        assert plane.fallback_retries("lone") == 1
+    finally:
+        plane.picker.call(lambda: plane.svc.set_membership("lone", [plane.r["lone"].address]))
+        late.close()
+    wait_for(lambda: plane.envoy.stats(UPSTREAM)[UPSTREAM + "membership_total"] == total, 10.0,
+             "Envoy to drop the replica that left")
