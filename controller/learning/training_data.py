@@ -33,7 +33,8 @@ class TrainingData:
     t_s: np.ndarray  # time of each row
     steady: np.ndarray  # bool: settings stable over the window (no change, nobody starting/draining)
     aux: Mapping[str, np.ndarray] = field(default_factory=dict)  # observed state, not model inputs:
-    # waiting_per_replica, running_per_replica, kv_usage_frac (used to tell saturated windows)
+    # waiting_per_replica, running_per_replica, kv_usage_frac (used to tell saturated windows); request_tpot_p95_s,
+    # the per-request TPOT p95 a TPOT SLO judges, beside the ITL target (docs/decisions/0032-one-latency-prior-trial.md)
 
     def __len__(self) -> int:
         return len(self.t_s)
@@ -105,7 +106,7 @@ def build_training_data(records: Sequence[ObservationRecord], physics_by_pool: M
     table = PhysicsTable(phys)
     cols: dict[str, list[float]] = {c: [] for c in (
         "k", "lam_r", "lam", "R", "P", "O", "hit", "cap", "seqs", "tokens", "pw", "qw", "kw", "t", "steady", "prof",
-        "waiting", "running", "kv", "disp", "nreq")}
+        "waiting", "running", "kv", "disp", "nreq", "req_tpot")}
     pool_names: list[str] = []
     targets: dict[str, list[float]] = {t: [] for t in ALL_TARGETS}
     profiles: list[tuple[float, ...]] = [ReuseProfile.none().hit_at]
@@ -167,6 +168,7 @@ def build_training_data(records: Sequence[ObservationRecord], physics_by_pool: M
             c["kv"].append(reading_value(po.kv_usage_frac))
             c["disp"].append(arrival_dispersion([h[0] for h in hist], [h[1] for h in hist], window_s))
             c["nreq"].append(lam * window_s)
+            c["req_tpot"].append(reading_value(po.request_tpot_p95_s))
             pool_names.append(pool)
             targets["hit_rate"].append(reading_value(po.hit_rate))
             targets["ttft_p50_s"].append(reading_value(po.ttft_p50_s))
@@ -190,7 +192,8 @@ def build_training_data(records: Sequence[ObservationRecord], physics_by_pool: M
     tg = {k: np.asarray(v, dtype=float) for k, v in targets.items()}
     tg["hit_rate"] = np.where(prof_idx >= 0, tg["hit_rate"], np.nan)
     aux = {"waiting_per_replica": a["waiting"], "running_per_replica": a["running"], "kv_usage_frac": a["kv"],
-           "requests_in_window": a["nreq"], "pool": np.asarray(pool_names, dtype=str)}
+           "requests_in_window": a["nreq"], "pool": np.asarray(pool_names, dtype=str),
+           "request_tpot_p95_s": a["req_tpot"]}
     data = TrainingData(latency=lat, cache=cache, targets=tg, t_s=a["t"], steady=a["steady"] > 0.5, aux=aux)
     return data, tuple(phys)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -61,6 +63,16 @@ def test_rows_need_replicas_and_arrivals():
     data, phys = build_training_data(recs, {"p": PHYS})
     assert len(data) == 1 and phys == (PHYS,)
     assert data.latency.prompt_tokens[0] == 1000 and data.latency.output_tokens[0] == 100
+
+
+def test_rows_carry_the_per_request_tpot_p95_beside_the_targets():
+    # what a TPOT SLO judges (vllm:request_time_per_output_token_seconds), kept beside the ITL target
+    plain = rec(45.0)
+    po = replace(plain.observation.pools["p"], request_tpot_p95_s=Reading(0.04))
+    seen = replace(plain, at_s=60.0, observation=replace(plain.observation, at_s=60.0, pools={"p": po}))
+    data, _ = build_training_data([plain, seen], {"p": PHYS})
+    got = data.aux["request_tpot_p95_s"]
+    assert np.isnan(got[0]) and got[1] == 0.04 and data.targets["tpot_p95_s"][1] == 0.05
 
 
 def test_dispersion_of_poisson_and_clumped_arrivals():
