@@ -102,11 +102,12 @@ class MpcConfig:
             raise ValueError(f"mpc.prefix_weight_range must be 0 <= lo <= hi (got {self.prefix_weight_range!r})")
 
 
-# Share of the time budget kept after the search before anything is measured (the policy's first tick
-# on a fleet, or `solve` called without a reserve): what follows the search measured 3-5 ms of a
-# 10-pool tick and 14-23 ms of a 100-pool one (`governor bench planner`, after_search_*), 2-7 % of the
-# budgets those fleets need (200 ms, 1 s), so a tenth leaves a margin of 1.5-3x; it costs the search a
-# tenth of its time once, and the next tick warm-starts from the plan it found.
+# Share of the time budget kept after the search before anything is measured (the policy's first ticks
+# on a fleet, or `solve` called without a reserve): what follows the search measured at most 2.5 ms of
+# a 10-pool tick, 6 ms of a 40-pool one and 15 ms of a 100-pool one (CPU, `governor bench planner`,
+# after_search_*), 1-1.5 % of the budgets those fleets need (200 ms, 400 ms, 1 s), so a tenth leaves a
+# wide margin for a slower machine; it costs the search a tenth of its time on a few ticks, and each
+# next tick warm-starts from the plan found.
 FIRST_RESERVE_FRAC = 0.1
 
 

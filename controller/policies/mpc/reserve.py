@@ -2,18 +2,20 @@
 
 With a timer, the planner's search stops a *reserve* before the end of the tick's budget: after it
 come the chosen plan scored in detail, its terms, the decisions, reasons and diagnostics. That work
-grows with the pools (3-5 ms of a 10-pool tick, 14-23 ms of a 100-pool one on the bench's machine) and
-differs by machine, so no constant fits it. Each tick the policy records its *spill*, the time the tick
-ran past the point where the search had to stop (what followed the search, plus how far the search's
-last batch ran over its deadline, if it did), and the next tick's reserve is an upper bound on the
-next spill from the recent ones:
+grows with the pools (about 2 ms of a 10-pool tick, 5 ms at 40 pools, 12-15 ms at 100, CPU time on the
+bench's machine) and differs by machine and by how loaded it is, so no constant fits it. Each tick the
+policy records its *spill*, the time the tick ran past the point where the search had to stop (what
+followed the search, plus how far the search's last batch ran over its deadline, if it did), and the
+next tick's reserve is an upper bound on the next spill from the recent ones:
 
     reserve = mean + sqrt(q / (1 − q)) × standard deviation,   q = 0.99
 
 Cantelli's one-sided inequality, P(X − μ ≥ λ) ≤ σ² / (σ² + λ²), holds for any distribution with that
 mean and variance: a spill beyond this bound has probability at most 1 − q = 1 %, the p99 the budget
-is held to (about μ + 9.95 σ; with spills of 16 ± 2 ms, 36 ms). A slow spell (a collector pass, a
-neighbour on the core) widens σ, and the reserve grows with it for as long as it is in the window.
+is held to (about μ + 9.95 σ; with spills of 12 ± 3 ms, 42 ms). It is loose (a normal distribution's
+p99 is μ + 2.33 σ) because the spills are not normal: a collector pass or a neighbour on the core puts
+a few far out, and a bound that needs no shape costs the search a few per cent of its time at most. A
+slow spell widens σ, and the reserve grows with it for as long as the spell is in the window.
 
 The window is the last `WINDOW` spills of a fleet of this size (the work grows with the pools: a fleet
 whose pool count changes starts over). Until `MIN_SPILLS` are in, the reserve is at least the first
