@@ -32,6 +32,7 @@ the GIL (as a real fleet's exporters would not). Must not: listen anywhere but 1
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import os
@@ -324,6 +325,9 @@ def measure(pools: int, replicas: int, ticks: int, source_kind: str = "scrape", 
             outcome = actuator.apply(result.decision) if result.decision is not None else None
             t3, c3 = wall.monotonic_s(), time.thread_time()
             if k < warmup:
+                if k == warmup - 1:  # as the daemon after its first tick (controller/runtime/loop.py, settle_heap)
+                    gc.collect()
+                    gc.freeze()
                 continue  # connection set-up and first-window effects are not steady state
             failures += int(outcome is not None and not outcome.ok)
             phases["read"].append(1000 * (t1 - t0))

@@ -480,7 +480,7 @@ def cmd_run(args) -> int:
         loop = TickLoop(services.daemon.tick, settings.tick_interval_s, logger,
                         on_skipped=lambda: services.metrics.ticks.labels("skipped").inc(),
                         on_error=lambda e: services.metrics.ticks.labels("error").inc(),
-                        notifier=notifier, status_of=tick_status)
+                        notifier=notifier, status_of=tick_status, freeze_heap=True)
 
         def reload() -> None:
             # Pools, SLOs, policy and guardrails reload; listen addresses and sources need a restart.

@@ -66,3 +66,37 @@ def test_stop_after_bounds_the_run():
     loop = TickLoop(lambda: calls.append(1), interval_s=0.05, logger=logging.getLogger("test"))
     loop.run(stop_after_s=0.3, install_signals=False)
     assert calls  # the first tick runs at once
+
+
+def test_the_daemons_loop_freezes_the_heap_once_after_its_first_completed_tick(monkeypatch):
+    """`freeze_heap`: after the first completed tick (not a failed one), collect then freeze once
+    (the collector itself is replaced here: freezing the test process's heap would outlive the test)."""
+    import controller.runtime.loop as loop_module
+
+    events: list[str] = []
+
+    class _Gc:
+        @staticmethod
+        def collect() -> int:
+            events.append("collect")
+            return 0
+
+        @staticmethod
+        def freeze() -> None:
+            events.append("freeze")
+
+    monkeypatch.setattr(loop_module, "gc", _Gc)
+
+    def tick():
+        events.append("tick")
+        if events.count("tick") == 1:
+            raise RuntimeError("the first tick fails")
+
+    loop = TickLoop(tick, interval_s=0.02, logger=logging.getLogger("test"), on_error=lambda e: None,
+                    freeze_heap=True)
+    t = threading.Thread(target=loop.run, kwargs={"install_signals": False})
+    t.start()
+    wait_until(lambda: events.count("tick") >= 4, deadline_s=10, what="ticks after the heap was frozen")
+    loop.stop()
+    t.join(10)
+    assert events[:4] == ["tick", "tick", "collect", "freeze"] and events.count("freeze") == 1

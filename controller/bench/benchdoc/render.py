@@ -378,16 +378,18 @@ def planner_scale(results: Results) -> str:
                     else f"one search ({r.get('route_groups', '–')} route groups)")
         sample = (f"every {ref['every']}th tick ({ref['ticks']})" if ref.get("sampled")
                   else f"every tick ({ref.get('ticks', r['ticks'])})")
+        after = (f"{num(r['after_search_p99_ms'])} / {num(r['reserve_p50_ms'])}" if "after_search_p99_ms" in r
+                 else "–")
         rows.append([f"{r['pools']} pools, {num(r['budget_ms'], 0)} ms {r['budget']}",
                      f"{num(r['cpu_p50_ms'])} / **{num(r['cpu_p99_ms'])}**",
                      f"{num(r['wall_p50_ms'])} / {num(r['wall_p99_ms'])}",
-                     f"{pct(r['objective_gap_median'], 2)} / **{pct(r['objective_gap_p90'], 2)}**",
+                     f"{pct(r['objective_gap_median'], 2)} / **{pct(r['objective_gap_p90'], 2)}**", after,
                      sample, f"{num(r['complete_cpu_p50_ms'], 0)}", grouping, num(r.get("load_average_1m"))])
     head = ["fleet, budget (one core, 40 ticks)", "CPU per tick p50 / p99 ms", "wall p50 / p99 ms",
-            "objective gap median / p90", "complete search run", "complete search CPU p50 ms", "searched as",
-            "load average"]
+            "objective gap median / p90", "after the search p99 / reserve p50 ms", "complete search run",
+            "complete search CPU p50 ms", "searched as", "load average"]
     prov = "<br>".join(provenance(results[n]) for n in PLANNER_SCALE)
-    return prov + "\n\n" + table(head, rows, [False] + [True] * 5 + [False, True])
+    return prov + "\n\n" + table(head, rows, [False] + [True] * 6 + [False, True])
 
 
 def tick(results: Results) -> str:

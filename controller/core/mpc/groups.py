@@ -55,12 +55,6 @@ from controller.core.mpc_model import compiled_kernel
 
 POOL_FIELDS = tuple(f for f in CAND_FIELDS if f != "shed")  # the candidate arrays with a pool axis
 
-# What follows the search grows with the pools (the plan's detailed terms, the policy's decisions and
-# reasons, per pool): 17 ms at 100 pools on the bench's machine, where `MpcConfig.time_reserve_s`
-# (15 ms) is sized for 10. So the group search stops this much earlier per pool beyond 10 (with a
-# margin: the last moves of each group, batch caps and settle, are not cut).
-_AFTER_S_PER_POOL = 0.3e-3
-
 # Rows each move is expected to score, per pool of what it moves (the complete search's own counts on
 # the bench's fleets): a replica sweep ~45 templates a pool plus transfers; cross-entropy 4 × 48 plus
 # three probes per lever; the delay grid 78 fleet rows.
@@ -330,8 +324,7 @@ class _Run:
         s = self.s
         if s.timer is not None:
             now = s.timer()
-            end = s.deadline_s() - _AFTER_S_PER_POOL * max(s.ev.P - 10, 0)
-            deadline, rows = now + max(end - now, 0.0) * share, 0
+            deadline, rows = now + max(s.deadline_s() - now, 0.0) * share, 0
         else:
             deadline, rows = 0.0, int(max(s.cfg.max_evaluations - self.rows_used(), 0) * share)
         return _Slice(ev, s, self.costs[id(ev)], deadline, rows)

@@ -43,11 +43,14 @@ class MpcConfig:
     # docs/decisions/0003-planner-time-budget.md); a single pool gets 4,000 plans, far more than its search needs.
     max_evaluations: int = 4000
     # With a timer: the whole tick (from `started_s`, see solve) ends within time_budget_s. A batch
-    # is cut to the candidates that fit at what batches have cost so far (`_BatchCost`); the search
-    # leaves room for `_settle`'s rows at that cost, and time_reserve_s for what follows the solver
-    # (the chosen plan scored in detail, its terms, the policy's decision and reasons).
+    # is cut to the candidates that fit at what batches have cost so far (`BatchCost`); the search
+    # leaves room for `settle`'s rows at that cost, and a reserve for what follows the search (the
+    # chosen plan scored in detail, its terms, the policy's decision and reasons). That work grows with
+    # the pools and differs by machine, so the policy measures it tick by tick and passes the reserve
+    # to `solve` (controller/policies/mpc/reserve.py); `time_reserve_s` set fixes it instead, and
+    # without either the search keeps `first_reserve_s` (a tenth of the budget).
     time_budget_s: float = 0.2
-    time_reserve_s: float = 0.015
+    time_reserve_s: float | None = None
     ce_iterations: int = 4
     ce_population: int = 48
     ce_elite_frac: float = 0.2
@@ -83,7 +86,8 @@ class MpcConfig:
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"mpc.{name} must be an integer >= 1 (got {v!r})")
-        if not (isinstance(self.time_reserve_s, (int, float)) and 0 <= self.time_reserve_s < self.time_budget_s):
+        if self.time_reserve_s is not None and not (
+                isinstance(self.time_reserve_s, (int, float)) and 0 <= self.time_reserve_s < self.time_budget_s):
             raise ValueError(f"mpc.time_reserve_s must be >= 0 and below time_budget_s = {self.time_budget_s!r} "
                              f"(got {self.time_reserve_s!r})")
         if self.max_evaluations < 50:
@@ -96,6 +100,21 @@ class MpcConfig:
         lo, hi = self.prefix_weight_range
         if not 0 <= lo <= hi:
             raise ValueError(f"mpc.prefix_weight_range must be 0 <= lo <= hi (got {self.prefix_weight_range!r})")
+
+
+# Share of the time budget kept after the search before anything is measured (the policy's first ticks
+# on a fleet, or `solve` called without a reserve): what follows the search measured at most 2.5 ms of
+# a 10-pool tick, 6 ms of a 40-pool one and 15 ms of a 100-pool one (CPU, `governor bench planner`,
+# after_search_*), 1-1.5 % of the budgets those fleets need (200 ms, 400 ms, 1 s), so a tenth leaves a
+# wide margin for a slower machine; it costs the search a tenth of its time on a few ticks, and each
+# next tick warm-starts from the plan found.
+FIRST_RESERVE_FRAC = 0.1
+
+
+def first_reserve_s(cfg: MpcConfig) -> float:
+    """The reserve after the search when nothing has been measured: `time_reserve_s` if set, else a
+    tenth of the budget. Example: 1 s budget → 100 ms."""
+    return cfg.time_reserve_s if cfg.time_reserve_s is not None else FIRST_RESERVE_FRAC * cfg.time_budget_s
 
 
 # --------------------------------------------------------------------------- the problem
@@ -274,3 +293,7 @@ class PlanResult:
     budget_exhausted: bool
     incumbent_objective: float  # the plan in force (held), for comparison
     groups: tuple[tuple[str, ...], ...] = ()  # the pools of each part searched on its own; () = one search
+    # with a timer, its readings: when the search had to stop (the budget less the reserve) and when it
+    # did stop (before the chosen plan is scored in detail); None without a timer
+    search_deadline_s: float | None = None
+    search_ended_s: float | None = None

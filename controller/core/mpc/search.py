@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from controller.core.mpc.candidates import Candidates
-from controller.core.mpc.problem import MpcConfig, Timer
+from controller.core.mpc.problem import MpcConfig, Timer, first_reserve_s
 from controller.core.mpc.score import Evaluator
 from controller.core.mpc.trajectories import replica_templates
 from controller.core.mpc.vectors import (
@@ -40,9 +40,10 @@ class Search:
     """The budget, the best candidate so far and its objective; `run` scores a batch within the budget."""
 
     def __init__(self, ev: Evaluator, cfg: MpcConfig, rng: np.random.Generator, timer: Timer | None,
-                 started_s: float | None = None) -> None:
+                 started_s: float | None = None, reserve_s: float | None = None) -> None:
         self.ev, self.cfg, self.rng, self.timer = ev, cfg, rng, timer
         self.t0 = (started_s if started_s is not None else timer()) if timer is not None else 0.0
+        self.reserve_s = first_reserve_s(cfg) if reserve_s is None else reserve_s
         self.best: Candidates | None = None
         self.best_J = math.inf
         self.exhausted = False
@@ -50,8 +51,8 @@ class Search:
         self.last_end_s: float | None = None
 
     def deadline_s(self) -> float:
-        """With a timer: when the search must stop (the budget less the reserve)."""
-        return self.t0 + self.cfg.time_budget_s - self.cfg.time_reserve_s
+        """With a timer: when the search must stop (the budget less the reserve for what follows it)."""
+        return self.t0 + self.cfg.time_budget_s - self.reserve_s
 
     def left(self) -> int:
         """Candidates the budget still allows: by count, or with a timer by the time left before the

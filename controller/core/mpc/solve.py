@@ -83,13 +83,15 @@ def _from_plan(ev: Evaluator, plan: Plan, shift: int) -> Candidates | None:
 
 def solve(problem: PlanProblem, model: PlanModel, config: MpcConfig, rng: np.random.Generator, *,
           warm: Plan | None = None, warm_shift: int = 0, timer: Timer | None = None,
-          started_s: float | None = None) -> PlanResult:
+          started_s: float | None = None, reserve_s: float | None = None) -> PlanResult:
     """Find the best plan within the budget (see the module docstring). Never returns nothing:
     the plan in force (clipped to the bounds) is always scored first. With a `timer`, the time
     budget counts from `started_s` (a reading of the same timer, e.g. when the tick began; default
-    now)."""
+    now), and the search stops `reserve_s` before its end for what follows it (the caller's measure
+    of that work; default `first_reserve_s`). The result carries when the search had to stop and when
+    it did, so the caller can measure what followed."""
     ev = Evaluator(problem, model, config)
-    s = Search(ev, config, rng, timer, started_s)
+    s = Search(ev, config, rng, timer, started_s, reserve_s)
     cur = ev.cur.tile(1)
     for j, p in enumerate(problem.pools):
         cur.repl[0, j] = np.clip(cur.repl[0, j], p.lo, p.hi)
@@ -133,31 +135,45 @@ def solve(problem: PlanProblem, model: PlanModel, config: MpcConfig, rng: np.ran
         batch_caps(s, needs)
         settle(s)
     assert s.best is not None
+    ended = timer() if timer is not None else None
     J, info = ev.score(s.best, detail=True)
     assert info is not None
     plan = _to_plan(ev, s.best)
     terms = _terms(ev, info, needs)
     return PlanResult(plan=plan, objective=float(J[0]), terms=terms, evaluations=ev.evaluations + part_evaluations,
                       budget_exhausted=s.exhausted, incumbent_objective=incumbent_J,
-                      groups=tuple(tuple(problem.pools[j].name for j in g) for g in groups))
+                      groups=tuple(tuple(problem.pools[j].name for j in g) for g in groups),
+                      search_deadline_s=s.deadline_s() if timer is not None else None, search_ended_s=ended)
 
 
 def _terms(ev: Evaluator, info: Mapping[str, Any], needs: list[np.ndarray]) -> dict[str, Any]:
     prob = ev.prob
     cls = [c.name for c in prob.classes]
+
+    def rows(a: np.ndarray, nd: int) -> list[list[float]]:
+        """(P,H) → per pool, its steps rounded to nd decimals (Python floats first: one conversion per
+        array rather than per element, the same values as rounding each element)."""
+        return [[round(x, nd) for x in r] for r in np.asarray(a, dtype=float).tolist()]
+
+    ready = rows(info["ready"][0], 2)
+    util = rows(info["utilisation"][0, 1].T, 3)
+    ttft = rows(info["ttft_p95"][0, 1].T, 3)
+    tpot = rows(info["tpot_p95"][0, 1].T, 4)
+    hit = rows(info["hit"][0, 0].T, 3)
+    bound = (None if info["tpot_max"] is None else
+             [[round(x, 4) if math.isfinite(x) else None for x in r]
+              for r in np.asarray(info["tpot_max"][0, 1].T, dtype=float).tolist()])
     pools = {}
     for j, p in enumerate(prob.pools):
         pools[p.name] = {
-            "ready_by_step": [round(float(x), 2) for x in info["ready"][0, j]],
-            "need_by_step_p90": [int(x) for x in needs[j]],
-            "utilisation_p90": [round(float(x), 3) for x in info["utilisation"][0, 1, :, j]],
-            "ttft_p95_s_p90": [round(float(x), 3) for x in info["ttft_p95"][0, 1, :, j]],
-            "tpot_p95_s_p90": [round(float(x), 4) for x in info["tpot_p95"][0, 1, :, j]],
+            "ready_by_step": ready[j],
+            "need_by_step_p90": [int(x) for x in np.asarray(needs[j]).tolist()],
+            "utilisation_p90": util[j],
+            "ttft_p95_s_p90": ttft[j],
+            "tpot_p95_s_p90": tpot[j],
             # the longest TPOT a request can have (a full prefill chunk every step); null = unbounded
-            "tpot_bound_s_p90": (None if info["tpot_max"] is None else
-                                 [round(float(x), 4) if np.isfinite(x) else None
-                                  for x in info["tpot_max"][0, 1, :, j]]),
-            "hit_rate": [round(float(x), 3) for x in info["hit"][0, 0, :, j]],
+            "tpot_bound_s_p90": None if bound is None else bound[j],
+            "hit_rate": hit[j],
         }
     return {
         "cost_usd": float(info["cost_usd"][0]),

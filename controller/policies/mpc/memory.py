@@ -29,6 +29,7 @@ from controller.core.mpc import Plan
 from controller.core.mpc_model import PlanModel, QueueingPrior
 from controller.policies.common import value
 from controller.policies.mpc.forecasting import Scoreboard
+from controller.policies.mpc.reserve import Spills
 from controller.types import (
     FleetEstimate,
     PolicyInput,
@@ -76,6 +77,8 @@ class MpcState:
     estimate: FleetEstimate | None = None
     # step-aware admission stays on until then after the last plan that chose it (task_levers.py)
     step_aware_until_s: float = -math.inf
+    # with a timer: how far recent ticks ran past the search's deadline (reserve.py sizes the next reserve)
+    spills: Spills | None = None
 
 
 def ewma(old: float | None, new: float, alpha: float) -> float:

@@ -101,6 +101,7 @@ from controller.policies.mpc.reasons import (
     task_diagnostics,
     task_reasons,
 )
+from controller.policies.mpc.reserve import Spills, reserve, spill_s, timing
 from controller.policies.mpc.task_levers import step_admission, tenant_limits
 from controller.types import (
     PRIORITY_CLASSES,
@@ -299,8 +300,10 @@ class MpcPolicy:
         warm_shift = 0
         if state.plan is not None and state.plan_at_s is not None:
             warm_shift = int(round((now - state.plan_at_s) / cfg.step_s))
+        # with a timer, the search stops early by what recent ticks spent after it (reserve.py)
+        kept_back = reserve(state.spills, len(fleet.pools), cfg) if self.timer is not None else None
         result = solve(problem, model, cfg, rng, warm=state.plan, warm_shift=warm_shift, timer=self.timer,
-                       started_s=started)
+                       started_s=started, reserve_s=None if kept_back is None else kept_back.seconds)
 
         # --- the first step → decisions (with scale-down stabilisation, longer when demand is bursty)
         down_window = down_window_s(t_hist, d_hist, now, self.down_window_s, self.bursty_window_s)
@@ -343,10 +346,18 @@ class MpcPolicy:
                     if pt.get("need_by_step_p90")}
         kept = (None if inp.estimate is not None
                 else replace(est, decided_caps=decided_caps(fleet, pools_out), needs=need_now))
+        status = planner_status(diag, guards, headroom, result)
+        spills = state.spills
+        if self.timer is not None and started is not None and kept_back is not None:
+            end = self.timer()  # the tick's work is done: what remains is building the output
+            spill = spill_s(result, end)
+            if spill is not None:
+                spills = (spills or Spills(len(fleet.pools))).add(len(fleet.pools), spill)
+                diag["timing"] = timing(result, started, end, spill, kept_back)
         new_state = MpcState(pools=new_mem, plan=result.plan, plan_at_s=now, last_s=now,
                              shed_in_force={c: a.shed_frac for c, a in admission.items()}, need_now=need_now,
                              waiting=dict(fb.waiting), forecast_board=board, estimate=kept,
-                             step_aware_until_s=aware_until)
+                             step_aware_until_s=aware_until, spills=spills)
         return new_state, PolicyOutput(pools=pools_out, admission=admission, reasons=tuple(reasons), diagnostics=diag,
-                                       confidence=conf, status=planner_status(diag, guards, headroom, result),
-                                       needs=need_now, tenants=tenants.limits, step_aware=step_aware)
+                                       confidence=conf, status=status, needs=need_now, tenants=tenants.limits,
+                                       step_aware=step_aware)
