@@ -1,6 +1,6 @@
 """The measured step profile in the planner: what a lost request loses, and step-aware admission as a lever.
 
-Rows: the profile's values (controller/core/tasks.py) on hand-computed cases; then the planner (hand-built
+Rows: the profile's values (controller/core/workflow.py) on hand-computed cases; then the planner (hand-built
 problems as in test_mpc.py) chooses step-aware admission when it predicts shedding and the profile says later
 steps carry sunk work, and not otherwise; without a profile its plan and objective are exactly those of the
 static weight.
@@ -16,7 +16,7 @@ import pytest
 from controller.core.mpc import PlanProblem, plan_steps, solve
 from controller.core.mpc_model import QueueingPrior
 from controller.core.objective import resolve_weights
-from controller.core.tasks import fair_shares, mean_steps, request_shares, sunk_tokens, task_loss
+from controller.core.workflow import fair_shares, mean_steps, request_shares, sunk_tokens, task_loss
 from controller.types import StepProfile
 from tests.core.test_mpc import CFG, SPEC, classes, pool
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from controller.core.step import Controller, TickInput
-from controller.core.tasks import fair_shares
+from controller.core.workflow import fair_shares
 from controller.policies.mpc import MpcPolicy
 from controller.types import ClassObservation, FleetObservation, Override, Reading, StepProfile, TaskProfile
 from tests.policies.builders import fleet, obs_row, spec

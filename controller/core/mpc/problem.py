@@ -156,7 +156,7 @@ class ClassInput:
     max_shed: float = 1.0
     backlog: float = 0.0
     # requests' worth of work a late or shed request of the class loses, its task's sunk steps with it, from the
-    # measured step profile (controller/core/tasks.py); None: the static `steps_per_task` weight
+    # measured step profile (controller/core/workflow.py); None: the static `steps_per_task` weight
     task_loss: float | None = None
 
 

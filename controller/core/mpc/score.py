@@ -28,7 +28,7 @@ from controller.core.mpc.problem import MpcConfig, PlanProblem, plan_steps
 from controller.core.mpc.risk import Risk
 from controller.core.mpc.traffic import Flow, Traffic
 from controller.core.mpc_model import PlanModel
-from controller.core.tasks import static_loss
+from controller.core.workflow import static_loss
 from controller.levers import LEVERS, Lever, plan_groups
 
 # the candidate arrays each lever of `MpcConfig.fixed_levers` owns (the lever table's `plan` and `array` columns)
@@ -82,7 +82,7 @@ class Evaluator:
         self.price = np.array([p.usd_per_hour for p in pools])
         self.ready_int = np.array([p.ready for p in pools])
         w = prob.weights
-        # what a late or shed request loses, in requests' worth: its task's sunk steps too (controller/core/tasks.py)
+        # what a late or shed request loses, in requests' worth: its task's sunk steps too (controller/core/workflow.py)
         loss = np.array([c.task_loss if c.task_loss is not None else static_loss(w.cls("steps_per_task", c.name))
                          for c in cls])
         self.wv = np.array([w.cls("violation_weight", c.name) for c in cls]) * loss

@@ -30,7 +30,7 @@ from controller.core.guards import override_bounds
 from controller.core.mpc import ClassInput, PlanProblem, PoolInput, hop
 from controller.core.mpc_model import LatencyQuery, PlanModel, QueueingPrior
 from controller.core.objective import ObjectiveWeights
-from controller.core.tasks import task_loss
+from controller.core.workflow import task_loss
 from controller.perf.catalogue import GIB, NON_TORCH_GIB_PER_GPU
 from controller.perf.engines import Catalogue, EngineError
 from controller.policies.common import value

@@ -2,13 +2,13 @@
 
 - Step-aware admission (`PolicyOutput.step_aware`): the planner scores every plan's shedding twice, falling on any
   step and falling on first steps only, with the measured step profile (controller/core/mpc/score.py,
-  controller/core/tasks.py); where the plan sheds and later steps carry sunk work, step-aware costs less and the
+  controller/core/workflow.py); where the plan sheds and later steps carry sunk work, step-aware costs less and the
   plan says so (`terms["step_aware"]`): on, and kept on through the scale-down stabilisation window after the
   last plan that chose it. Otherwise None: the router keeps its own setting (nothing to protect, or no profile
   measured: the planner behaves as it did without one).
 - Tenant limits (`PolicyOutput.tenants`): while the plan sheds (it predicts demand beyond what it provisions),
   each measured tenant gets its token-weighted fair share of what the plan admits: the max-min fair share of the
-  admitted tokens (controller/core/tasks.py `fair_shares`), turned into requests in flight at the replicas the
+  admitted tokens (controller/core/workflow.py `fair_shares`), turned into requests in flight at the replicas the
   plan has ready in its first step (each replica's in-flight cap, or its engine's max_num_seqs where uncapped).
   A tenant asking no more than the level keeps no limit (0: capping it at its mean would refuse its bursts); the
   tenants above the level are held to it. Weights stay equal (1): the picker's fair queue is max-min fair in
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controller.core.mpc import PlanProblem, PlanResult
-from controller.core.tasks import fair_shares
+from controller.core.workflow import fair_shares
 from controller.types import PoolDecision, TaskProfile, TenantLimits
 
 OVERLOAD_SHED = 0.005  # the plan sheds beyond this share of some class: demand beyond what it provisions

@@ -115,10 +115,46 @@ def profile_from_samples(task_steps: np.ndarray, step_index: np.ndarray, step_to
     mean = np.where(seen > 0, total / np.maximum(seen, 1), np.nan)
     if np.isnan(mean).all():
         return None
-    # an index no step was seen at (the window cut it) takes the nearest earlier one's mean (the first seen's before)
-    for s in range(size):
-        if np.isnan(mean[s]):
-            earlier = mean[:s][~np.isnan(mean[:s])]
-            mean[s] = earlier[-1] if earlier.size else mean[~np.isnan(mean)][0]
+    mean = _fill_forward(mean)
     return StepProfile(tasks=tuple(float(x) / float(tasks.sum()) for x in tasks),
                        tokens=tuple(float(x) for x in mean), count=int(n.size))
+
+
+def profile_from_counts(task_steps: Mapping[int, float], step_requests: Mapping[int, float],
+                        step_tokens: Mapping[int, float], max_steps: int = MAX_PROFILE_STEPS) -> StepProfile | None:
+    """A step profile from counts (the picker's counters over a window, controller/obs/task_cost.py): tasks settled
+    by the steps they ran (1-based), admitted steps and their tokens by step index (0-based). The same rules as
+    `profile_from_samples`: None without a task of more than one step. Example: {1: 5, 2: 5}, {0: 10, 1: 5},
+    {0: 10_000, 1: 15_000} → tasks (0.5, 0.5), tokens (1000, 3000)."""
+    tasks = {min(int(n), max_steps): 0.0 for n in task_steps}
+    for n, v in task_steps.items():
+        if n >= 1 and v > 0:
+            tasks[min(int(n), max_steps)] += float(v)
+    tasks = {n: v for n, v in tasks.items() if v > 0}
+    if not tasks or max(tasks) <= 1:
+        return None
+    size = max(tasks)
+    counts = np.zeros(size)
+    for n, v in tasks.items():
+        counts[n - 1] += v
+    seen, total = np.zeros(size), np.zeros(size)
+    for s, v in step_requests.items():
+        if s >= 0 and v > 0:
+            seen[min(int(s), size - 1)] += float(v)
+            total[min(int(s), size - 1)] += float(step_tokens.get(s, 0.0))
+    if not seen.any():
+        return None
+    mean = _fill_forward(np.where(seen > 0, total / np.maximum(seen, 1e-12), np.nan))
+    return StepProfile(tasks=tuple(float(x) / float(counts.sum()) for x in counts),
+                       tokens=tuple(float(x) for x in mean), count=int(round(counts.sum())))
+
+
+def _fill_forward(mean: np.ndarray) -> np.ndarray:
+    """An index no step was seen at (the window cut it) takes the nearest earlier one's mean (the first seen's
+    before any was seen). `mean` has at least one value that is not NaN."""
+    out = mean.copy()
+    for s in range(out.size):
+        if np.isnan(out[s]):
+            earlier = out[:s][~np.isnan(out[:s])]
+            out[s] = earlier[-1] if earlier.size else mean[~np.isnan(mean)][0]
+    return out
