@@ -704,11 +704,12 @@ class _Collector:
     @staticmethod
     def _profile_families(c) -> list:
         """The step profile (controller/dataplane/task_book.py) the daemon hands the planner, and tenants' tokens."""
-        sreq = CounterMetricFamily("governor_picker_step_requests", "Admitted steps of labelled tasks by class and "
-                                   f"step index (0-based; {PROFILE_STEPS - 1}: that index or later)",
+        sreq = CounterMetricFamily("governor_picker_step_requests", "Steps of labelled tasks that reached admission "
+                                   f"(admitted or refused) by class and step index (0-based; {PROFILE_STEPS - 1}: "
+                                   "that index or later)",
                                    labels=["class", "step"])
-        stok = CounterMetricFamily("governor_picker_step_tokens", "Estimated tokens (prompt and max output) of the "
-                                   "admitted steps of labelled tasks by class and step index", labels=["class", "step"])
+        stok = CounterMetricFamily("governor_picker_step_tokens", "Estimated tokens (prompt and max output) of those "
+                                   "steps by class and step index", labels=["class", "step"])
         for (cls, idx), n in sorted(c.step_requests.items()):
             sreq.add_metric([cls, str(idx)], n)
             stok.add_metric([cls, str(idx)], c.step_tokens.get((cls, idx), 0.0))

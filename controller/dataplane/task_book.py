@@ -296,8 +296,18 @@ class TaskBook:
         t.inflight += 1
         t.tokens += tokens
         self._book[key] = t  # refreshes its expiry and its place in the LRU
-        self.counters.step(cls, idx, tokens)
         return StepTicket(key, tenant, cls, tokens, idx, t.steps is not None and idx + 1 >= t.steps)
+
+    def arrived(self, tenant: str, cls: str, task_id: str | None, step: int | None, tokens: float) -> None:
+        """A step that reached admission, admitted or not: the tenant's offered tokens, and for a labelled task
+        its index (the client's, else the book's count) into the step profile."""
+        self.counters.offered(tenant, tokens)
+        if task_id is None:
+            return
+        if step is None:
+            t = self._book.get((tenant, task_id))
+            step = t.next_step if t is not None and not t.done else 0
+        self.counters.step(cls, step, tokens)
 
     def rejected(self, tenant: str, cls: str, task_id: str | None, later: bool) -> None:
         """A step refused by admission: a task under way fails (what it spent is lost); a first step that never
