@@ -188,12 +188,18 @@ class StepProfile:
     tasks: tuple[float, ...]
     tokens: tuple[float, ...]
     count: int = 0  # tasks measured
+    # the share of the class's arriving steps at each index, as measured (shedding first steps raises the first
+    # one's: the dropped tasks' later steps never arrive); empty: the tasks' own (those that reach each index)
+    requests: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.tasks or len(self.tasks) != len(self.tokens):
-            raise ValueError(f"StepProfile: tasks and tokens must have the same length >= 1 "
-                             f"(got {len(self.tasks)} and {len(self.tokens)})")
-        for name, vals in (("tasks", self.tasks), ("tokens", self.tokens)):
+        if not self.tasks or len(self.tasks) != len(self.tokens) or (self.requests and
+                                                                     len(self.requests) != len(self.tasks)):
+            raise ValueError(f"StepProfile: tasks, tokens (and requests, if given) must have the same length >= 1 "
+                             f"(got {len(self.tasks)}, {len(self.tokens)} and {len(self.requests)})")
+        if self.requests and sum(self.requests) <= 0:
+            raise ValueError(f"StepProfile.requests: no step at all (got {self.requests})")
+        for name, vals in (("tasks", self.tasks), ("tokens", self.tokens), ("requests", self.requests)):
             if any(not (math.isfinite(v) and v >= 0) for v in vals):
                 raise ValueError(f"StepProfile.{name}: every value must be a finite number >= 0 (got {vals})")
         if sum(self.tasks) <= 0:

@@ -4,7 +4,7 @@ task book measures a live fleet's (controller/dataplane/task_book.py; the daemon
 Over the last `window_s` of the run: the tasks whose first step was sent (their step counts, as the client
 declares them in `x-governor-task-steps`), and every step sent with its index and tokens (prompt + output, as the
 picker estimates a step's tokens from its prompt and max_tokens): the step profile of each class
-(controller/core/tasks.py `profile_from_samples`). None where the scenario labels no tasks (`tasks.kind: single`:
+(controller/core/workflow.py `profile_from_samples`). None where the scenario labels no tasks (`tasks.kind: single`:
 each request is a task of one step, as unlabelled requests are at the picker), so the planner plans exactly as it
 does without a profile. Tenants are not reported: the simulator's router carries no tenant limits (controller/
 levers.py), so a plan of them would move nothing.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from controller.core.tasks import profile_from_samples
+from controller.core.workflow import profile_from_samples
 from controller.sim.fleet import Fleet
 from controller.types import PRIORITY_CLASSES, StepProfile, TaskProfile
 

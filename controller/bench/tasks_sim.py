@@ -24,7 +24,7 @@ With `--sim-mpc` (`run_sim_mpc`), the controller runs too: the MPC in the loop a
 admission, in-flight caps and step admission; replicas cannot move), the router step-blind unless a decision says
 otherwise, once planning on the step profile measured from the simulator's tasks (controller/bench/task_profile.py:
 the planner scores step-aware admission against step-blind and turns it on where it predicts shedding,
-controller/core/tasks.py) and once on the static steps-per-task weight (no profile: what the MPC did before, and
+controller/core/workflow.py) and once on the static steps-per-task weight (no profile: what the MPC did before, and
 never touches step admission). Also counted: the share of decisions that turned step-aware admission on.
 
 Must not: touch the network, or print anything but one JSON object on stdout with --json.

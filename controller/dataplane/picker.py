@@ -342,6 +342,7 @@ class Picker:
         book.advance(now_s)
         ident = ident if ident is not None else Identity()
         tenant = book.tenant_of(ident.tenant, settings.tenants)
+        book.arrived(tenant, cls, ident.task_id, ident.step, tokens)  # the step profile and the tenant's demand
         under_way = book.is_later_step(tenant, ident.step, ident.task_id)
         later = settings.step_aware and under_way
         rejected = (self._admit_tenant(cls, tenant, settings, now_s, later)

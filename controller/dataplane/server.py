@@ -81,7 +81,15 @@ from controller.dataplane.model_routing import (
 from controller.dataplane.picker import ColdStart, Endpoint, HeldRequest, Picker
 from controller.dataplane.policy_store import PolicyStore, PoolSettings, Settings
 from controller.dataplane.scrape import ScrapeError, fetch, parse_engine_metrics, parse_http_sd
-from controller.dataplane.task_book import Identity, IdentityError, StepTicket, TaskBook, TenantSettings, parse_identity
+from controller.dataplane.task_book import (
+    PROFILE_STEPS,
+    Identity,
+    IdentityError,
+    StepTicket,
+    TaskBook,
+    TenantSettings,
+    parse_identity,
+)
 from controller.gen.governor.v1 import control_pb2 as pb
 from controller.gen.governor.v1 import control_pb2_grpc as pb_grpc
 from controller.rpc.transport import (
@@ -691,7 +699,30 @@ class _Collector:
                                 labels=["tenant"])
         for tenant, st in sorted(book.tenants.items()):
             tin.add_metric([tenant], st.inflight)
-        return [tasks, tokens, steps, unlabelled, tracked, tin]
+        return [tasks, tokens, steps, unlabelled, tracked, tin, *_Collector._profile_families(c)]
+
+    @staticmethod
+    def _profile_families(c) -> list:
+        """The step profile (controller/dataplane/task_book.py) the daemon hands the planner, and tenants' tokens."""
+        sreq = CounterMetricFamily("governor_picker_step_requests", "Steps of labelled tasks that reached admission "
+                                   f"(admitted or refused) by class and step index (0-based; {PROFILE_STEPS - 1}: "
+                                   "that index or later)",
+                                   labels=["class", "step"])
+        stok = CounterMetricFamily("governor_picker_step_tokens", "Estimated tokens (prompt and max output) of those "
+                                   "steps by class and step index", labels=["class", "step"])
+        for (cls, idx), n in sorted(c.step_requests.items()):
+            sreq.add_metric([cls, str(idx)], n)
+            stok.add_metric([cls, str(idx)], c.step_tokens.get((cls, idx), 0.0))
+        tsteps = CounterMetricFamily("governor_picker_task_steps", "Labelled tasks settled by class and the steps "
+                                     f"they ran (declared, else seen; {PROFILE_STEPS}: that many or more)",
+                                     labels=["class", "steps"])
+        for (cls, n_steps), n in sorted(c.task_steps.items()):
+            tsteps.add_metric([cls, str(n_steps)], n)
+        ttok = CounterMetricFamily("governor_picker_tenant_tokens", "Estimated tokens (prompt and max output) each "
+                                   "tenant offered, admitted or refused", labels=["tenant"])
+        for tenant, v in sorted(c.tenant_tokens.items()):
+            ttok.add_metric([tenant], v)
+        return [sreq, stok, tsteps, ttok]
 
     @staticmethod
     def _epp_families(p: Picker) -> list:

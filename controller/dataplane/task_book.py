@@ -29,6 +29,13 @@ A task's outcome, counted once per (class, tenant):
   a successful step; a task with a known count that goes idle before its last step is `abandoned`;
 - evicted: pushed out of a full book (its outcome is then unknown, and counted as such).
 
+The step profile the planner weighs shedding with (controller/core/workflow.py), per class: every admitted step of a
+labelled task by its index with its estimated tokens (`step_requests`, `step_tokens`), and every labelled task
+settled by the steps it ran (`task_steps`: the count the client declared, else the steps the book saw: a failed task
+of undeclared length counts the steps it reached); indices and counts from PROFILE_STEPS on share the last bucket.
+Each tenant's offered tokens (`tenant_tokens`: every request that reached admission, refused or not: what it asks
+for, which the planner's fair share divides).
+
 Pure: time comes in as arguments; no I/O, no clock.
 """
 
@@ -50,6 +57,9 @@ STEPS_HEADER = "x-governor-task-steps"
 DEFAULT_TENANT = "default"
 OTHER_TENANT = "_other"
 MAX_STEPS = 100_000  # an agent's loop past this is not a task any accounting should keep open
+# the step profile's buckets: step indices (and steps per task) from this many on share the last one (the
+# planner's, controller/core/workflow.py MAX_PROFILE_STEPS; the picker does not import the core)
+PROFILE_STEPS = 32
 OUTCOMES = ("started", "completed", "failed", "abandoned", "evicted")
 
 
@@ -180,10 +190,28 @@ class TaskCounters:
     tokens: dict[str, float] = field(default_factory=dict)  # outcome → estimated tokens of those tasks
     steps: dict[tuple[str, str], int] = field(default_factory=dict)  # (step kind first/later, outcome)
     unlabelled: int = 0  # admitted requests without a task id (each a task of one step)
+    # the step profile (module docstring): per (class, step index), admitted steps and their tokens; per (class,
+    # steps ran), labelled tasks settled; per tenant, the tokens it offered
+    step_requests: dict[tuple[str, int], int] = field(default_factory=dict)
+    step_tokens: dict[tuple[str, int], float] = field(default_factory=dict)
+    task_steps: dict[tuple[str, int], int] = field(default_factory=dict)
+    tenant_tokens: dict[str, float] = field(default_factory=dict)
 
     def add(self, cls: str, tenant: str, outcome: str, n: int = 1) -> None:
         k = (cls, tenant, outcome)
         self.tasks[k] = self.tasks.get(k, 0) + n
+
+    def step(self, cls: str, idx: int, tokens: float) -> None:
+        k = (cls, min(idx, PROFILE_STEPS - 1))
+        self.step_requests[k] = self.step_requests.get(k, 0) + 1
+        self.step_tokens[k] = self.step_tokens.get(k, 0.0) + tokens
+
+    def settled(self, cls: str, steps: int) -> None:
+        k = (cls, min(max(steps, 1), PROFILE_STEPS))
+        self.task_steps[k] = self.task_steps.get(k, 0) + 1
+
+    def offered(self, tenant: str, tokens: float) -> None:
+        self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0.0) + tokens
 
     def count(self, outcome: str, cls: str | None = None, tenant: str | None = None) -> int:
         return sum(n for (c, t, o), n in self.tasks.items()
@@ -270,6 +298,17 @@ class TaskBook:
         self._book[key] = t  # refreshes its expiry and its place in the LRU
         return StepTicket(key, tenant, cls, tokens, idx, t.steps is not None and idx + 1 >= t.steps)
 
+    def arrived(self, tenant: str, cls: str, task_id: str | None, step: int | None, tokens: float) -> None:
+        """A step that reached admission, admitted or not: the tenant's offered tokens, and for a labelled task
+        its index (the client's, else the book's count) into the step profile."""
+        self.counters.offered(tenant, tokens)
+        if task_id is None:
+            return
+        if step is None:
+            t = self._book.get((tenant, task_id))
+            step = t.next_step if t is not None and not t.done else 0
+        self.counters.step(cls, step, tokens)
+
     def rejected(self, tenant: str, cls: str, task_id: str | None, later: bool) -> None:
         """A step refused by admission: a task under way fails (what it spent is lost); a first step that never
         started is not a task yet."""
@@ -301,11 +340,17 @@ class TaskBook:
         if ticket.last and not t.failed and not t.done:
             t.done = True
             self._final(t.cls, t.tenant, "completed", t.tokens)
+            self._settled(t)
 
     def _fail(self, t: Task) -> None:
         t.failed = True
         t.done = True
         self._final(t.cls, t.tenant, "failed", t.tokens)
+        self._settled(t)
+
+    def _settled(self, t: Task) -> None:
+        """A labelled task's length into the step profile: the count its client declared, else the steps seen."""
+        self.counters.settled(t.cls, t.steps if t.steps is not None else t.next_step)
 
     def _final(self, cls: str, tenant: str, outcome: str, tokens: float) -> None:
         self.counters.add(cls, tenant, outcome)
@@ -318,6 +363,7 @@ class TaskBook:
             self._final(t.cls, t.tenant, "completed", t.tokens)
         else:
             self._final(t.cls, t.tenant, "abandoned", t.tokens)
+        self._settled(t)
 
     def _evicted(self, key: tuple[str, str], t: Task) -> None:
         if not t.done:

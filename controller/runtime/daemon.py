@@ -42,7 +42,7 @@ from controller.core.step import Controller, ControllerState, TickInput, TickRes
 from controller.obs.daemon_metrics import DaemonMetrics
 from controller.obs.otel import Phase, TickTelemetry
 from controller.obs.task_cost import CostSnapshot
-from controller.types import FleetObservation, Mode, PoolPhases
+from controller.types import FleetObservation, Mode, PoolPhases, TaskProfile
 
 if TYPE_CHECKING:
     from controller.obs.task_cost import CostTracker
@@ -190,7 +190,7 @@ class Daemon:
                     self.state = replace(self.state, generation=floor)
             self.state, result = self.controller.step(
                 self.state, TickInput(now_s=now_s, observation=raw, fleet_state=fleet_state, mode=self.mode,
-                                      overrides=overrides, profile=self.profile))
+                                      overrides=overrides, profile=self.profile, tasks=self._task_profile()))
             obs = result.estimate.observation  # the telemetry with the autoscaler's replica phases
             self._phase("step")
             t2 = clock.monotonic_s()
@@ -244,6 +244,17 @@ class Daemon:
         if self.on_tick is not None:
             self.on_tick(report)
         return report
+
+    def _task_profile(self) -> TaskProfile | None:
+        """The pickers' task profile as of the last tick's reading (obs/task_cost.py), for the planner; None
+        without pickers or before two readings. A failure to build it never stops the tick."""
+        if self.costs is None:
+            return None
+        try:
+            return self.costs.task_profile()
+        except Exception as exc:  # noqa: BLE001 - the planner then weighs steps statically this tick
+            self.log.warning(f"task profile failed: {exc!r}", extra={"event": "costs"})
+            return None
 
     def _observe_costs(self, now_s: float, obs: FleetObservation) -> CostSnapshot | None:
         if self.costs is None:

@@ -15,7 +15,9 @@ Step-aware admission (`router.step_aware` in the scenario, or a decision's `step
 `governor picker` does it (controller/dataplane/picker.py): a request that is a later step of a task under way
 (step > 0: its earlier steps succeeded, the engine sends step k only after step k − 1 finished) is protected
 from what a new task's first step meets under pressure, so what the task has already spent is not thrown away:
-  - shed_frac is taken from first steps only (later steps pass without a draw);
+  - shed_frac is taken from first steps only: every arrival adds its share to the class's running sum, a first
+    step that finds it at one or more is shed and pays one, a later step passes (the sum held to SHED_DEBT), so the
+    class sheds its fraction of all arrivals while it has first steps to shed (the picker's accumulator);
   - the rate limit: a later step may take the bucket down to minus one second of tokens, first steps wait for
     the debt;
   - the queue budget: a first step is refused once the class holds its budget of anything, a later step once
@@ -77,6 +79,11 @@ N_CLASSES = len(PRIORITY_CLASSES)
 CAP_EXEMPT_PRIO = PRIORITY_CLASSES.index("critical")
 
 
+# Step-aware shedding: a later step pushes the class's shed sum past one; held at two, the first steps that follow pay
+# at most one request of debt beyond their own share (as the picker's SHED_DEBT, controller/dataplane/picker.py).
+SHED_DEBT = 2.0
+
+
 @dataclass
 class ClassAdmissionState:
     """Admission settings and token bucket of one priority class."""
@@ -88,6 +95,7 @@ class ClassAdmissionState:
     t_last_s: float = 0.0
     held: int = 0  # requests of this class held at the router now
     held_later: int = 0  # of which later steps of a task under way (counted when step-aware)
+    shed_acc: float = 0.0  # step-aware: the shed share owed, paid by first steps (see the module's docstring)
 
     def take_token(self, now_s: float, borrow: bool = False) -> bool:
         """Take a token; with `borrow` (a later step, step-aware) the bucket may go down to minus one second."""
@@ -288,8 +296,16 @@ class Router:
     def admit(self, prio: int, now_s: float, later: bool = False) -> int:
         """0 if admitted, else the HTTP status of the rejection (429). `later`: see `later()`."""
         a = self.classes[prio]
-        if not later and a.shed_frac > 0.0 and (a.shed_frac >= 1.0 or self.rng.random() < a.shed_frac):
-            return 429
+        if a.shed_frac > 0.0:
+            if self.step_aware:  # first steps pay the class's share of every arrival (the module's docstring)
+                a.shed_acc += a.shed_frac
+                if a.shed_acc >= 1.0 - 1e-9:
+                    if not later:
+                        a.shed_acc -= 1.0
+                        return 429
+                    a.shed_acc = min(a.shed_acc, SHED_DEBT)
+            elif a.shed_frac >= 1.0 or self.rng.random() < a.shed_frac:
+                return 429
         if a.rate_limit_rps > 0.0 and not a.take_token(now_s, later):
             return 429
         return 0

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from controller.bench.task_profile import sim_task_profile
-from controller.core.tasks import profile_from_samples, task_loss
+from controller.core.workflow import profile_from_samples, task_loss
 from controller.sim.fleet import Fleet
 from controller.sim.scenario import parse_scenario
 

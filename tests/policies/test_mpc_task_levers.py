@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from controller.core.step import Controller, TickInput
-from controller.core.tasks import fair_shares
+from controller.core.workflow import fair_shares
 from controller.policies.mpc import MpcPolicy
 from controller.types import ClassObservation, FleetObservation, Override, Reading, StepProfile, TaskProfile
 from tests.policies.builders import fleet, obs_row, spec
@@ -26,15 +26,16 @@ TENANTS = {"heavy": 100_000.0, "light": 10_000.0}
 PROFILE = TaskProfile(classes=dict.fromkeys(("critical", "standard", "sheddable"), GROWING), tenant_tokens_rps=TENANTS)
 
 
-def _obs(t: float, rps: float, waiting: float) -> FleetObservation:
+def _obs(t: float, rps: float, waiting: float, held: float = 0.0) -> FleetObservation:
     classes = {c: ClassObservation(priority_class=c, arrival_rps=Reading(rps * s), retry_rps=Reading(0.0),
-                                   shed_rps=Reading(0.0), ttft_p95_s=Reading(4.0), tpot_p95_s=Reading(0.12))
+                                   shed_rps=Reading(0.0), ttft_p95_s=Reading(4.0), tpot_p95_s=Reading(0.12),
+                                   queue_depth=Reading(held if c == "standard" else 0.0))
                for c, s in (("critical", 0.2), ("standard", 0.6), ("sheddable", 0.2))}
     return FleetObservation(at_s=t, pools={"p": obs_row("p", **pool_signals(rps, 2, waiting=waiting))}, classes=classes)
 
 
 def _runs(tasks: TaskProfile | None, rps: float = 30.0, ticks: int = 6, overrides: tuple[Override, ...] = (),
-          waiting: float = 20.0, then: tuple[float, ...] = (), breaker: bool = True) -> list:
+          waiting: float = 20.0, then: tuple[float, ...] = (), breaker: bool = True, held: float = 0.0) -> list:
     """`ticks` ticks at `rps` (engine queue `waiting`), then one tick at each rate of `then` (no queue)."""
     ctl = (Controller(FL, MpcPolicy(max_evaluations=300), seed=1) if breaker
            else Controller(FL, MpcPolicy(max_evaluations=300), seed=1, breaker=None))
@@ -43,7 +44,7 @@ def _runs(tasks: TaskProfile | None, rps: float = 30.0, ticks: int = 6, override
     rates = [(rps, waiting)] * ticks + [(x, 0.0) for x in then]
     for k, (r, w) in enumerate(rates, start=1):
         t = 15.0 * k
-        state, res = ctl.step(state, TickInput(now_s=t, observation=_obs(t, r, w), tasks=tasks,
+        state, res = ctl.step(state, TickInput(now_s=t, observation=_obs(t, r, w, held), tasks=tasks,
                                                overrides=overrides))
         assert res.decision is not None
         out.append(res)
@@ -66,7 +67,7 @@ def test_overload_with_a_step_profile_turns_step_aware_admission_on(overloaded):
     assert overloaded[-1].diagnostics["tasks"]["task_loss"]["standard"] == pytest.approx(35 / 15)
     # said once, when it came on, in an operator's words
     said = [r for res in overloaded for r in res.policy_reasons if r.code == "step_admission"]
-    assert len(said) == 1 and said[0].message.startswith("step-aware admission on: the plan sheds")
+    assert len(said) == 1 and said[0].message.startswith("step-aware admission on: the plan drops")
     assert "requests' worth of work, its task's earlier steps with it" in said[0].message
 
 
@@ -128,3 +129,16 @@ def test_step_aware_holds_through_the_stabilisation_window_then_returns_to_the_r
     assert all(a is True for a in aware[5:last_on + 1])
     assert any(r.code == "step_admission" and "router's own setting" in r.message
                for r in runs[last_on + 1].policy_reasons)
+
+
+def test_the_router_measured_holding_turns_step_aware_on_before_the_plan_predicts_drops():
+    """Light load, nothing planned to drop, but the router holds 6 standard requests now: the order of what it
+    holds matters at once, so step-aware admission is on, and the reason says the router holds them; without a
+    profile (nothing to protect) the same holding leaves it to the router."""
+    r = _runs(PROFILE, rps=2.0, waiting=0.0, held=6.0)
+    assert r[-1].decision.step_aware is True
+    assert max(r[-1].diagnostics["predicted"]["shed_frac"].values()) < 1e-9
+    assert r[-1].diagnostics["predicted"]["step_aware"] is False  # the plan alone would not have
+    said = [x.message for res in r for x in res.policy_reasons if x.code == "step_admission"]
+    assert said and "the router holds or sheds 6 standard requests now" in said[0]
+    assert _run(None, rps=2.0, waiting=0.0, held=6.0).decision.step_aware is None

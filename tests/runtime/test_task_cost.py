@@ -11,7 +11,14 @@ from prometheus_client import generate_latest
 from controller.dataplane.server import PickerConfig, PickerService
 from controller.dataplane.task_book import Identity
 from controller.obs.daemon_metrics import DaemonMetrics
-from controller.obs.task_cost import PickerTasks, PickerTasksReader, TaskCost, parse_picker_tasks
+from controller.obs.task_cost import (
+    PickerProfile,
+    PickerTasks,
+    PickerTasksReader,
+    TaskCost,
+    TaskProfileWindow,
+    parse_picker_tasks,
+)
 from controller.runtime.daemon import cost_details
 
 K_OK = ("standard", "acme", "completed")
@@ -116,3 +123,67 @@ def test_the_live_view_line_says_spend_tasks_and_cost_and_the_basis():
     assert "4 of 5 requests completed (no task ids: each request a task)" in cost_line(snap)
     assert "per successful request" in cost_line(snap)
     assert cost_line(TaskCost({"a": 1.0}).observe(0.0, {"a": 1}, None)).endswith("tasks: no picker counts")
+
+
+# ---------------------------------------------------------------------------- the step profile for the planner
+
+
+def _agent_page(svc: PickerService, tasks: range, tenant: str, steps: int, tokens0: float) -> str:
+    """`tasks` tasks of `steps` steps whose contexts grow (step s: (s + 1) × tokens0), through a real picker."""
+    p, s = svc.picker, svc.settings()
+    for t in tasks:
+        for step in range(steps):
+            r = p.route("standard", "", s, 0.0, ident=Identity(tenant, f"{tenant}-{t}", step, steps),
+                        tokens=tokens0 * (step + 1))
+            assert r.endpoint is not None
+            p.finish(r.endpoint, s, r.ticket, ok=True)
+    return generate_latest(svc.registry).decode()
+
+
+def test_the_step_profile_from_a_real_pickers_page_over_the_window():
+    """A picker's step counters read at two ticks: the window's increase is each class's step profile and each
+    tenant's offered tokens per second; the reading before the window is the base."""
+    svc = PickerService(PickerConfig(groups={"g": ["a"]}, endpoints={"a": ["10.0.0.1:8000"]}))
+    w = TaskProfileWindow(window_s=600.0)
+    page0 = _agent_page(svc, range(0, 2), "acme", 3, 100.0)  # before the window: the base
+    got0 = parse_picker_tasks(page0)
+    assert got0 is not None
+    w.observe(0.0, got0.profile)
+    assert w.profile() is None  # one reading: no window yet
+    _agent_page(svc, range(2, 6), "acme", 3, 100.0)
+    page1 = _agent_page(svc, range(0, 4), "solo", 1, 50.0)  # unlabelled-like single steps of another tenant
+    got1 = parse_picker_tasks(page1)
+    assert got1 is not None
+    w.observe(100.0, got1.profile)
+    prof = w.profile()
+    assert prof is not None
+    std = prof.classes["standard"]
+    # 4 tasks of 3 steps (acme) and 4 of 1 (solo) settled in the window; steps at index 0: 4 × 100 + 4 × 50
+    assert std.tasks == pytest.approx((0.5, 0.0, 0.5)) and std.count == 8
+    assert std.tokens == pytest.approx((75.0, 200.0, 300.0))
+    # offered tokens per second over the 100 s: acme 4 × (100 + 200 + 300), solo 4 × 50
+    assert prof.tenant_tokens_rps == pytest.approx({"acme": 24.0, "solo": 2.0})
+
+
+def test_the_window_drops_readings_older_than_its_base_and_a_restart_counts_from_zero():
+    w = TaskProfileWindow(window_s=60.0)
+    one = PickerProfile(step_requests={("standard", 0): 10.0, ("standard", 1): 10.0},
+                        step_tokens={("standard", 0): 1000.0, ("standard", 1): 3000.0},
+                        task_steps={("standard", 2): 10.0}, tenant_tokens={"a": 4000.0})
+    for t in (0.0, 30.0, 60.0, 90.0):
+        w.observe(t, one)
+    w.observe(120.0, PickerProfile(step_requests={("standard", 0): 2.0, ("standard", 1): 2.0},
+                                   step_tokens={("standard", 0): 200.0, ("standard", 1): 600.0},
+                                   task_steps={("standard", 2): 2.0}, tenant_tokens={"a": 800.0}))
+    prof = w.profile()  # base: the reading at 60 s (the newest at least 60 s old); the picker restarted since
+    assert prof is not None and prof.classes["standard"].tokens == pytest.approx((100.0, 300.0))
+    assert prof.tenant_tokens_rps == pytest.approx({"a": 800.0 / 60.0})
+    assert TaskProfileWindow(60.0).profile() is None
+
+
+def test_without_labelled_tasks_or_tenants_there_is_no_profile():
+    svc = PickerService(PickerConfig(groups={"g": ["a"]}, endpoints={"a": ["10.0.0.1:8000"]}))
+    w = TaskProfileWindow()
+    w.observe(0.0, parse_picker_tasks(generate_latest(svc.registry).decode()).profile)  # type: ignore[union-attr]
+    w.observe(15.0, parse_picker_tasks(generate_latest(svc.registry).decode()).profile)  # type: ignore[union-attr]
+    assert w.profile() is None

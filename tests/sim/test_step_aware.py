@@ -36,6 +36,23 @@ def test_step_aware_sheds_first_steps_only():
     assert router.admit(1, 0.0, router.later(_req(1, 2))) == 0
 
 
+def test_step_aware_sheds_the_class_share_of_all_arrivals_from_first_steps():
+    """Shed 0.25 with three later steps per first step: every arrival owes its share and the first steps pay it,
+    so the class sheds a quarter of all arrivals (every first step), as the picker does; step-blind, a quarter of
+    the draws."""
+    router = Router(np.random.default_rng(0))
+    router.step_aware = True
+    router.classes[1].shed_frac = 0.25
+    seq = [_req(4 * k + j, j) for k in range(40) for j in range(4)]  # tasks of 4 steps
+    shed = [r.step for r in seq if router.admit(1, 0.0, router.later(r)) == 429]
+    assert shed == [0] * len(shed) and len(shed) == pytest.approx(40, abs=1)
+    # the debt is bounded: a run of later steps never sheds more than two first steps back to back
+    router.classes[1].shed_acc = 0.0
+    for k in range(50):
+        router.admit(1, 0.0, router.later(_req(1000 + k, 1)))
+    assert [router.admit(1, 0.0, router.later(_req(2000 + k, 0))) for k in range(3)] == [429, 429, 0]
+
+
 def test_a_later_step_borrows_one_second_of_the_rate_and_first_steps_wait_for_the_debt():
     a = ClassAdmissionState(rate_limit_rps=2.0)
     a.reset_bucket(0.0)

@@ -583,6 +583,31 @@ def tasks_sim(results: Results) -> str:
         f"\n\nCompleted per $, step-aware ÷ step-blind, per run: {per_seed}."
 
 
+def tasks_sim_mpc(results: Results) -> str:
+    env = results["tasks-sim-mpc"]
+    sim = env["result"]["sim_mpc"]
+    c = sim["config"]
+    rows = []
+    for x in sim["summary"]:
+        w, a = x["wasted_gpu_s"], x["step_aware_share"]
+        rows.append([f"{x['load']:g}x", str(x["tasks"]),
+                     f"{x['completed']['mpc_profile']} / {x['completed']['mpc_static']}",
+                     f"{x['successful']['mpc_profile']} / {x['successful']['mpc_static']}",
+                     f"**{_ratio(x['tasks_per_usd_ratio'])}**", _ratio(x["successful_per_usd_ratio"]),
+                     f"{num(w['mpc_profile'], 0)} / {num(w['mpc_static'], 0)}",
+                     f"**{_ratio(x['wasted_gpu_s_ratio'])}**", f"{a['mpc_profile']:.0%} / {a['mpc_static']:.0%}"])
+    head = ["load", "tasks", "completed: profile / static", "successful (SLO): profile / static",
+            "completed per $ ratio", "successful per $ ratio", "GPU-s on tasks that failed: profile / static",
+            "wasted ratio", "decisions step-aware: profile / static"]
+    setup = (f"Fleet: {c['scenario']}'s pool pinned at {c['replicas']} replicas (min = max); the router's own "
+             f"settings as in the row above (cap {c['cap']}, budget {c['budget']}, hold {c['hold_s']:g} s), "
+             f"step-blind unless a decision says otherwise; the first {c['duration_s']:g} s of the trace at the "
+             f"scenario's rate ({c['base_rate_scale']:g}x) times the load; the MPC ticking every {c['tick_s']:g} s, "
+             "once planning on the step profile measured from the simulator's tasks (profile) and once on the static "
+             f"steps-per-task weight (static); held-out seeds {', '.join(str(s) for s in c['seeds'])} summed per load.")
+    return provenance(env) + " " + setup + "\n\n" + table(head, rows, [False] + [True] * 7 + [False])
+
+
 def api_load(results: Results) -> str:
     env = results["api-load"]
     r = env["result"]
@@ -729,6 +754,7 @@ REGIONS: dict[str, Renderer] = {
     "tasks-hostile": Renderer(("tasks-hostile",), tasks_hostile),
     "tasks-live": Renderer(("tasks-live",), tasks_live),
     "tasks-sim": Renderer(("tasks-sim",), tasks_sim),
+    "tasks-sim-mpc": Renderer(("tasks-sim-mpc",), tasks_sim_mpc),
     "aiperf": Renderer(("aiperf",), aiperf),
     "aiperf-governor": Renderer(("aiperf",), aiperf_governor),
     "sim-speed": Renderer(("sim-speed-azure-conv-rate1", "sim-speed-mooncake-conv", "sim-speed-azure-conv"),

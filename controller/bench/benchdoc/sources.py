@@ -181,6 +181,10 @@ SOURCES: tuple[Source, ...] = (
     Source("tasks-sim", "governor bench tasks --skip-hostile --sim --json",
            "step-aware vs step-blind admission in the simulator: agentic tasks beyond a pinned fleet, 3 loads x 3 "
            "seeds", 0.3, keys=("sim",)),
+    Source("tasks-sim-mpc",
+           "governor bench tasks --skip-hostile --sim-mpc --sim-seeds 11,12,13 --sim-loads 1,1.5,2 --json",
+           "the MPC in the loop on the measured step profile vs the static steps-per-task weight: agentic tasks "
+           "beyond a pinned fleet, 3 loads x 3 held-out seeds", 1.5, keys=("sim_mpc",)),
     Source("api-load", "governor bench api-load --json",
            "1,000 status/list + 50 override RPCs per second for 60 s while ticking, the picker beside it "
            "(= make loadtest)", 2.0, keys=("read_rps", "errors", "tick_overruns")),

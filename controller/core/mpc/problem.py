@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.core.objective import ObjectiveWeights
+from controller.core.workflow import StepLoss
 from controller.levers import plan_groups
 
 Timer = Callable[[], float]
@@ -174,9 +175,9 @@ class ClassInput:
     min_shed: float = 0.0  # breaker floor
     max_shed: float = 1.0
     backlog: float = 0.0
-    # requests' worth of work a late or shed request of the class loses, its task's sunk steps with it, from the
-    # measured step profile (controller/core/tasks.py); None: the static `steps_per_task` weight
-    task_loss: float | None = None
+    # requests' worth of work a late or shed request of the class loses, its task's sunk steps with it, step-blind
+    # and step-aware, from the measured step profile (controller/core/workflow.py); None: the static weight
+    task_loss: StepLoss | None = None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from controller.core.mpc.problem import MpcConfig, PlanProblem, plan_steps
 from controller.core.mpc.risk import Risk
 from controller.core.mpc.traffic import Flow, Traffic
 from controller.core.mpc_model import PlanModel
-from controller.core.tasks import static_loss
+from controller.core.workflow import static_loss
 from controller.levers import LEVERS, Lever, plan_groups
 
 # the candidate arrays each lever of `MpcConfig.fixed_levers` owns (the lever table's `plan` and `array` columns)
@@ -82,16 +82,20 @@ class Evaluator:
         self.price = np.array([p.usd_per_hour for p in pools])
         self.ready_int = np.array([p.ready for p in pools])
         w = prob.weights
-        # what a late or shed request loses, in requests' worth: its task's sunk steps too (controller/core/tasks.py)
-        loss = np.array([c.task_loss if c.task_loss is not None else static_loss(w.cls("steps_per_task", c.name))
-                         for c in cls])
+        # what a late or shed request loses, in requests' worth: its task's sunk steps too (controller/core/workflow.py)
+        loss = np.array([c.task_loss.blind if c.task_loss is not None
+                         else static_loss(w.cls("steps_per_task", c.name)) for c in cls])
+        shed_w = np.array([w.cls("shed_weight", c.name) for c in cls])
         self.wv = np.array([w.cls("violation_weight", c.name) for c in cls]) * loss
-        self.ws_shed = np.array([w.cls("shed_weight", c.name) for c in cls]) * loss
-        # step-aware admission sheds first steps only: nothing sunk, its own work lost (1 request's worth). Only a
-        # measured profile says what later steps carry; with the static weight there is nothing to choose.
-        self.ws_aware = np.array([w.cls("shed_weight", c.name) * (1.0 if c.task_loss is not None else lo)
-                                  for c, lo in zip(cls, loss, strict=True)])
-        self.aware_gain = self.ws_shed - self.ws_aware  # (K,) >= 0: what step-aware saves per request shed
+        self.ws_shed = shed_w * loss
+        # step-aware admission: what it drops falls on first steps (1 request's worth, nothing sunk) up to their
+        # share of arrivals, beyond on later steps (`later`). Only a measured profile says what later steps carry;
+        # with the static weight there is nothing to choose (first share 1 at the blind weight).
+        self.first_share = np.array([c.task_loss.first_share if c.task_loss is not None else 1.0 for c in cls])
+        self.ws_first = np.where([c.task_loss is not None for c in cls], shed_w, self.ws_shed)
+        self.ws_later = np.array([shed_w[k] * c.task_loss.later if c.task_loss is not None else self.ws_shed[k]
+                                  for k, c in enumerate(cls)])
+        self.aware_gain = self.ws_shed - self.ws_first  # (K,) >= 0 where later steps carry sunk work
         self.tol = np.array([w.cls("risk_tolerance", c.name) for c in cls])
         self.risk_prio = np.array([w.cls("risk_priority", c.name) for c in cls])
         self.step_weight = np.ones(H)
@@ -201,11 +205,13 @@ class Evaluator:
         # time out falls on tasks not yet started and costs only its own work. Chosen where the plan predicts
         # shedding or timeouts in either load scenario beyond AWARE_MIN_DROP of a class whose later steps carry work.
         aware = None
-        if self.aware_gain.any():
+        if (self.aware_gain > 0).any():
             dropped = np.maximum(shed_n, 0.0) + (lost_n if lost_n is not None else 0.0)  # (C,2,K)
-            saved = dropped * self.aware_gain[None, None, :]
+            firsts = np.minimum(dropped, (self.first_share * req)[None])  # the first steps there are to drop
+            saved = np.maximum(dropped * self.ws_shed - firsts * self.ws_first - (dropped - firsts) * self.ws_later,
+                               0.0)
             share = dropped / np.maximum(req[None], 1e-9) * (self.aware_gain > 0)[None, None, :]
-            aware = share.max(axis=(1, 2)) > AWARE_MIN_DROP
+            aware = (share.max(axis=(1, 2)) > AWARE_MIN_DROP) & (saved.sum(axis=2).max(axis=1) > 0)
             pen = pen - saved[:, 0].sum(axis=1) / total
         q_i = 1  # the second load scenario is the planned-for quantile (see ClassInput.p90_rps)
         # chance constraint: late or shed, as a share of the class's offered requests (p90 load)

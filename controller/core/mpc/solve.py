@@ -186,7 +186,7 @@ def _terms(ev: Evaluator, info: Mapping[str, Any], needs: list[np.ndarray]) -> d
         "penalty_factor": float(info["penalty_factor"][0]),
         # step-aware admission: the plan sheds and the measured profile says later steps carry sunk work (score.py)
         "step_aware": bool(info["step_aware"][0]),
-        "task_loss": {c.name: c.task_loss for c in prob.classes if c.task_loss is not None},
+        "task_loss": {c.name: c.task_loss.blind for c in prob.classes if c.task_loss is not None},
         "risk_term": float(info["risk_term"][0]),
         "pools": pools,
     }

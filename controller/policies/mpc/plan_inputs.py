@@ -30,7 +30,7 @@ from controller.core.guards import override_bounds
 from controller.core.mpc import ClassInput, PlanProblem, PoolInput, hop
 from controller.core.mpc_model import LatencyQuery, PlanModel, QueueingPrior
 from controller.core.objective import ObjectiveWeights
-from controller.core.tasks import task_loss
+from controller.core.workflow import step_loss
 from controller.perf.catalogue import GIB, NON_TORCH_GIB_PER_GPU
 from controller.perf.engines import Catalogue, EngineError
 from controller.policies.common import value
@@ -409,7 +409,7 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
             shed_now=shed_now, min_shed=max(float(action.min_shed.get(c, 0.0)), float(fb.min_shed.get(c, 0.0))),
             max_shed=1.0,
             backlog=(value(co.queue_depth) or 0.0) if co is not None else 0.0,
-            task_loss=task_loss(prof) if tasks is not None and (prof := tasks.classes.get(c)) is not None else None))
+            task_loss=step_loss(prof) if tasks is not None and (prof := tasks.classes.get(c)) is not None else None))
     total = sum(groups.values())
     gshare = {g: v / total for g, v in groups.items()} if total > 0 else {}
     held = sum((value(co.queue_depth) or 0.0) for co in obs.classes.values())

@@ -323,9 +323,10 @@ class MpcPolicy:
                 admission[c] = ClassAdmission(shed_frac=round(s, 3))
         reasons.extend(class_reasons(state.shed_in_force, result.plan.shed, result, action, fb))
         # the delay quadrant's task levers: step-aware admission and tenant limits, from the plan (task_levers.py)
-        step_aware, aware_until = step_admission(result, now, state.step_aware_until_s, self.down_window_s)
+        steps = step_admission(result, inp.observation, now, state.step_aware_until_s, self.down_window_s)
+        step_aware = steps.on
         tenants = tenant_limits(problem, result, pools_out, est.tasks, class_share)
-        reasons.extend(task_reasons(inp.current, step_aware, tenants, result, self.down_window_s))
+        reasons.extend(task_reasons(inp.current, steps, tenants, result, self.down_window_s))
         reasons.extend(backlog_reasons(fb, targets))
         reasons.extend(redundancy_reasons(problem, pools_out, redundant))
         reasons.extend(guard_reasons(problem, pools_out, guards, inp.observation))
@@ -357,7 +358,7 @@ class MpcPolicy:
         new_state = MpcState(pools=new_mem, plan=result.plan, plan_at_s=now, last_s=now,
                              shed_in_force={c: a.shed_frac for c, a in admission.items()}, need_now=need_now,
                              waiting=dict(fb.waiting), forecast_board=board, estimate=kept,
-                             step_aware_until_s=aware_until, spills=spills)
+                             step_aware_until_s=steps.until_s, spills=spills)
         return new_state, PolicyOutput(pools=pools_out, admission=admission, reasons=tuple(reasons), diagnostics=diag,
                                        confidence=conf, status=status, needs=need_now, tenants=tenants.limits,
                                        step_aware=step_aware)

@@ -31,7 +31,7 @@ from controller.levers import LEVERS
 from controller.policies.common import reason, value
 from controller.policies.mpc.feedback import Feedback
 from controller.policies.mpc.plan_inputs import FB_MARGIN_GIB, MemoryHeadroom
-from controller.policies.mpc.task_levers import TenantPlan
+from controller.policies.mpc.task_levers import StepAdmission, TenantPlan
 from controller.types import (
     PRIORITY_CLASSES,
     BreakerAction,
@@ -204,24 +204,32 @@ def class_reasons(before: Mapping[str, float], after: Mapping[str, float], resul
     return out
 
 
-def task_reasons(current: Decision | None, step_aware: bool | None, tenants: TenantPlan,
+def task_reasons(current: Decision | None, steps: StepAdmission, tenants: TenantPlan,
                  result: PlanResult, hold_s: float) -> list[Reason]:
     """Step-aware admission turned on or handed back, and each tenant whose limit the plan sets or lifts, said
     as an operator would: what changed and why (task_levers.py)."""
     out: list[Reason] = []
     was = current.step_aware if current is not None else None
+    step_aware = steps.on
     if step_aware != was and (step_aware or was):
         if step_aware:
             shed = {c: s for c, s in result.terms.get("shed_frac", {}).items() if s > 0}
             loss = result.terms.get("task_loss", {})
-            worst = max(loss, key=lambda c: loss[c] * shed.get(c, 0.0), default=None)
+            why = []
+            if steps.planned:
+                why.append("the plan drops " + ", ".join(f"{s:.1%} of {c}" for c, s in shed.items())
+                           if shed else "the plan predicts requests timing out")
+            if steps.measured:
+                why.append("the router holds or sheds " + ", ".join(f"{v:.0f} {c}" for c, v in steps.measured.items())
+                           + " requests now")
+            pick = [c for c in loss if c in shed or c in steps.measured] or list(loss)
+            worst = max(pick, key=lambda c: loss[c], default=None)
             what = (f"; a {worst} request lost step-blind loses {loss[worst]:.1f} requests' worth of work, its "
                     "task's earlier steps with it" if worst is not None else "")
             out.append(reason("step_admission", None,
-                              "step-aware admission on: the plan sheds "
-                              + ", ".join(f"{s:.1%} of {c}" for c, s in shed.items())
+                              "step-aware admission on: " + " and ".join(why)
                               + f"{what}; new tasks' first steps are shed and held before steps of tasks under way",
-                              step_aware=True, shed=shed, task_loss=dict(loss)))
+                              step_aware=True, shed=shed, measured=dict(steps.measured), task_loss=dict(loss)))
         else:
             out.append(reason("step_admission", None, f"step admission back to the router's own setting: for "
                               f"{hold_s:.0f} s no plan has shed or timed out requests of tasks with earlier steps "

@@ -2,13 +2,15 @@
 
 - Step-aware admission (`PolicyOutput.step_aware`): the planner scores every plan's shedding twice, falling on any
   step and falling on first steps only, with the measured step profile (controller/core/mpc/score.py,
-  controller/core/tasks.py); where the plan sheds and later steps carry sunk work, step-aware costs less and the
-  plan says so (`terms["step_aware"]`): on, and kept on through the scale-down stabilisation window after the
-  last plan that chose it. Otherwise None: the router keeps its own setting (nothing to protect, or no profile
-  measured: the planner behaves as it did without one).
+  controller/core/workflow.py); where the plan sheds and later steps carry sunk work, step-aware costs less and the
+  plan says so (`terms["step_aware"]`): on; also while the router is measured holding or shedding a class whose
+  later steps carry sunk work (the model may lag an overload by a few ticks; the order of what is held matters at
+  once); kept on through the scale-down stabilisation window after the last tick that chose it. Otherwise None:
+  the router keeps its own setting (nothing to protect, or no profile measured: the planner behaves as it did
+  without one).
 - Tenant limits (`PolicyOutput.tenants`): while the plan sheds (it predicts demand beyond what it provisions),
   each measured tenant gets its token-weighted fair share of what the plan admits: the max-min fair share of the
-  admitted tokens (controller/core/tasks.py `fair_shares`), turned into requests in flight at the replicas the
+  admitted tokens (controller/core/workflow.py `fair_shares`), turned into requests in flight at the replicas the
   plan has ready in its first step (each replica's in-flight cap, or its engine's max_num_seqs where uncapped).
   A tenant asking no more than the level keeps no limit (0: capping it at its mean would refuse its bursts); the
   tenants above the level are held to it. Weights stay equal (1): the picker's fair queue is max-min fair in
@@ -25,8 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controller.core.mpc import PlanProblem, PlanResult
-from controller.core.tasks import fair_shares
-from controller.types import PoolDecision, TaskProfile, TenantLimits
+from controller.core.workflow import fair_shares
+from controller.policies.common import value
+from controller.types import FleetObservation, PoolDecision, TaskProfile, TenantLimits
 
 OVERLOAD_SHED = 0.005  # the plan sheds beyond this share of some class: demand beyond what it provisions
 
@@ -41,14 +44,44 @@ class TenantPlan:
     token_share: Mapping[str, float] = field(default_factory=dict)  # each tenant's share of the tokens
 
 
-def step_admission(result: PlanResult, now_s: float, until_s: float, hold_s: float) -> tuple[bool | None, float]:
-    """(step-aware admission, on until): True where the plan chooses it, and for `hold_s` after the last plan that
-    did (`until_s`), else None (the router's own setting). The hold is the scale-down stabilisation window, for the
-    reason the planner keeps capacity through it: an overload that eases for a tick or two comes back, and the
-    tasks started under it still have steps to send."""
-    if result.terms.get("step_aware"):
-        return True, now_s + hold_s
-    return (True if now_s < until_s else None), until_s
+@dataclass(frozen=True)
+class StepAdmission:
+    """Step-aware admission this tick and why: `planned` (the plan drops requests of these classes), `measured`
+    (the router holds or sheds them now), `until_s` (on until then, after the last tick that chose it)."""
+
+    on: bool | None
+    until_s: float
+    planned: bool = False
+    measured: Mapping[str, float] = field(default_factory=dict)  # class → requests held or shed per second now
+
+
+def measured_pressure(obs: FleetObservation, result: PlanResult) -> dict[str, float]:
+    """The classes whose later steps carry sunk work (task loss > 1) that the router holds or sheds now: requests
+    held plus shed per second (what it orders or refuses right now, whatever the plan predicts)."""
+    out: dict[str, float] = {}
+    for c, loss in result.terms.get("task_loss", {}).items():
+        co = obs.classes.get(c)
+        if co is None or loss <= 1.0 + 1e-9:
+            continue
+        held, shed = value(co.queue_depth) or 0.0, value(co.shed_rps) or 0.0
+        if held >= 1.0 or shed > 0.0:
+            out[c] = held + shed
+    return out
+
+
+def step_admission(result: PlanResult, obs: FleetObservation, now_s: float, until_s: float,
+                   hold_s: float) -> StepAdmission:
+    """Step-aware admission: on where the plan chooses it (it predicts drops of a class whose later steps carry
+    sunk work) or the router is measured holding or shedding such a class now (the order of what it holds
+    matters at once; as feedback.py, a measurement the model may not have caught up with), and for `hold_s` after
+    the last tick that did, else None (the router's own setting). The hold is the scale-down stabilisation
+    window, for the reason the planner keeps capacity through it: an overload that eases for a tick or two comes
+    back, and the tasks started under it still have steps to send."""
+    planned = bool(result.terms.get("step_aware"))
+    measured = measured_pressure(obs, result)
+    if planned or measured:
+        return StepAdmission(True, now_s + hold_s, planned, measured)
+    return StepAdmission(True if now_s < until_s else None, until_s)
 
 
 def admitted_fraction(result: PlanResult, class_share: Mapping[str, float]) -> float:
