@@ -23,7 +23,11 @@ good, below 0 = better), `complete_*` what that complete search costs (CPU and w
 candidates). `search_groups` is the grouping the planner searched in on the last tick (the route
 groups, largest spend first; empty below `MpcConfig.group_search_min_pools`). The state carried from
 tick to tick is the budgeted search's. One untimed tick runs first (the process's first query compiles
-or loads the planner's compiled loops, controller/core/mpc_kernel.py).
+or loads the planner's compiled loops, controller/core/mpc_kernel.py), then the heap is frozen as the
+daemon freezes it after its first tick. With a budget the policy's own timing is summarised too, in the
+budget's clock: what followed the search (`after_search_*`), the reserve it kept for it (`reserve_*`,
+measured tick by tick: controller/policies/mpc/reserve.py, `reserve_basis` counts the ticks on the
+first ticks' bound), the spill past the search's deadline and `ticks_over_budget`.
 """
 
 from __future__ import annotations
