@@ -112,8 +112,11 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
                                   ran_as=args.ran_as, folder=folder)
             ran.append(src.name)
         if args.run:
+            # the checkout's state once, before the first run: each result saved changes docs/bench/, which
+            # would mark every later run of the list as run with local changes
+            head = sources.git_head(root)
             for src in sources.select(args.run):
-                path = sources.run(src, repo=root, folder=folder)
+                path = sources.run(src, repo=root, folder=folder, head=head)
                 ran.append(src.name)
                 print(f"saved {path}", file=sys.stderr)
         if args.check:

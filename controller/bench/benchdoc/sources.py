@@ -348,15 +348,17 @@ def parse_output(src: Source, stdout: str) -> dict[str, Any]:
 
 
 def run(src: Source, *, repo: Path = ROOT, folder: Path = RESULTS_DIR, commit: str | None = None,
+        head: tuple[str, bool] | None = None,
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Path:
     """Run `src.command` in `repo`, save its JSON in its envelope, return the file written.
 
-    `repo` is a checkout (its HEAD is the commit recorded) or, with `commit`, an export of that commit
-    (`git archive`), for running an older commit's bench with this one's renderer."""
+    `repo` is a checkout (its HEAD is the commit recorded, or `head`: `git_head` taken by the caller before
+    a list of runs) or, with `commit`, an export of that commit (`git archive`), for running an older
+    commit's bench with this one's renderer."""
     if src.recorded:
         raise SourceError(f"{src.name} holds figures measured by hand; it is not run")
     argv = argv_of(src.command)
-    commit, dirty = (commit, False) if commit else git_head(repo)
+    commit, dirty = (commit, False) if commit else (head if head is not None else git_head(repo))
     info = machine()
     log(f"{src.name}: {src.command} (about {src.minutes:g} min here)")
     t0 = time.monotonic()
