@@ -26,16 +26,17 @@ TENANTS = {"heavy": 100_000.0, "light": 10_000.0}
 PROFILE = TaskProfile(classes=dict.fromkeys(("critical", "standard", "sheddable"), GROWING), tenant_tokens_rps=TENANTS)
 
 
-def _obs(t: float, rps: float, waiting: float, held: float = 0.0) -> FleetObservation:
+def _obs(t: float, rps: float, waiting: float, shed: float = 0.0, held: float = 0.0) -> FleetObservation:
     classes = {c: ClassObservation(priority_class=c, arrival_rps=Reading(rps * s), retry_rps=Reading(0.0),
-                                   shed_rps=Reading(0.0), ttft_p95_s=Reading(4.0), tpot_p95_s=Reading(0.12),
-                                   queue_depth=Reading(held if c == "standard" else 0.0))
+                                   shed_rps=Reading(shed if c == "standard" else 0.0), ttft_p95_s=Reading(4.0),
+                                   tpot_p95_s=Reading(0.12), queue_depth=Reading(held if c == "standard" else 0.0))
                for c, s in (("critical", 0.2), ("standard", 0.6), ("sheddable", 0.2))}
     return FleetObservation(at_s=t, pools={"p": obs_row("p", **pool_signals(rps, 2, waiting=waiting))}, classes=classes)
 
 
 def _runs(tasks: TaskProfile | None, rps: float = 30.0, ticks: int = 6, overrides: tuple[Override, ...] = (),
-          waiting: float = 20.0, then: tuple[float, ...] = (), breaker: bool = True, held: float = 0.0) -> list:
+          waiting: float = 20.0, then: tuple[float, ...] = (), breaker: bool = True, shed: float = 0.0,
+          held: float = 0.0) -> list:
     """`ticks` ticks at `rps` (engine queue `waiting`), then one tick at each rate of `then` (no queue)."""
     ctl = (Controller(FL, MpcPolicy(max_evaluations=300), seed=1) if breaker
            else Controller(FL, MpcPolicy(max_evaluations=300), seed=1, breaker=None))
@@ -44,7 +45,7 @@ def _runs(tasks: TaskProfile | None, rps: float = 30.0, ticks: int = 6, override
     rates = [(rps, waiting)] * ticks + [(x, 0.0) for x in then]
     for k, (r, w) in enumerate(rates, start=1):
         t = 15.0 * k
-        state, res = ctl.step(state, TickInput(now_s=t, observation=_obs(t, r, w, held), tasks=tasks,
+        state, res = ctl.step(state, TickInput(now_s=t, observation=_obs(t, r, w, shed, held), tasks=tasks,
                                                overrides=overrides))
         assert res.decision is not None
         out.append(res)
@@ -131,14 +132,14 @@ def test_step_aware_holds_through_the_stabilisation_window_then_returns_to_the_r
                for r in runs[last_on + 1].policy_reasons)
 
 
-def test_the_router_measured_holding_turns_step_aware_on_before_the_plan_predicts_drops():
-    """Light load, nothing planned to drop, but the router holds 6 standard requests now: the order of what it
-    holds matters at once, so step-aware admission is on, and the reason says the router holds them; without a
-    profile (nothing to protect) the same holding leaves it to the router."""
-    r = _runs(PROFILE, rps=2.0, waiting=0.0, held=6.0)
+def test_the_router_measured_shedding_turns_step_aware_on_before_the_plan_predicts_drops():
+    """Light load, nothing planned to drop, but the router sheds 1.5 standard requests/s now: step-aware admission
+    is on and the reason says so; requests merely held (a queue the fleet works off) do not turn it on; without a
+    profile (nothing to protect) the same shedding leaves it to the router."""
+    r = _runs(PROFILE, rps=2.0, waiting=0.0, shed=1.5)
     assert r[-1].decision.step_aware is True
-    assert max(r[-1].diagnostics["predicted"]["shed_frac"].values()) < 1e-9
     assert r[-1].diagnostics["predicted"]["step_aware"] is False  # the plan alone would not have
     said = [x.message for res in r for x in res.policy_reasons if x.code == "step_admission"]
-    assert said and "the router holds or sheds 6 standard requests now" in said[0]
-    assert _run(None, rps=2.0, waiting=0.0, held=6.0).decision.step_aware is None
+    assert said and "the router sheds 1.5 standard requests/s now" in said[0]
+    assert _run(PROFILE, rps=2.0, waiting=0.0, held=6.0).decision.step_aware is None
+    assert _run(None, rps=2.0, waiting=0.0, shed=1.5).decision.step_aware is None

@@ -12,6 +12,7 @@ from controller.dataplane.server import PickerConfig, PickerService
 from controller.dataplane.task_book import Identity
 from controller.obs.daemon_metrics import DaemonMetrics
 from controller.obs.task_cost import (
+    CostTracker,
     PickerProfile,
     PickerTasks,
     PickerTasksReader,
@@ -20,6 +21,7 @@ from controller.obs.task_cost import (
     parse_picker_tasks,
 )
 from controller.runtime.daemon import cost_details
+from controller.types import FleetObservation, PoolObservation, Reading
 
 K_OK = ("standard", "acme", "completed")
 K_START = ("standard", "acme", "started")
@@ -187,3 +189,23 @@ def test_without_labelled_tasks_or_tenants_there_is_no_profile():
     w.observe(0.0, parse_picker_tasks(generate_latest(svc.registry).decode()).profile)  # type: ignore[union-attr]
     w.observe(15.0, parse_picker_tasks(generate_latest(svc.registry).decode()).profile)  # type: ignore[union-attr]
     assert w.profile() is None
+
+
+def test_the_cost_tracker_hands_the_pickers_profile_to_the_next_tick():
+    """What the daemon passes as `TickInput.tasks` (runtime/daemon.py `_task_profile`): the pickers' profile as of
+    the last tick's reading, None before two readings."""
+    svc = PickerService(PickerConfig(groups={"g": ["a"]}, endpoints={"a": ["10.0.0.1:8000"]}))
+    pages = [_agent_page(svc, range(0, 1), "acme", 3, 100.0)]
+
+    def fetch(_url: str, _timeout: float) -> str:
+        return pages[-1]
+
+    tracker = CostTracker({"a": 1.0}, PickerTasksReader(["p1"], fetch))
+    obs = FleetObservation(at_s=0.0, pools={"a": PoolObservation("a", replicas_ready=Reading(1.0))})
+    tracker.observe(0.0, obs)
+    assert tracker.task_profile() is None
+    pages.append(_agent_page(svc, range(1, 5), "acme", 3, 100.0))
+    tracker.observe(15.0, obs)
+    prof = tracker.task_profile()
+    assert prof is not None and prof.classes["standard"].tasks == pytest.approx((0.0, 0.0, 1.0))
+    assert prof.tenant_tokens_rps == pytest.approx({"acme": 4 * 600.0 / 15.0})

@@ -220,8 +220,8 @@ def task_reasons(current: Decision | None, steps: StepAdmission, tenants: Tenant
                 why.append("the plan drops " + ", ".join(f"{s:.1%} of {c}" for c, s in shed.items())
                            if shed else "the plan predicts requests timing out")
             if steps.measured:
-                why.append("the router holds or sheds " + ", ".join(f"{v:.0f} {c}" for c, v in steps.measured.items())
-                           + " requests now")
+                why.append("the router sheds " + ", ".join(f"{v:.1f} {c}" for c, v in steps.measured.items())
+                           + " requests/s now")
             pick = [c for c in loss if c in shed or c in steps.measured] or list(loss)
             worst = max(pick, key=lambda c: loss[c], default=None)
             what = (f"; a {worst} request lost step-blind loses {loss[worst]:.1f} requests' worth of work, its "

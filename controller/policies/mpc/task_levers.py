@@ -3,10 +3,10 @@
 - Step-aware admission (`PolicyOutput.step_aware`): the planner scores every plan's shedding twice, falling on any
   step and falling on first steps only, with the measured step profile (controller/core/mpc/score.py,
   controller/core/workflow.py); where the plan sheds and later steps carry sunk work, step-aware costs less and the
-  plan says so (`terms["step_aware"]`): on; also while the router is measured holding or shedding a class whose
-  later steps carry sunk work (the model may lag an overload by a few ticks; the order of what is held matters at
-  once); kept on through the scale-down stabilisation window after the last tick that chose it. Otherwise None:
-  the router keeps its own setting (nothing to protect, or no profile measured: the planner behaves as it did
+  plan says so (`terms["step_aware"]`): on; also while the router is measured shedding a class whose later steps
+  carry sunk work (the model may lag an overload by a few ticks, and what is shed now falls on some step now);
+  kept on through the scale-down stabilisation window after the last tick that chose it. Otherwise None: the
+  router keeps its own setting (nothing to protect, or no profile measured: the planner behaves as it did
   without one).
 - Tenant limits (`PolicyOutput.tenants`): while the plan sheds (it predicts demand beyond what it provisions),
   each measured tenant gets its token-weighted fair share of what the plan admits: the max-min fair share of the
@@ -52,28 +52,29 @@ class StepAdmission:
     on: bool | None
     until_s: float
     planned: bool = False
-    measured: Mapping[str, float] = field(default_factory=dict)  # class → requests held or shed per second now
+    measured: Mapping[str, float] = field(default_factory=dict)  # class → requests shed per second now
 
 
 def measured_pressure(obs: FleetObservation, result: PlanResult) -> dict[str, float]:
-    """The classes whose later steps carry sunk work (task loss > 1) that the router holds or sheds now: requests
-    held plus shed per second (what it orders or refuses right now, whatever the plan predicts)."""
+    """The classes whose later steps carry sunk work (task loss > 1) that the router sheds now: requests shed per
+    second (what it refuses right now, whatever the plan predicts). Requests merely held are not counted: a queue
+    the fleet works off drops nothing, and holding new tasks behind the tasks under way delays them for nothing."""
     out: dict[str, float] = {}
     for c, loss in result.terms.get("task_loss", {}).items():
         co = obs.classes.get(c)
         if co is None or loss <= 1.0 + 1e-9:
             continue
-        held, shed = value(co.queue_depth) or 0.0, value(co.shed_rps) or 0.0
-        if held >= 1.0 or shed > 0.0:
-            out[c] = held + shed
+        shed = value(co.shed_rps) or 0.0
+        if shed > 0.0:
+            out[c] = shed
     return out
 
 
 def step_admission(result: PlanResult, obs: FleetObservation, now_s: float, until_s: float,
                    hold_s: float) -> StepAdmission:
     """Step-aware admission: on where the plan chooses it (it predicts drops of a class whose later steps carry
-    sunk work) or the router is measured holding or shedding such a class now (the order of what it holds
-    matters at once; as feedback.py, a measurement the model may not have caught up with), and for `hold_s` after
+    sunk work) or the router is measured shedding such a class now (as feedback.py, a measurement the model may
+    not have caught up with), and for `hold_s` after
     the last tick that did, else None (the router's own setting). The hold is the scale-down stabilisation
     window, for the reason the planner keeps capacity through it: an overload that eases for a tick or two comes
     back, and the tasks started under it still have steps to send."""
