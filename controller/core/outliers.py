@@ -242,28 +242,6 @@ def step_limit_s(spec: PoolSpec, fleet: FleetSpec, config: OutlierConfig) -> flo
     return config.min_step_slo_frac * min(tpots) if tpots else None
 
 
-def others_step_after(spec: PoolSpec, po: PoolObservation, rid: str, ejected: set[str],
-                      fig: EngineFigures | None = None) -> float | None:
-    """The mean step of the replicas still taking traffic once `rid` takes no new request either: their
-    lower median ITL now (of two, the faster: a second slow replica among them does not stand for the healthy
-    ones), scaled by the figures' step at the batch each would then run (theirs × n / (n − 1): its share of
-    the arrivals spread over them) over the step at the batch they run now. None when they report no ITL or
-    batch (nothing to judge by), inf when no other replica would be left."""
-    fig = fig or figures_for(spec)
-    carriers = [r for k, r in po.replicas.items() if k != rid and k not in ejected]
-    if not carriers:
-        return math.inf
-    read = [r for r in carriers if r.itl_mean_s.ok and r.running.ok and r.itl_mean_s.value > 0]
-    if not read:
-        return None
-    ctx = _context_tokens(po)
-    batch = sum(r.running.value for r in read) / len(read)
-    after = batch * (len(carriers) + 1) / len(carriers)
-    now = expected_step_s(fig, batch, ctx)
-    itl = sorted(r.itl_mean_s.value for r in read)[(len(read) - 1) // 2]
-    return itl * expected_step_s(fig, after, ctx) / now
-
-
 def _guard_room(pool: str, obs: PoolObservation | None, guards: object, frozen: bool) -> int:
     """Replacements the guardrails allow in `pool` this tick (module docstring)."""
     if frozen:
@@ -294,6 +272,7 @@ def detect(state: OutlierState, config: OutlierConfig, fleet: FleetSpec, obs: Fl
     replace_out: dict[str, tuple[str, ...]] = {}
     scores_out: dict[str, dict[str, float]] = {}
     frozen_pools = _frozen_pools(overrides, now_s)
+    kept: dict[str, list[str]] = {}  # per pool: outliers due for ejection that the cap keeps serving
     for spec in fleet.pools:
         po = obs.pools.get(spec.name)
         if po is None or not po.replicas:
@@ -318,7 +297,8 @@ def detect(state: OutlierState, config: OutlierConfig, fleet: FleetSpec, obs: Fl
             outlier = s is not None and s >= 1.0 + config.threshold and (limit is None or itl.value >= limit)
             if rec.ejected_until_s is None:
                 records[(spec.name, rid)] = replace(rec, strikes=rec.strikes + 1 if outlier else 0)
-        reasons += _eject(spec, po, records, scores, ejected_now, config, limit, fig, now_s)
+        found, kept[spec.name] = _eject(spec, po, records, scores, ejected_now, config, now_s)
+        reasons += found
         # replacement of the ejected ones not yet asked for, as far as the guardrails allow
         if config.replace and ejected_now:
             asked = _replace(spec, po, records, ejected_now, config, guards, reasons,
@@ -326,17 +306,18 @@ def detect(state: OutlierState, config: OutlierConfig, fleet: FleetSpec, obs: Fl
             if asked:
                 replace_out[spec.name] = tuple(asked)
     new_state = OutlierState(replicas=records)
-    out_of_service, in_target = _capacity_taken(new_state, obs, now_s)
+    out_of_service, in_target = _capacity_taken(new_state, obs, now_s, kept)
     return OutlierResult(new_state, new_state.ejected(now_s), replace_out, tuple(reasons), scores_out,
                          out_of_service, in_target)
 
 
 def _eject(spec: PoolSpec, po: PoolObservation, records: dict[tuple[str, str], ReplicaRecord],
-           scores: Mapping[str, float], ejected_now: list[str], config: OutlierConfig, limit: float | None,
-           fig: EngineFigures, now_s: float) -> list[Reason]:
-    """Eject the pool's due outliers, the slowest first, within its cap and as far as the others can take their
-    requests (module docstring); `records` and `ejected_now` are updated in place."""
+           scores: Mapping[str, float], ejected_now: list[str], config: OutlierConfig,
+           now_s: float) -> tuple[list[Reason], list[str]]:
+    """Eject the pool's due outliers, the slowest first, within its cap (module docstring); `records` and
+    `ejected_now` are updated in place. Returns the reasons and the due outliers the cap kept serving."""
     reasons: list[Reason] = []
+    kept: list[str] = []
     serving = len(po.replicas)
     cap = max(int(config.max_ejection_frac * serving), 1 if serving >= 2 else 0)
     cap = min(cap, max(serving - 1, 0))  # never the last serving replica
@@ -347,16 +328,9 @@ def _eject(spec: PoolSpec, po: PoolObservation, records: dict[tuple[str, str], R
         if len(ejected_now) >= cap:
             reasons.append(Reason("slow_replica_not_ejected", f"{rid} is {scores[rid]:.2f}× the others' "
                                   f"slowness, but {len(ejected_now)} of {serving} replicas are ejected "
-                                  f"already (at most {config.max_ejection_frac:.0%})", spec.name, data))
-            continue
-        after = others_step_after(spec, po, rid, set(ejected_now), fig)
-        if limit is not None and after is not None and after > limit:
-            # a pool-wide overload: its requests would make the others' miss their TPOT too; the planner adds
-            # replicas instead (it plans on the pool's measured latency)
-            reasons.append(Reason("slow_replica_not_ejected", f"{rid} is {scores[rid]:.2f}× the others' "
-                                  f"slowness, but with its requests the others would step at {after * 1e3:.0f} ms "
-                                  f"(over {limit * 1e3:.0f} ms, {config.min_step_slo_frac:.0%} of the tightest "
-                                  "TPOT SLO): kept serving", spec.name, {**data, "others_step_s": round(after, 4)}))
+                                  f"already (at most {config.max_ejection_frac:.0%}); planned as capacity the "
+                                  "pool does not have", spec.name, data))
+            kept.append(rid)
             continue
         rec = records[(spec.name, rid)]
         rec = replace(rec, times_ejected=rec.times_ejected + 1, strikes=0)
@@ -368,7 +342,7 @@ def _eject(spec: PoolSpec, po: PoolObservation, records: dict[tuple[str, str], R
                               f"ejected for {dur:.0f} s (no new requests; planned as capacity the pool does "
                               "not have)", spec.name,
                               {**data, "ejected_s": dur, "times_ejected": rec.times_ejected}))
-    return reasons
+    return reasons, kept
 
 
 def _replace(spec: PoolSpec, po: PoolObservation, records: dict[tuple[str, str], ReplicaRecord],
@@ -394,11 +368,13 @@ def _replace(spec: PoolSpec, po: PoolObservation, records: dict[tuple[str, str],
     return asked
 
 
-def _capacity_taken(state: OutlierState, obs: FleetObservation, now_s: float) -> tuple[dict[str, int], dict[str, int]]:
+def _capacity_taken(state: OutlierState, obs: FleetObservation, now_s: float,
+                    kept: Mapping[str, list[str]]) -> tuple[dict[str, int], dict[str, int]]:
     """Per pool: the ejected replicas its telemetry still counts ready, and those of them its replica target still
-    counts (no replacement asked: a replaced one's successor is in the target instead)."""
-    out: dict[str, int] = {}
-    held: dict[str, int] = {}
+    counts (no replacement asked: a replaced one's successor is in the target instead); the outliers the cap
+    keeps serving count in both (their requests miss their TPOT: capacity the pool does not have either)."""
+    out: dict[str, int] = {p: len(v) for p, v in kept.items() if v}
+    held: dict[str, int] = dict(out)
     for (pool, rid), r in state.replicas.items():
         po = obs.pools.get(pool)
         if not _is_ejected(r, now_s) or po is None or rid not in po.replicas:

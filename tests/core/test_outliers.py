@@ -20,7 +20,6 @@ from controller.core.outliers import (
     OutlierState,
     detect,
     expected_step_s,
-    others_step_after,
     slowness_scores,
 )
 from controller.core.step import Controller, TickInput
@@ -274,20 +273,14 @@ def test_a_slower_replica_whose_requests_keep_their_tpot_is_left_alone():
     assert res[-1].ejected == {"a": ("r3",)}
 
 
-def test_no_ejection_that_would_push_the_others_past_the_slo():
-    """Two replicas at a batch of 70 (~45 ms steps) and one 1.6× slower: with its share of the arrivals the other
-    would run a batch of 140 at ~80 ms, over half the TPOT SLO. It stays (its requests are late either way,
-    the other's would be too); at a batch of 30 the other takes its share within it, and it is ejected."""
-    busy = {"r0": (1.0, 70), "r1": (1.6, 70)}
-    after = others_step_after(SPEC, pool(busy), "r1", set())
-    assert after is not None and after > 0.05
-    _, res = run([(15.0 * (i + 1), pool(busy)) for i in range(3)])
-    assert all(r.ejected == {} for r in res)
-    (held,) = [x for x in res[-1].reasons if x.code == "slow_replica_not_ejected"]
-    assert held.data["replica"] == "r1" and held.data["others_step_s"] == pytest.approx(after, rel=1e-3)
-    calm = {"r0": (1.0, 30), "r1": (2.0, 30)}
-    _, res = run([(15.0 * (i + 1), pool(calm)) for i in range(2)])
-    assert res[-1].ejected == {"a": ("r1",)}
+def test_outliers_over_the_cap_serve_on_but_count_as_capacity_the_pool_does_not_have():
+    """Two slow replicas of four: the cap (34 %) ejects the slower; the other keeps serving, its requests still
+    late, so the policy plans the pool without either: two replicas out of service, two slots on the target."""
+    two_slow = {**FOUR, "r2": (2.5, 40)}
+    _, res = run([(15.0, pool(two_slow)), (30.0, pool(two_slow))])
+    assert res[-1].ejected == {"a": ("r2",)}
+    assert res[-1].out_of_service == {"a": 2} and res[-1].in_target == {"a": 2}
+    assert res[0].out_of_service == {} and res[0].in_target == {}  # one tick as an outlier is not enough
 
 
 def test_two_slow_of_three_the_ejected_one_is_no_reference():
