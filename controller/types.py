@@ -387,6 +387,9 @@ class PoolAccount:
     prompt_tokens: float | None = None  # mean prompt tokens per request (EWMA of windowed rates)
     output_tokens: float | None = None  # mean output tokens per request
     caps: tuple[int, int] | None = None  # the engine batch caps last decided (max_num_seqs, max_num_batched_tokens)
+    # ready replicas ejected as slow (no new requests: controller/core/outliers.py), left out of `serving` and of
+    # the telemetry's ready count in the view a policy plans on (`planning_view`); 0 in the core's own accounting
+    ejected: int = 0
 
 
 @dataclass(frozen=True, slots=True)

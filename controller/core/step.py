@@ -34,7 +34,14 @@ from controller.core.breaker import (
 from controller.core.capacity import CapacityState, advance_capacity, capped_fleet
 from controller.core.estimate import DEFAULT_ESTIMATOR, Estimate, EstimatorConfig, account_fleet, decided_caps, estimate
 from controller.core.guards import GuardConfig, GuardState, apply_guards, forced_tenants, pool_telemetry_status
-from controller.core.outliers import OutlierConfig, OutlierResult, OutlierState, detect
+from controller.core.outliers import (
+    OutlierConfig,
+    OutlierResult,
+    OutlierState,
+    detect,
+    planning_view,
+    with_ejected_slots,
+)
 from controller.jsonsafe import json_safe
 from controller.names import PROFILES
 from controller.perf.engine_figures import EngineFigures
@@ -268,6 +275,15 @@ class Controller:
         est = account_fleet(est, state.estimate, fleet, current, self.estimator)  # once a tick, for everyone
         inp = PolicyInput(now_s=now_s, observation=obs, fleet=fleet, current=current, overrides=active,
                           profile=profile, tick_s=self.tick_s, estimate=est, reliability=reliability)
+        outliers, found = state.outliers, None
+        if self.outliers is not None:
+            # slow replicas: eject, expire, replace within the guardrails (outliers.py), before the policy, which
+            # plans the pool without its ejected replicas (their slots go back on the target after it)
+            found = detect(state.outliers, self.outliers, fleet, obs, now_s, guards=self.guards, overrides=active,
+                           telemetry_frozen=obs.all_stale and current is not None and bool(current.pools),
+                           figures=self.engine_figures)
+            outliers = found.state
+            inp = planning_view(inp, found)
         bstate, action = state.breaker, BreakerAction()
         notes: list[str] = []
         if self.breaker is not None:
@@ -278,11 +294,15 @@ class Controller:
             inp = replace(inp, breaker=action)
         policy_state, out = self.policy.decide(state.policy_state, inp, rng)
         # what the policy set in motion, for the next tick's accounting (a batch-cap change's restart)
-        est = replace(est, decided_caps=decided_caps(fleet, out.pools), needs=dict(out.needs))
+        needs = dict(out.needs)
+        if found is not None:  # the policy's needs count replicas taking traffic; the telemetry's ready, all
+            needs = {p: n + found.out_of_service.get(p, 0) for p, n in needs.items()}
+        est = replace(est, decided_caps=decided_caps(fleet, out.pools), needs=needs)
         reasons = capacity_reasons + breaker_reasons(notes, bstate) + tuple(out.reasons)
         proposal, admission, held = apply_breaker(action, fleet=fleet, pools=out.pools, admission=out.admission,
                                                   overrides=active, now_s=now_s)
-
+        if found is not None:
+            proposal = with_ejected_slots(proposal, found, fleet)
         guarded = apply_guards(
             now_s=now_s, fleet=fleet, proposal=proposal, admission=admission,
             current=current.pools if current else None, observation=obs,
@@ -291,11 +311,7 @@ class Controller:
         )
         adjustments = guarded.adjustments if guarded.frozen else held + guarded.adjustments
         pools_out: Mapping[str, PoolDecision] = guarded.pools
-        outliers = state.outliers
-        if self.outliers is not None:  # slow replicas: eject, expire, replace within the guardrails (outliers.py)
-            found = detect(state.outliers, self.outliers, fleet, obs, now_s, guards=self.guards, overrides=active,
-                           telemetry_frozen=guarded.frozen, figures=self.engine_figures)
-            outliers = found.state
+        if found is not None:
             pools_out = _with_outliers(guarded.pools, found)
             reasons = reasons + found.reasons
         tenants, step_aware, forced = forced_tenants(out.tenants, out.step_aware, active)
@@ -317,9 +333,9 @@ class Controller:
                    or dict(current.tenants) != dict(decision.tenants) or current.step_aware != decision.step_aware)
         diagnostics = {"observation": inputs, "policy": self.policy.name, "profile": profile,
                        **{k: json_safe(v) for k, v in out.diagnostics.items()}}
-        if self.outliers is not None:
+        if found is not None:
             diagnostics["outliers"] = json_safe({"ejected": {p: list(v) for p, v in outliers.ejected(now_s).items()},
-                                                 "scores": found.scores})
+                                                 "scores": found.scores, "planned_without": dict(found.in_target)})
         if out.confidence is not None:
             diagnostics["confidence"] = json_safe(out.confidence)
         if self.breaker is not None:

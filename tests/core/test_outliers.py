@@ -15,13 +15,21 @@ from dataclasses import replace
 import pytest
 
 from controller.core.guards import GuardConfig
-from controller.core.outliers import OutlierConfig, OutlierState, detect, expected_step_s, slowness_scores
+from controller.core.outliers import (
+    OutlierConfig,
+    OutlierState,
+    detect,
+    expected_step_s,
+    slowness_scores,
+)
 from controller.core.step import Controller, TickInput
 from controller.perf.figures import figures_for
 from controller.types import (
+    Decision,
     FleetObservation,
     FleetSpec,
     Override,
+    PoolDecision,
     PoolObservation,
     PoolSpec,
     Reading,
@@ -237,3 +245,81 @@ def test_a_replacement_we_ordered_is_not_a_replica_lost_for_the_breaker():
     assert _less_ordered(lost, state, FLEET, 45.0).lost == {"a": 1}
     assert _less_ordered(lost, state, FLEET, 30.0 + SPEC.startup_cold_s + 1.0).lost == {"a": 2}
     assert _less_ordered(BreakerSignals(), state, FLEET, 45.0) == BreakerSignals()
+
+
+# --------------------------------------------------------------------------- load, not slowness; what matters
+
+
+def test_a_pool_wide_slowdown_ejects_nobody():
+    """A load surge, or a cost the figures miss that every replica shares: every replica's steps run 2.5× what
+    its batch explains, at batches from 40 to 120. Compared with each other (like with like, each for its own
+    batch) none is an outlier, over as many ticks as it lasts."""
+    surge = {"r0": (2.5, 40), "r1": (2.6, 80), "r2": (2.4, 120), "r3": (2.5, 60)}
+    _, res = run([(15.0 * (i + 1), pool(surge)) for i in range(6)])
+    assert all(r.ejected == {} for r in res)
+    assert not any(x.code.startswith("slow_replica") for r in res for x in r.reasons)
+    assert max(res[-1].scores["a"].values()) < 1.1
+
+
+def test_a_slower_replica_whose_requests_keep_their_tpot_is_left_alone():
+    """2× slower than its peers, but at a batch of 8 its steps take ~32 ms, under half of critical's 100 ms TPOT
+    SLO (a pool's TPOT p95 runs about twice its mean step): its requests make their SLO; ejecting it would only
+    take capacity. At a batch of 40 the same slowness costs them their TPOT (~68 ms steps): ejected."""
+    light = {"r0": (1.0, 8), "r1": (1.0, 8), "r2": (1.0, 8), "r3": (2.0, 8)}
+    assert 2.0 * healthy(8) < 0.05 < 2.0 * healthy(40)
+    _, res = run([(15.0 * (i + 1), pool(light)) for i in range(4)], NOW)
+    assert all(r.ejected == {} for r in res) and res[-1].scores["a"]["r3"] > 1.9
+    _, res = run([(15.0 * (i + 1), pool(FOUR)) for i in range(2)], NOW)
+    assert res[-1].ejected == {"a": ("r3",)}
+
+
+def test_outliers_over_the_cap_serve_on_but_count_as_capacity_the_pool_does_not_have():
+    """Two slow replicas of four: the cap (34 %) ejects the slower; the other keeps serving, its requests still
+    late, so the policy plans the pool without either: two replicas out of service, two slots on the target."""
+    two_slow = {**FOUR, "r2": (2.5, 40)}
+    _, res = run([(15.0, pool(two_slow)), (30.0, pool(two_slow))])
+    assert res[-1].ejected == {"a": ("r2",)}
+    assert res[-1].out_of_service == {"a": 2} and res[-1].in_target == {"a": 2}
+    assert res[0].out_of_service == {} and res[0].in_target == {}  # one tick as an outlier is not enough
+
+
+def test_two_slow_of_three_the_ejected_one_is_no_reference():
+    """Two of three replicas slow (3.2× and 2.2×): the worse holds the other's reference up (the median of the
+    other two is halfway), so only the worse is ejected first; from then on the other is judged against the
+    healthy one alone and ejected too (max_ejection_frac 1: the cap is not what this pins)."""
+    three = {"r0": (1.0, 30), "r1": (3.2, 30), "r2": (2.2, 30)}
+    s = slowness_scores(SPEC, pool(three))
+    assert s["r2"] < 1.3 < s["r1"]
+    assert slowness_scores(SPEC, pool(three), exclude=frozenset({"r1"}))["r2"] == pytest.approx(2.2, rel=0.02)
+    cfg = OutlierConfig(max_ejection_frac=1.0)
+    _, res = run([(15.0 * (i + 1), pool(three)) for i in range(4)], cfg)
+    assert [r.ejected.get("a", ()) for r in res] == [(), ("r1",), ("r1",), ("r1", "r2")]
+
+
+def test_an_ejected_replica_is_capacity_the_policy_does_not_have():
+    """While r3 is ejected (not replaced: the default waits for a second ejection) the policy plans the pool
+    without it: 3 ready, the target in force 3, max_replicas 15; it asks for 4 to take the traffic and the
+    decision's target is 5, r3 holding its slot. Once r3 is replaced, its successor is in the target: no slot
+    on top, and the telemetry's ready count (which still counts r3 while it drains) is less r3 alone."""
+    policy = ScriptedPolicy({"a": 4})
+    c = Controller(FLEET, policy, outliers=OutlierConfig())
+    s = c.initial_state(current=Decision("d-0", 0, 0.0, 1e9, {"a": PoolDecision(replicas=4)}))
+    targets = []
+    for t in (15.0, 30.0, 45.0):
+        s, r = c.step(s, TickInput(now_s=t, observation=obs(t, pool(FOUR))))
+        assert r.decision is not None
+        targets.append(r.decision.pools["a"].replicas)
+    assert targets == [4, 5, 5]
+    seen = policy.seen[-1]
+    assert seen.observation.pools["a"].replicas_ready.value == 3.0
+    assert seen.current is not None and seen.current.pools["a"].replicas == 4  # 5 in force, r3's slot off
+    assert seen.fleet.pool("a").max_replicas == SPEC.max_replicas - 1
+    assert seen.estimate is not None and seen.estimate.pools["a"].ejected == 1
+    assert r.estimate.observation.pools["a"].replicas_ready.value == 4.0  # the core's own view is the fleet's
+    assert r.diagnostics["outliers"]["planned_without"] == {"a": 1}
+    replaced = Controller(FLEET, ScriptedPolicy({"a": 4}), outliers=NOW)
+    s = replaced.initial_state()
+    for t in (15.0, 30.0, 45.0):
+        s, r = replaced.step(s, TickInput(now_s=t, observation=obs(t, pool(FOUR))))
+    assert r.decision is not None and r.decision.pools["a"].replicas == 4
+    assert r.diagnostics["outliers"]["planned_without"] == {}

@@ -69,8 +69,14 @@ def test_the_bench_loop_finds_an_injected_slowdown_and_replaces_it():
     """Four replicas under steady load; one is made 2.5× slower at 120 s for five minutes. The loop (SimObserver →
     Controller.step → apply_decision) judges each replica from its own /metrics series, ejects the slow one within
     three ticks of the window filling with its slow steps; still slow once its 120 s ejection expires, it is
-    ejected again and the fleet replaces it; no healthy replica is touched."""
-    sc = scenario([pool(replicas=4, startup_warm_s=20.0, startup_cold_s=40.0)])
+    ejected again and the fleet replaces it; no healthy replica is touched. Critical's TPOT SLO is 40 ms, so the
+    slow replica's ~30 ms steps (healthy ones step at ~12 ms here) cost its requests their TPOT: worth ejecting.
+    The pool is at its max_replicas (4), so the target cannot carry the ejected replica's slot on top of the 4
+    the policy asks for (tests/core/test_outliers.py has the pool that can)."""
+    classes = {"critical": {"share": 0.2, "ttft_slo_s": 2.5, "tpot_slo_s": 0.04},
+               "standard": {"share": 0.6, "ttft_slo_s": 5.0, "tpot_slo_s": 0.15},
+               "sheddable": {"share": 0.2, "ttft_slo_s": 10.0, "tpot_slo_s": 0.3}}
+    sc = scenario([pool(replicas=4, max_replicas=4, startup_warm_s=20.0, startup_cold_s=40.0)], classes=classes)
     f = Fleet(sc, workload=workload([0.1 * i for i in range(4000)], 300, 120))
     obs = SimObserver(f, window_s=60.0)
     c = Controller(fleet_spec_from_scenario(sc), ScriptedPolicy({"p8": 4}), guards=GuardConfig(), seed=1,
@@ -92,6 +98,7 @@ def test_the_bench_loop_finds_an_injected_slowdown_and_replaces_it():
             ejected_at = t
         ejections += sum(1 for x in r.policy_reasons if x.code == "slow_replica")
         replaced += list(pd.replace)
+        assert pd.replicas == 4  # at its max: no slot on top
         apply_decision(f, r.decision)
     assert ejected_at is not None and 120.0 < ejected_at <= 120.0 + 60.0 + 3 * 15.0, ejected_at
     assert ejections == 2 and replaced == slow  # the slow one, twice, replaced once, and nobody else
