@@ -97,7 +97,11 @@ class Evaluator:
                                   for k, c in enumerate(cls)])
         self.aware_gain = self.ws_shed - self.ws_first  # (K,) >= 0 where later steps carry sunk work
         self.tol = np.array([w.cls("risk_tolerance", c.name) for c in cls])
-        self.risk_prio = np.array([w.cls("risk_priority", c.name) for c in cls])
+        # the chance constraint prices each late or shed request past the tolerance; it loses its task's sunk work
+        # too, so it is weighed alike: without it a profile would scale the ratio's penalties and not this one,
+        # and the attainment targets would bind less the longer the tasks (the static weight leaves it as it was)
+        self.risk_prio = np.array([w.cls("risk_priority", c.name) * (c.task_loss.blind if c.task_loss else 1.0)
+                                   for c in cls])
         self.step_weight = np.ones(H)
         self.step_weight[-1] += cfg.terminal_steps
         self.req = (tr.lam * self.step_weight[None, :, None]).sum(axis=1) * dt  # (2,K) requests offered
