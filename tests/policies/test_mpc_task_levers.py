@@ -86,6 +86,9 @@ def test_overload_holds_the_heavy_tenant_to_its_fair_share(overloaded):
     assert heavy.max_inflight < slots
     said = [r.message for res in overloaded for r in res.policy_reasons if r.code == "tenant_share"]
     assert any(m.startswith("tenant heavy held to") and "fair share" in m for m in said)
+    status = dict(overloaded[-1].status.lines)["planner.tasks"]
+    assert status.startswith("step-aware admission on; a lost request loses") and \
+        f"tenant heavy held to {heavy.max_inflight} in flight" in status
 
 
 def test_no_profile_leaves_both_levers_to_the_router():
@@ -93,6 +96,7 @@ def test_no_profile_leaves_both_levers_to_the_router():
     assert max(a.shed_frac for a in r.decision.admission.values()) > 0
     assert r.decision.step_aware is None
     assert dict(r.decision.tenants) == {}
+    assert dict(r.status.lines)["planner.tasks"].startswith("no task profile measured")
 
 
 def test_no_overload_clears_the_tenant_limits():

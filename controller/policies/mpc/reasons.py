@@ -374,10 +374,27 @@ def planner_status(diag: Mapping[str, Any], guards: Mapping[str, int],
               for pool, ceiling in sorted(guards.items())]
     memory = {pool: json_safe(h.to_dict()) for pool, h in headroom.items()}
     lines += [(f"memory.{pool}", memory_detail(h)) for pool, h in sorted(memory.items())]
+    tasks = diag.get("tasks")
+    if tasks is not None:
+        lines.append(("planner.tasks", tasks_detail(tasks)))
     gauges = {pool: PoolGauges(gpu_mem_free_bytes=float(h["fb_free_gib"]) * 2**30,
                                batch_tokens_ceiling=float(h["max_batched_tokens"])) for pool, h in memory.items()}
     return PolicyStatus(lines=tuple(lines), pools=gauges, candidates=int(result.evaluations),
                         budget_cut=bool(result.budget_exhausted))
+
+
+def tasks_detail(t: Mapping[str, Any]) -> str:
+    """One line of `governor status` for the task levers (diagnostics["tasks"]), e.g. 'step-aware admission on;
+    a lost request loses 2.3 (standard) requests' worth with its task; tenant heavy held to 81 in flight'."""
+    if t.get("profile") is None:
+        return "no task profile measured (no labelled tasks): steps weighed statically, step admission and " \
+               "tenant limits left to the router"
+    loss = ", ".join(f"{v:.1f} ({c})" for c, v in sorted(t.get("task_loss", {}).items()))
+    aware = "step-aware admission on" if t.get("step_aware") else "step admission left to the router"
+    held = [f"{n} held to {v['max_inflight']} in flight" for n, v in sorted(t.get("tenants", {}).items())
+            if v.get("max_inflight")]
+    return (f"{aware}; a lost request loses {loss} requests' worth with its task"
+            + ("; tenant " + ", ".join(held) if held else "; no tenant limits"))
 
 
 def dial_detail(d: Mapping[str, Any]) -> str:
