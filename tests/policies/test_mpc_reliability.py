@@ -13,9 +13,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from controller.core.forecast import LoadForecast
+from controller.core.mpc import PoolInput
+from controller.core.mpc_model import LatencyAnswer
 from controller.core.objective import RELIABILITY_MAX, RELIABILITY_MIN, resolve_weights
 from controller.policies import build_policy
 from controller.policies.mpc import MpcPolicy
+from controller.policies.mpc.dial import planned_quantile, reachable_replicas, reachable_rps
 from tests.policies.builders import inp
 from tests.policies.test_mpc_policy import FAST, FL, loop, pool_signals
 
@@ -96,3 +100,79 @@ def test_a_bad_override_value_reaching_the_policy_is_refused(warmed):
         _decide(pol, state, replace(i, reliability=RELIABILITY_MAX + 0.005))
     with pytest.raises(ValueError, match="reliability override must be a probability"):
         _decide(pol, state, replace(i, reliability=RELIABILITY_MIN - 0.005))
+
+
+# ------------------------------------------------------------------ what the dial can reach (dial.py)
+
+
+class FluidModel:
+    """A planning model whose replica carries `rps` req/s uncapped, `capped` under any in-flight cap."""
+
+    pools = ("a", "b")
+
+    def __init__(self, rps: float = 4.0, capped: float = 3.0) -> None:
+        self.rps, self.capped = rps, capped
+
+    def latency(self, q):
+        cap = np.where(np.asarray(q.inflight_cap) > 0, self.capped, self.rps)
+        z = np.zeros(np.shape(q.rps_per_replica))
+        return LatencyAnswer(ttft_p50_s=z, ttft_p95_s=z, tpot_p50_s=z, tpot_p95_s=z, capacity_rps=z + cap,
+                             utilisation=np.asarray(q.rps_per_replica) / cap, batch=z, confidence=z + 1.0)
+
+
+def _pool(name: str, **kw) -> PoolInput:
+    base = dict(name=name, model_index=0, group="g", role="mixed", usd_per_hour=1.0, lo=1, hi=8, target=5, ready=5,
+                startup_warm_s=60.0, startup_cold_s=285.0)
+    base.update(kw)
+    return PoolInput(**base)
+
+
+def test_reachable_replicas_follow_the_startups():
+    p = _pool("a", ready=5, starting_eta_s=(100.0,), warm_slots=1, hi=8)
+    # 75 s: the warm slot; 105 s: and the replica starting; 300 s: the maximum
+    assert [reachable_replicas(p, t) for t in (15.0, 75.0, 105.0, 300.0)] == [5, 6, 7, 8]
+    assert reachable_replicas(_pool("a", ready=9, hi=8), 0.0) == 8  # never past the maximum (an override lowered it)
+
+
+def test_reachable_load_is_the_fluid_capacity_of_the_reachable_fleet():
+    lead = np.array([15.0, 135.0, 285.0, 315.0])
+    one = reachable_rps([_pool("a", ready=5, hi=8)], FluidModel(), lead, {})
+    assert one == pytest.approx(0.97 * 4.0 * np.array([5, 5, 8, 8]))  # 19.4 until the cold start-up, 31 after
+    # under a ceiling on the in-flight cap, what a capped replica carries
+    capped = reachable_rps([_pool("a", ready=5, hi=8, max_inflight_cap=32)], FluidModel(), lead, {})
+    assert capped == pytest.approx(0.97 * 3.0 * np.array([5, 5, 8, 8]))
+    # a disaggregated group is as wide as its narrower hop; two groups fill at their measured shares
+    dis = [_pool("a", ready=5, hi=8, role="prefill"), _pool("b", ready=2, hi=3, role="decode")]
+    assert reachable_rps(dis, FluidModel(), lead, {}) == pytest.approx(0.97 * 4.0 * np.array([2, 2, 3, 3]))
+    two = [_pool("a", ready=4, hi=4), _pool("b", ready=4, hi=4, group="h")]
+    assert reachable_rps(two, FluidModel(), lead, {"g": 0.8, "h": 0.2}) == pytest.approx(np.full(4, 0.97 * 16 / 0.8))
+    assert reachable_rps(two, FluidModel(), lead, {}) == pytest.approx(np.full(4, 0.97 * 32))
+
+
+def test_the_planned_quantile_is_held_at_the_reachable_load_and_stays_monotone():
+    lead = np.array([15.0, 285.0])
+    fc = LoadForecast(lead, np.array([20.0, 20.0]), np.array([26.0, 30.0]), 20.0, 0.0)
+    reach = np.array([22.0, 40.0])
+    free = [planned_quantile(fc, r, None) for r in SETTINGS]
+    held = [planned_quantile(fc, r, reach) for r in SETTINGS]
+    assert free[-1] == pytest.approx([20.0 + 1.8153 * 6.0, 20.0 + 1.8153 * 10.0], abs=1e-3)
+    assert held[-1] == pytest.approx([22.0, 20.0 + 1.8153 * 10.0], abs=1e-3)  # step 0 held at what 5 replicas carry
+    for a, b in zip(held, held[1:], strict=False):
+        assert np.all(b >= a)  # the dial stays monotone
+    # never below the median: a fleet that cannot carry the median plans for the median
+    assert planned_quantile(fc, 0.99, np.array([10.0, 10.0])) == pytest.approx([20.0, 20.0])
+
+
+def test_the_dial_plans_for_no_more_than_the_largest_fleet_carries(warmed):
+    """On the fixed case at 0.99, with the pool's maximum lowered to the replicas it has: the load
+    planned for at the start-up is what six replicas carry under the stream guard's ceiling, not the
+    quantile seven would be needed for, and the plan holds the maximum."""
+    pol, state, i = warmed
+    free = _decide(pol, state, replace(i, reliability=0.99))
+    replicas = i.current.pools["p"].replicas
+    small = replace(i, reliability=0.99,
+                    fleet=replace(i.fleet, pools=(replace(i.fleet.pools[0], max_replicas=replicas),)))
+    out = _decide(pol, state, small)
+    d, f = out.diagnostics["reliability"], free.diagnostics["reliability"]
+    assert d["median_rps"] == f["median_rps"] < d["planned_rps"] < f["planned_rps"]
+    assert out.pools["p"].replicas == replicas == max(out.diagnostics["plan"]["p"]["replicas"])

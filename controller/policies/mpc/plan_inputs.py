@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy.special import ndtri
 
 from controller.core.estimate import standing_queue
 from controller.core.forecast import LoadForecast
@@ -34,6 +33,7 @@ from controller.core.workflow import step_loss
 from controller.perf.catalogue import GIB, NON_TORCH_GIB_PER_GPU
 from controller.perf.engines import Catalogue, EngineError
 from controller.policies.common import value
+from controller.policies.mpc.dial import planned_quantile, reachable_rps
 from controller.policies.mpc.feedback import PROTECTED, Feedback
 from controller.policies.mpc.memory import MpcPoolMemory, reuse
 from controller.types import PRIORITY_CLASSES, BreakerAction, FleetSpec, PolicyInput, PoolObservation, PoolSpec
@@ -388,9 +388,11 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
             batch_review=batch_review_s > 0 and now - m.caps_changed_s >= batch_review_s
             and ready_n > 0 and steady and m.burst >= 0.2, eligible=spec.eligible))
     classes: list[ClassInput] = []
-    # the reliability dial: that quantile of the forecast, its p90 being the measured error's (forecasting.py)
-    z = float(ndtri(weights.reliability)) / float(ndtri(0.9))  # 0.75 → 0.53 of the way to p90
-    plan_q = fc.p50 + z * (fc.p90 - fc.p50)
+    total = sum(groups.values())
+    gshare = {g: v / total for g, v in groups.items()} if total > 0 else {}
+    # the reliability dial: that quantile of the forecast, held at what the reachable fleet carries (dial.py)
+    reach = reachable_rps(pools, model, fc.lead_s, gshare) if pools else None
+    plan_q = planned_quantile(fc, weights.reliability, reach)
     # the measured step profile (the core's estimate): what a lost request of each class loses with its task
     tasks = inp.estimate.tasks if inp.estimate is not None else None
     for c in PRIORITY_CLASSES:
@@ -410,8 +412,6 @@ def build_problem(inp: PolicyInput, fleet: FleetSpec, mem: Mapping[str, MpcPoolM
             max_shed=1.0,
             backlog=(value(co.queue_depth) or 0.0) if co is not None else 0.0,
             task_loss=step_loss(prof) if tasks is not None and (prof := tasks.classes.get(c)) is not None else None))
-    total = sum(groups.values())
-    gshare = {g: v / total for g, v in groups.items()} if total > 0 else {}
     held = sum((value(co.queue_depth) or 0.0) for co in obs.classes.values())
     pools = activate(pools, groups, fc.level > 0 or held > 0)
     return PlanProblem(pools=tuple(pools), classes=tuple(classes), weights=weights, group_share=gshare)
