@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
 from controller.core.forecast import LoadForecast
 from controller.core.mpc import PoolInput
-from controller.core.mpc_model import LatencyAnswer
+from controller.core.mpc_model import LatencyAnswer, PlanModel
 from controller.core.objective import RELIABILITY_MAX, RELIABILITY_MIN, resolve_weights
 from controller.policies import build_policy
 from controller.policies.mpc import MpcPolicy
@@ -113,6 +114,10 @@ class FluidModel:
     def __init__(self, rps: float = 4.0, capped: float = 3.0) -> None:
         self.rps, self.capped = rps, capped
 
+    @staticmethod
+    def make(**kw: float) -> PlanModel:
+        return cast(PlanModel, FluidModel(**kw))  # the part of the protocol reachable_rps asks: latency()
+
     def latency(self, q):
         cap = np.where(np.asarray(q.inflight_cap) > 0, self.capped, self.rps)
         z = np.zeros(np.shape(q.rps_per_replica))
@@ -120,9 +125,9 @@ class FluidModel:
                              utilisation=np.asarray(q.rps_per_replica) / cap, batch=z, confidence=z + 1.0)
 
 
-def _pool(name: str, **kw) -> PoolInput:
-    base = dict(name=name, model_index=0, group="g", role="mixed", usd_per_hour=1.0, lo=1, hi=8, target=5, ready=5,
-                startup_warm_s=60.0, startup_cold_s=285.0)
+def _pool(name: str, **kw: Any) -> PoolInput:
+    base: dict[str, Any] = dict(name=name, model_index=0, group="g", role="mixed", usd_per_hour=1.0, lo=1, hi=8,
+                                target=5, ready=5, startup_warm_s=60.0, startup_cold_s=285.0)
     base.update(kw)
     return PoolInput(**base)
 
@@ -136,17 +141,18 @@ def test_reachable_replicas_follow_the_startups():
 
 def test_reachable_load_is_the_fluid_capacity_of_the_reachable_fleet():
     lead = np.array([15.0, 135.0, 285.0, 315.0])
-    one = reachable_rps([_pool("a", ready=5, hi=8)], FluidModel(), lead, {})
+    one = reachable_rps([_pool("a", ready=5, hi=8)], FluidModel.make(), lead, {})
     assert one == pytest.approx(0.97 * 4.0 * np.array([5, 5, 8, 8]))  # 19.4 until the cold start-up, 31 after
     # under a ceiling on the in-flight cap, what a capped replica carries
-    capped = reachable_rps([_pool("a", ready=5, hi=8, max_inflight_cap=32)], FluidModel(), lead, {})
+    capped = reachable_rps([_pool("a", ready=5, hi=8, max_inflight_cap=32)], FluidModel.make(), lead, {})
     assert capped == pytest.approx(0.97 * 3.0 * np.array([5, 5, 8, 8]))
     # a disaggregated group is as wide as its narrower hop; two groups fill at their measured shares
     dis = [_pool("a", ready=5, hi=8, role="prefill"), _pool("b", ready=2, hi=3, role="decode")]
-    assert reachable_rps(dis, FluidModel(), lead, {}) == pytest.approx(0.97 * 4.0 * np.array([2, 2, 3, 3]))
+    assert reachable_rps(dis, FluidModel.make(), lead, {}) == pytest.approx(0.97 * 4.0 * np.array([2, 2, 3, 3]))
     two = [_pool("a", ready=4, hi=4), _pool("b", ready=4, hi=4, group="h")]
-    assert reachable_rps(two, FluidModel(), lead, {"g": 0.8, "h": 0.2}) == pytest.approx(np.full(4, 0.97 * 16 / 0.8))
-    assert reachable_rps(two, FluidModel(), lead, {}) == pytest.approx(np.full(4, 0.97 * 32))
+    shared = reachable_rps(two, FluidModel.make(), lead, {"g": 0.8, "h": 0.2})
+    assert shared == pytest.approx(np.full(4, 0.97 * 16 / 0.8))  # g fills first: 15.5 req/s at 80 % of the load
+    assert reachable_rps(two, FluidModel.make(), lead, {}) == pytest.approx(np.full(4, 0.97 * 32))
 
 
 def test_the_planned_quantile_is_held_at_the_reachable_load_and_stays_monotone():

@@ -14,7 +14,7 @@ the chance constraint is broken by every plan alike (past capacity the late shar
 so it stops telling plans apart, and the objective, cost per success × (1 + penalties), then prefers
 the cheapest of the equally broken plans: on generated bursts a 70B pool at 0.99 held 7 of its 8
 replicas with the quantile at 30 req/s while 8 carry 35, and a higher setting bought fewer passes than
-a lower one (decision 0031). So the quantile planned for is held, step by step, at the load the
+a lower one (decision 0034). So the quantile planned for is held, step by step, at the load the
 largest reachable fleet carries within the SLO, never below the median: past it, the most reliable
 plan is the largest reachable fleet, which a quantile at that load asks for.
 

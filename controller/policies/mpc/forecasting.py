@@ -16,7 +16,11 @@ The chosen forecast's p90 is then widened to what its own measured error says
 (`widen_to_error`): for normally distributed errors the p90 lies 1.28 σ above the p50 and the
 mean absolute error is 0.80 σ, so p90 − p50 ≥ 1.6 × MAE at the validation lead, scaled by
 √(lead / validation lead) at shorter leads (errors of a level forecast grow like a random walk's
-over the short leads a plan spans) and held at the validation lead's beyond it.
+over the short leads a plan spans) and held at the validation lead's beyond it. The MAE is one EWMA
+over the scores of both leads remembered, the first step's and the validation lead's (from the first
+tick until a validation lead has passed, the first step's alone), so it reads below the validation
+lead's own error where the first step's is smaller: keeping them apart was tried and not kept
+(decision 0034: a wider margin everywhere, no passes gained on held-out cases).
 
 Must not: do I/O, read a clock, or keep state outside the frozen `Scoreboard` it returns.
 """
@@ -48,7 +52,7 @@ class Scoreboard:
     """Online scores of the two forecasters at the validation lead (frozen; carried in MpcState).
 
     `*_loss`: EWMA of the pinball losses at 0.5 and 0.9 (req/s); `*_ae`: EWMA of |p50 − actual|
-    (req/s), what the p90 is widened by."""
+    (req/s), what the p90 is widened by; both over the first step's scores and the validation lead's."""
 
     pending: tuple[tuple[float, float, float, float, float], ...] = ()  # due_s, prior p50/p90, learned p50/p90
     prior_loss: float | None = None
