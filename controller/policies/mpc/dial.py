@@ -53,12 +53,14 @@ def dial_in_force(weights: ObjectiveWeights, profile: str, parameter: float | No
 
 def dial_diagnostics(reliability: float, source: str, problem: PlanProblem, fc: LoadForecast,
                      startup_s: float) -> dict[str, Any]:
-    """The dial's setting and source, and at the step nearest the longest cold start-up (the lead the
-    forecaster's error is measured at): the median forecast and the load planned for (req/s, all
-    classes), and the margin between them. Example: p50 30 req/s, p90 36, reliability 0.9 →
-    planned 36.0, margin 6.0 (20 %)."""
+    """The dial's setting and source, and at the first step from the longest cold start-up on (where a
+    replica ordered now first serves; the last step if the horizon ends before): the median forecast
+    and the load planned for (req/s, all classes), and the margin between them. A step before it would
+    show the hold on what the replicas already there carry (`planned_quantile`), not what the dial buys.
+    Example: p50 30 req/s, p90 36, reliability 0.9 → planned 36.0, margin 6.0 (20 %)."""
     lead = np.asarray(fc.lead_s, dtype=float)
-    k = int(np.argmin(np.abs(lead - startup_s))) if len(lead) else -1
+    later = np.flatnonzero(lead >= startup_s)
+    k = (int(later[0]) if len(later) else len(lead) - 1) if len(lead) else -1
     out: dict[str, Any] = {"value": reliability, "source": source, "startup_s": startup_s}
     if k < 0 or not problem.classes:
         return out
