@@ -17,7 +17,8 @@ slowness of the *other* replicas of its pool (leave-one-out: in a pool of three,
 does not drag the reference up; a replica ejected already is no one's reference while another is
 left, so the second of two slow replicas is judged against the healthy ones once the first is out).
 Example: figures give 30 ms at a batch of 40; the replica measures 75 ms (2.5); the others 33 and
-36 ms at similar batches (1.1, 1.2; median 1.15) → 2.5 / 1.15 = 2.17 ≥ 1.3: an outlier.
+36 ms at similar batches (1.1, 1.2; median 1.15) → 2.5 / 1.15 = 2.17 ≥ 1.40 (the threshold against
+two others, below): an outlier.
 
 Load is not slowness: a surge raises every replica's steps (bigger batches, more prefill riding in
 them, or a cost the figures miss that every replica shares), so each is compared with its peers for
@@ -58,9 +59,14 @@ Like Envoy's outlier detection (its `consecutive_*` detectors and `max_ejection_
 
 The threshold: with the windows a tick reads (60 s of a replica's tokens, hundreds to thousands
 of gaps), healthy replicas of one pool sit within ±15 % of each other's slowness in the
-simulated fleets (tests/core/test_outliers.py's note); 30 % above the others' median is twice
+simulated fleets (tests/core/test_outliers.py's note); 30 % above a reference known exactly is twice
 that spread, and below the mildest slowdown worth acting on (× 1.5: a degraded GPU keeps its share
-of traffic, and its requests' TPOT rises by that much).
+of traffic, and its requests' TPOT rises by that much). The reference is the median of m other
+replicas, as noisy as the replica judged: the sample median's variance is π/2·σ²/m, so the ratio's
+spread is σ·√(1 + π/(2m)) and the threshold is `threshold`·√(1 + π/(2m)) (`outlier_threshold`): 0.48
+against one other replica, 0.40 against two, 0.37 against three, 0.33 against seven. Against one other at
+0.3, of two overloaded 70B replicas of tiers-crash at the same batch (132 and 113 ms a step) the first
+scored 1.34 and was ejected: the pool lost half its serving replicas for 120 s.
 
 The planner: an ejected replica (and an outlier the cap keeps serving) is capacity the pool does not
 have. `Controller.step` runs the detection before the policy and hands the policy `planning_view`: the
@@ -106,7 +112,9 @@ class OutlierConfig:
     """Outlier detection of slow replicas (module docstring); `enabled` False turns it off."""
 
     enabled: bool = True
-    threshold: float = 0.3  # an outlier's slowness is at least (1 + threshold) × the others' median
+    # an outlier's slowness is at least (1 + threshold) × the others' median, known exactly (`outlier_threshold`
+    # widens it for the median's own noise)
+    threshold: float = 0.3
     consecutive: int = 2  # ticks in a row as an outlier before ejection
     max_ejection_frac: float = 0.34  # of a pool's replicas with readings, ejected at once
     base_ejection_s: float = 120.0  # × the times ejected (Envoy's base_ejection_time)
@@ -262,6 +270,18 @@ def slowness_scores(spec: PoolSpec, po: PoolObservation, min_batch: float = 1.0,
     return out
 
 
+def outlier_threshold(config: OutlierConfig, references: int) -> float:
+    """The score above 1 an outlier reaches against the median of `references` other replicas (module docstring,
+    "The threshold"): `threshold` × √(1 + π / (2·references)), the sample median's own noise added."""
+    return config.threshold * math.sqrt(1.0 + math.pi / (2.0 * max(references, 1)))
+
+
+def _references(scores: Mapping[str, float], rid: str, exclude: list[str]) -> int:
+    """How many replicas `slowness_scores` took the median of for `rid`."""
+    others = [k for k in scores if k != rid]
+    return len([k for k in others if k not in exclude]) or len(others)
+
+
 def step_limit_s(spec: PoolSpec, fleet: FleetSpec, config: OutlierConfig) -> float | None:
     """The mean step time above which a replica's slowness costs requests their TPOT: `min_step_slo_frac` of
     the tightest TPOT SLO among the classes the pool serves (its tier rule's classes with a share above 0;
@@ -323,7 +343,8 @@ def detect(state: OutlierState, config: OutlierConfig, fleet: FleetSpec, obs: Fl
             s = scores.get(rid)
             itl = po.replicas[rid].itl_mean_s
             # an outlier among its peers whose steps cost its requests their TPOT (module docstring)
-            outlier = s is not None and s >= 1.0 + config.threshold and (limit is None or itl.value >= limit)
+            outlier = s is not None and s >= 1.0 + outlier_threshold(config, _references(scores, rid, ejected_now)) \
+                and (limit is None or itl.value >= limit)
             if rec.ejected_until_s is None:
                 records[(spec.name, rid)] = replace(rec, strikes=rec.strikes + 1 if outlier else 0)
         found, kept[spec.name] = _eject(spec, po, records, scores, ejected_now, config, now_s)

@@ -20,6 +20,7 @@ from controller.core.outliers import (
     OutlierState,
     detect,
     expected_step_s,
+    outlier_threshold,
     slowness_scores,
 )
 from controller.core.step import Controller, TickInput
@@ -323,3 +324,15 @@ def test_an_ejected_replica_is_capacity_the_policy_does_not_have():
         s, r = replaced.step(s, TickInput(now_s=t, observation=obs(t, pool(FOUR))))
     assert r.decision is not None and r.decision.pools["a"].replicas == 4
     assert r.diagnostics["outliers"]["planned_without"] == {}
+
+
+def test_the_threshold_widens_for_a_reference_of_few_replicas():
+    """The median of m others is as noisy as the replica judged: 0.3 · √(1 + π/(2m)). Two replicas at the same
+    batch, one stepping 1.34× the other (tiers-crash's two overloaded 70B replicas after its crash): within what
+    two healthy replicas differ by, not ejected; 1.6×: ejected."""
+    assert [round(outlier_threshold(OutlierConfig(), m), 2) for m in (1, 2, 3, 7)] == [0.48, 0.4, 0.37, 0.33]
+    pair = {"r0": (1.0, 60), "r1": (1.34, 60)}
+    _, res = run([(15.0 * (i + 1), pool(pair)) for i in range(3)])
+    assert all(r.ejected == {} for r in res)
+    _, res = run([(15.0 * (i + 1), pool({**pair, "r1": (1.6, 60)})) for i in range(2)])
+    assert res[-1].ejected == {"a": ("r1",)}
