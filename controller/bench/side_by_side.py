@@ -94,16 +94,15 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "mpc-learned": ("mpc", {"planning_model": "learned"}),
     # The MPC without its redundancy floor (a pool with traffic may run on one replica): what the floor costs and buys.
     "mpc-no-redundancy": ("mpc", {"min_serving_replicas": 1}),
-    # The MPC with slow-replica detection on (controller/core/outliers.py): ejection, replacement, and the
-    # ejected replicas planned as capacity the pool does not have.
-    "mpc-outliers": ("mpc", {"outliers": True}),
+    # The MPC without its slow-replica detection (controller/core/outliers.py; on by default, decision 0035).
+    "mpc-no-outliers": ("mpc", {"outliers": False}),
     # A stack's router alone: the verified static fleet routed with llm-d's scorer weights (3/2/2) or
     # AIBrix's prefix-cache break-even (2/1/0), against static's least-loaded routing (issue 16).
     "static-llm-d-routing": ("static", {"routing": {"prefix_weight": 3.0, "queue_weight": 2.0, "kv_weight": 2.0}}),
     "static-aibrix-routing": ("static", {"routing": {"prefix_weight": 2.0, "queue_weight": 1.0, "kv_weight": 0.0}}),
 }
 # Variants run only when `--policies` names them (not in the default list, nor in `bench all`).
-OPT_IN_VARIANTS = frozenset({"static-llm-d-routing", "static-aibrix-routing", "mpc-no-redundancy", "mpc-outliers"})
+OPT_IN_VARIANTS = frozenset({"static-llm-d-routing", "static-aibrix-routing", "mpc-no-redundancy", "mpc-no-outliers"})
 ORACLE = "oracle"
 # The joint oracle: replicas and each multi-pool route group's split (controller/bench/oracle_joint.py);
 # listed by default where a route group has two or more first-hop pools.

@@ -45,9 +45,9 @@ __all__ = ["POLICY_NAMES", "breaker_for", "build_policy", "estimator_for", "figu
 # carried it since the breaker was built beside it), the value given when the config leaves it out.
 # A policy without the entry runs under the default breaker.
 # Slow-replica detection (`outliers`: true/false or OutlierConfig fields, controller/core/outliers.py) likewise:
-# off by default for now (the MPC's default plans stay as they were until it is measured and chosen); a policy
+# on for the MPC (decision 0035: more of the slow-replica cases keep critical, on held-out seeds too); a policy
 # without the entry runs without it (the baselines stay as their projects publish them).
-CONTROLLER_PARAMS: dict[str, dict[str, Any]] = {"mpc": {"breaker": True, "outliers": False}}
+CONTROLLER_PARAMS: dict[str, dict[str, Any]] = {"mpc": {"breaker": True, "outliers": True}}
 
 
 def breaker_for(name: str, params: Mapping[str, Any] | None = None) -> BreakerConfig | None:

@@ -170,8 +170,8 @@ def test_frozen_telemetry_ejects_nobody_new():
 def test_the_mpc_parameter_turns_it_on_and_only_the_mpc_has_it():
     from controller.policies.registry import build_policy, outliers_for
 
-    assert outliers_for("mpc") is None  # off by default
-    assert outliers_for("mpc", {"outliers": True}) == OutlierConfig()
+    assert outliers_for("mpc") == OutlierConfig()  # on by default (decision 0035)
+    assert outliers_for("mpc", {"outliers": False}) is None
     assert outliers_for("mpc", {"outliers": {"threshold": 0.5}}) == OutlierConfig(threshold=0.5)
     assert outliers_for("hpa", {}) is None
     with pytest.raises(ValueError, match=r"policy mpc: outliers: unknown field\(s\) \['nope'\]"):

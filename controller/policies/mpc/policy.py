@@ -23,8 +23,10 @@ class admission, with reasons a human can follow. The concerns live beside this 
 - reasons.py: reasons and diagnostics.
 
 Slow replicas (controller/core/outliers.py) are detected, ejected and replaced by `Controller.step`
-too, configured on the Controller like the breaker (the `outliers` entry of the MPC's parameters, off
-by default; true or a mapping of OutlierConfig fields turns it on: policies/registry.py outliers_for).
+too, configured on the Controller like the breaker (the `outliers` entry of the MPC's parameters, on
+by default, decision 0035; false turns it off, a mapping of OutlierConfig fields tunes it:
+policies/registry.py outliers_for). The plan is made without the ejected replicas (`PolicyInput` is
+the Controller's `planning_view`: the pool less them), and their slots go back on the target after it.
 
 The cascading-failure breaker (controller/core/breaker.py) runs in `Controller.step`, configured on the
 Controller (the `breaker` entry of the MPC's parameters, see policies/registry.py); it reads the core's
