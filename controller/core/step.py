@@ -10,8 +10,9 @@ join the telemetry) → apply SLO/profile/reliability overrides to what the poli
 judge slow replicas (core/outliers.py, when configured: the policy and the breaker then see the
 pool without its ejected replicas, `planning_view`) → advance the cascading-failure breaker
 (core/breaker.py; its constraints go to the policy) → run the policy → hold the proposal to the
-breaker's constraints, put the ejected replicas' slots back on the target, then apply the guardrails (core/guards.py) and the operator's tenant and step-admission
-overrides (`forced_tenants`) → number the decision (generation, id, validity deadline) → explain it.
+breaker's constraints, put the ejected replicas' slots back on the target, then apply the
+guardrails (core/guards.py) and the operator's tenant and step-admission overrides (`forced_tenants`)
+→ number the decision (generation, id, validity deadline) → explain it.
 """
 
 from __future__ import annotations
