@@ -91,6 +91,38 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def _summary(points: list[dict[str, Any]], loads: Sequence[float], arms: tuple[str, str], *,
+             shares: bool = False) -> list[dict[str, Any]]:
+    """Per load, the arms' tasks, completions, successes and wasted GPU-seconds summed over the seeds, and the first
+    arm's ratios to the second's (per dollar: summed completions over summed cost, not a mean of per-seed ratios);
+    `shares`: the arms' mean share of decisions that turned step-aware admission on."""
+    new, old = arms
+    out = []
+    for load in loads:
+        at = [p for p in points if p["load"] == load]
+
+        def total(arm: str, key: str, at: list[dict[str, Any]] = at) -> float:
+            return float(sum(p[arm][key] for p in at))
+
+        row: dict[str, Any] = {
+            "load": load, "seeds": len(at), "tasks": int(total(old, "tasks")),
+            "completed": {m: int(total(m, "completed")) for m in arms},
+            "successful": {m: int(total(m, "successful")) for m in arms},
+            "wasted_gpu_s": {m: total(m, "wasted_gpu_s") for m in arms},
+        }
+        if shares:
+            row["step_aware_share"] = {m: total(m, "step_aware_share") / max(len(at), 1) for m in arms}
+        row.update({
+            "tasks_per_usd_ratio": _ratio(total(new, "completed") / total(new, "cost_usd"),
+                                          total(old, "completed") / total(old, "cost_usd")),
+            "successful_per_usd_ratio": _ratio(total(new, "successful") / total(new, "cost_usd"),
+                                               total(old, "successful") / total(old, "cost_usd")),
+            "wasted_gpu_s_ratio": _ratio(total(new, "wasted_gpu_s"), total(old, "wasted_gpu_s")),
+        })
+        out.append(row)
+    return out
+
+
 def run_sim(*, scenario: str = DEFAULT_SCENARIO, replicas: int = 2, loads: Sequence[float] = (0.6, 1.0, 1.5),
             seeds: Sequence[int] = (1, 2, 3), cap: int = 4, budget: int = 16, hold_s: float = 10.0,
             duration_s: float = 600.0) -> dict[str, Any]:
@@ -110,25 +142,7 @@ def run_sim(*, scenario: str = DEFAULT_SCENARIO, replicas: int = 2, loads: Seque
             points.append({"load": load, "seed": seed, **runs,
                            "tasks_per_usd_ratio": _ratio(a["tasks_per_usd"], b["tasks_per_usd"]),
                            "wasted_gpu_s_ratio": _ratio(a["wasted_gpu_s"], b["wasted_gpu_s"])})
-    summary = []
-    for load in loads:
-        at = [p for p in points if p["load"] == load]
-
-        def total(mode: str, key: str, at: list[dict[str, Any]] = at) -> float:
-            return float(sum(p[mode][key] for p in at))
-
-        summary.append({
-            "load": load, "seeds": len(at),
-            "tasks": int(total("step_blind", "tasks")),
-            "completed": {m: int(total(m, "completed")) for m in ("step_aware", "step_blind")},
-            "successful": {m: int(total(m, "successful")) for m in ("step_aware", "step_blind")},
-            "wasted_gpu_s": {m: total(m, "wasted_gpu_s") for m in ("step_aware", "step_blind")},
-            "tasks_per_usd_ratio": _ratio(total("step_aware", "completed") / total("step_aware", "cost_usd"),
-                                          total("step_blind", "completed") / total("step_blind", "cost_usd")),
-            "successful_per_usd_ratio": _ratio(total("step_aware", "successful") / total("step_aware", "cost_usd"),
-                                               total("step_blind", "successful") / total("step_blind", "cost_usd")),
-            "wasted_gpu_s_ratio": _ratio(total("step_aware", "wasted_gpu_s"), total("step_blind", "wasted_gpu_s")),
-        })
+    summary = _summary(points, loads, ("step_aware", "step_blind"))
     return {"config": {"scenario": scenario, "replicas": replicas, "loads": list(loads), "seeds": list(seeds),
                        "cap": cap, "budget": budget, "hold_s": hold_s, "duration_s": duration_s,
                        "base_rate_scale": base.trace.rate_scale},
@@ -185,25 +199,7 @@ def run_sim_mpc(*, scenario: str = DEFAULT_SCENARIO, replicas: int = 2, loads: S
             points.append({"load": load, "seed": seed, **runs,
                            "tasks_per_usd_ratio": _ratio(a["tasks_per_usd"], b["tasks_per_usd"]),
                            "wasted_gpu_s_ratio": _ratio(a["wasted_gpu_s"], b["wasted_gpu_s"])})
-    summary = []
-    for load in loads:
-        at = [p for p in points if p["load"] == load]
-
-        def total(arm: str, key: str, at: list[dict[str, Any]] = at) -> float:
-            return float(sum(p[arm][key] for p in at))
-
-        summary.append({
-            "load": load, "seeds": len(at), "tasks": int(total("mpc_static", "tasks")),
-            "completed": {m: int(total(m, "completed")) for m in ARMS},
-            "successful": {m: int(total(m, "successful")) for m in ARMS},
-            "wasted_gpu_s": {m: total(m, "wasted_gpu_s") for m in ARMS},
-            "step_aware_share": {m: total(m, "step_aware_share") / max(len(at), 1) for m in ARMS},
-            "tasks_per_usd_ratio": _ratio(total("mpc_profile", "completed") / total("mpc_profile", "cost_usd"),
-                                          total("mpc_static", "completed") / total("mpc_static", "cost_usd")),
-            "successful_per_usd_ratio": _ratio(total("mpc_profile", "successful") / total("mpc_profile", "cost_usd"),
-                                               total("mpc_static", "successful") / total("mpc_static", "cost_usd")),
-            "wasted_gpu_s_ratio": _ratio(total("mpc_profile", "wasted_gpu_s"), total("mpc_static", "wasted_gpu_s")),
-        })
+    summary = _summary(points, loads, ARMS, shares=True)
     return {"config": {"scenario": scenario, "replicas": replicas, "loads": list(loads), "seeds": list(seeds),
                        "cap": cap, "budget": budget, "hold_s": hold_s, "duration_s": duration_s, "tick_s": tick_s,
                        "base_rate_scale": base.trace.rate_scale},
