@@ -386,6 +386,9 @@ class PoolAccount:
     rollout_seen_s: float = -math.inf  # the caps change or the latest surge replica seen
     prompt_tokens: float | None = None  # mean prompt tokens per request (EWMA of windowed rates)
     output_tokens: float | None = None  # mean output tokens per request
+    # (running, waiting) at the first tick, where the telemetry windows begin: the requests in flight whose
+    # tokens a warming window counts without their arrivals (controller/core/estimate.py, the token mix)
+    first_in_flight: tuple[float, float] | None = None
     caps: tuple[int, int] | None = None  # the engine batch caps last decided (max_num_seqs, max_num_batched_tokens)
     # ready replicas ejected as slow (no new requests: controller/core/outliers.py), left out of `serving` and of
     # the telemetry's ready count in the view a policy plans on (`planning_view`); 0 in the core's own accounting

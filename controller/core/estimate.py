@@ -23,7 +23,8 @@ paused check), the replica accounting the breaker and the policies read in `Poli
   `unordered` (the breaker's replica losses, `BreakerConfig.count_replacements`);
 - a rolling restart a batch-cap change set off (the caps the policy decided last tick,
   `FleetEstimate.decided_caps`): its surge replicas are expected, warm, and are not losses;
-- the warm slots, the prompt/output mix;
+- the warm slots, the prompt/output mix (while the telemetry windows warm, `warmup_s`, corrected for the
+  requests in flight where they began: `_token_mix`);
 - whether the fleet carries the load it admits (`carried`: the replicas the policy said last tick
   each pool needs, `PolicyOutput.needs`, are ready and no queue stands);
 
@@ -168,8 +169,10 @@ def decided_caps(fleet: FleetSpec, pools: Mapping[str, PoolDecision]) -> dict[st
 
 
 def account(a: PoolAccount, spec: PoolSpec, po: PoolObservation | None, target: int, now: float,
-            last_s: float | None, *, warm_ttl_s: float, step_s: float) -> PoolAccount:
-    """Bring the starting-replica ETAs and warm slots up to date with the target in force and telemetry."""
+            last_s: float | None, *, warm_ttl_s: float, step_s: float,
+            window_start_s: float | None = None) -> PoolAccount:
+    """Bring the starting-replica ETAs and warm slots up to date with the target in force and telemetry.
+    `window_start_s`: while the telemetry windows warm, when they began (the first tick); None once full."""
     ttl = warm_ttl_s
     warm = [t for t in a.warm if now - t < ttl]
     etas = sorted(a.etas)
@@ -226,18 +229,52 @@ def account(a: PoolAccount, spec: PoolSpec, po: PoolObservation | None, target: 
             fixed.append(e)
     etas = sorted(fixed)
     serving_now = int(round(ready)) + len(etas) if ready is not None else target
-    # the traffic mix (EWMA of windowed token rates per request)
-    prompt, out = a.prompt_tokens, a.output_tokens
-    if po is not None:
-        arr, ptok, gtok = _value(po.arrival_rps), _value(po.prompt_tokens_rps), _value(po.generation_tokens_rps)
-        if arr is not None and arr > 0.05:
-            if ptok is not None and ptok > 0:
-                prompt = _ewma(prompt, ptok / arr, 0.3)
-            if gtok is not None and gtok > 0:
-                out = _ewma(out, max(gtok / arr, 1.0), 0.3)
+    prompt, out, first = _token_mix(a, po, now, window_start_s)
     return replace(a, etas=tuple(etas), warm=tuple(warm[-64:]), serving=serving_now, target=target,
-                   prompt_tokens=prompt, output_tokens=out, unordered=unordered if a.serving is not None else 0,
+                   prompt_tokens=prompt, output_tokens=out, first_in_flight=first,
+                   unordered=unordered if a.serving is not None else 0,
                    rollout_left=rollout_left, rollout_seen_s=rollout_seen_s)
+
+
+def _token_mix(a: PoolAccount, po: PoolObservation | None, now: float,
+               window_start_s: float | None) -> tuple[float | None, float | None, tuple[float, float] | None]:
+    """The pool's mix (prompt, output tokens per request: an EWMA of windowed token rates per arrival) and the
+    requests in flight where the windows began.
+
+    A full window has requests in flight at both of its ends, which balance on average. A warming one began
+    with the telemetry: it counts the tokens of the requests in flight at its first sample but not their
+    arrivals, so tokens per arrival read high by about those requests / the arrivals in the window (a fleet
+    starting at its peak: 200 streams in flight, 7 arrivals in the first 15 s → 5,800 output tokens a
+    request for 250; planned on, a fleet carrying 50 req/s looked full at 20 and shed critical traffic, and
+    the EWMA kept it above 2x for three minutes, decision 0034). So while warming the arrivals are counted
+    with the work of the requests in flight at each end: a running request half done (its remaining half
+    in the window at the start, its first half at the end), a waiting one not started: output tokens over
+    arrivals + ½ running₀ + waiting₀ − ½ running − waiting, prompt tokens (counted at prefill) over
+    arrivals + waiting₀ − waiting. Not read when that is under half the arrivals (most of the window's work
+    belongs to requests still in flight) or the in-flight counts are unknown."""
+    prompt, out, first = a.prompt_tokens, a.output_tokens, a.first_in_flight
+    if po is None:
+        return prompt, out, first
+    run, wait = _value(po.running), _value(po.waiting)
+    in_flight = (run, wait or 0.0) if run is not None else None
+    if window_start_s is not None and now <= window_start_s:  # the first tick: where the windows begin
+        first = in_flight
+    arr, ptok, gtok = _value(po.arrival_rps), _value(po.prompt_tokens_rps), _value(po.generation_tokens_rps)
+    if arr is None or arr <= 0.05:
+        return prompt, out, first
+    f_prompt = f_out = 1.0  # requests the window's tokens belong to, per arrival (a full window: 1)
+    if window_start_s is not None:
+        span = now - window_start_s
+        if span <= 0 or first is None or in_flight is None:
+            return prompt, out, first
+        n = arr * span
+        f_out = (n + 0.5 * first[0] + first[1] - 0.5 * in_flight[0] - in_flight[1]) / n
+        f_prompt = (n + first[1] - in_flight[1]) / n
+    if ptok is not None and ptok > 0 and f_prompt >= 0.5:
+        prompt = _ewma(prompt, ptok / (arr * f_prompt), 0.3)
+    if gtok is not None and gtok > 0 and f_out >= 0.5:
+        out = _ewma(out, max(gtok / (arr * f_out), 1.0), 0.3)
+    return prompt, out, first
 
 
 def account_fleet(est: FleetEstimate, previous: FleetEstimate | None, fleet: FleetSpec, current: Decision | None,
@@ -252,6 +289,8 @@ def account_fleet(est: FleetEstimate, previous: FleetEstimate | None, fleet: Fle
     last_s = previous.at_s if previous is not None else None
     before = previous.pools if previous is not None else {}
     caps_now = previous.decided_caps if previous is not None else {}
+    first_s = previous.first_s if previous is not None and previous.first_s is not None else now
+    window_start = first_s if now - first_s < config.warmup_s else None  # warming, as `_with_history` reads it
     pools: dict[str, PoolAccount] = {}
     for spec in fleet.pools:
         a = before.get(spec.name) or PoolAccount(caps=(spec.max_num_seqs, spec.max_num_batched_tokens))
@@ -264,7 +303,7 @@ def account_fleet(est: FleetEstimate, previous: FleetEstimate | None, fleet: Fle
             a = replace(a, caps=new_caps)
         target, _ = target_in_force(current, est.observation, spec)
         pools[spec.name] = account(a, spec, est.observation.pools.get(spec.name), target, now, last_s,
-                                   warm_ttl_s=config.warm_node_ttl_s, step_s=config.step_s)
+                                   warm_ttl_s=config.warm_node_ttl_s, step_s=config.step_s, window_start_s=window_start)
     needs = previous.needs if previous is not None else {}
     return _with_history(replace(est, pools=pools, carried=carried(est.observation, fleet, needs)), previous,
                          fleet, config.warmup_s)

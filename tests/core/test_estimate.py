@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import pytest
@@ -120,3 +121,32 @@ def test_a_batch_cap_change_the_policy_decided_is_a_rolling_restart_not_a_loss()
     s, _ = c.step(s, _tick(30.0, ready=3, starting=1))  # the fleet's surge replica for the restart
     acc = pol.seen[-1].estimate.pools["a"]
     assert (acc.unordered, acc.rollout_left, acc.etas) == (0, 2, (30.0 + 30.0,))  # expected, warm
+
+
+
+def test_a_warming_window_counts_the_requests_in_flight_where_it_began():
+    """A fleet starting at its peak (decision 0034's case 8): 200 streams, half done, are in flight at the
+    first tick, where the telemetry windows begin. By 30 s they have finished (25,000 tokens) with 7.5 new
+    requests of 250 tokens: the window reads 1,792 generation tokens/s for 0.5 arrivals/s, 3,583 tokens an
+    arrival, which the planner took for the mix. Counted with the requests in flight at each end it reads 250;
+    a window whose work mostly belongs to requests still in flight is not read; a full one reads as it is."""
+    from tests.fakes.observations import fleet_obs, pool_obs
+
+    def tick(t: float, arrival: float, gen: float, running: float) -> TickInput:
+        return TickInput(now_s=t, observation=fleet_obs(t, pool_obs(
+            "a", ready=3, arrival=arrival, running=running, waiting=0.0,
+            prompt_tokens_rps=arrival * 1000.0, generation_tokens_rps=gen)))
+
+    pol = _caps_policy({})
+    c = Controller(FLEET3, pol)
+    s = c.initial_state()
+    s, _ = c.step(s, tick(15.0, math.nan, math.nan, running=200.0))  # one sample: no rate yet
+    s, _ = c.step(s, tick(30.0, 0.5, (200 * 125 + 7.5 * 250) / 15.0, running=0.0))
+    acc = pol.seen[-1].estimate.pools["a"]
+    assert acc.first_in_flight == (200.0, 0.0)
+    assert acc.output_tokens == pytest.approx(250.0) and acc.prompt_tokens == pytest.approx(1000.0)
+    # 45 s: a surge, 300 arrivals in the window and 600 streams running: under half the arrivals' work is done
+    s, _ = c.step(s, tick(45.0, 10.0, 10.0 * 2000.0, running=600.0))
+    assert pol.seen[-1].estimate.pools["a"].output_tokens == pytest.approx(250.0)  # not read
+    s, _ = c.step(s, tick(75.0, 10.0, 10.0 * 350.0, running=600.0))  # the windows are full (60 s after 15 s)
+    assert pol.seen[-1].estimate.pools["a"].output_tokens == pytest.approx(0.7 * 250.0 + 0.3 * 350.0)
