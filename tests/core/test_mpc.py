@@ -147,6 +147,30 @@ def test_capacity_far_short_still_sheds_sheddable() -> None:
         assert r.plan.shed["sheddable"] > 0.0, (total, r.plan.shed)
 
 
+
+@pytest.mark.parametrize("ready, quantile", [(1, 5.0), (1, 40.0), (2, 60.0)])
+def test_a_median_of_zero_sheds_nothing(ready, quantile):
+    """The median forecast expects no request, the quantile planned for does (up to far past the fleet).
+    Shedding acts at once and is planned again every tick, so there is nothing to shed: it used to look
+    free (no request in the expected terms, and a quantile past the fleet is late either way), and plans
+    shed 75 % of critical and every standard request against a median of 0. Issue 32."""
+    p = [pool(ready=ready, target=ready)]
+    H = plan_steps(CFG, p)
+    cls = tuple(ClassInput(c, *SLO[c], tuple([0.0] * H), tuple([quantile * SHARE[c]] * H)) for c in SLO)
+    prob = PlanProblem(pools=tuple(p), classes=cls, weights=resolve_weights("balanced"))
+    r = solve(prob, QueueingPrior.for_pools([SPEC]), CFG, np.random.default_rng(0))
+    assert r.plan.shed == {"critical": 0.0, "standard": 0.0, "sheddable": 0.0}, (ready, quantile)
+
+
+def test_a_backlog_the_fleet_carries_sheds_nothing():
+    """Requests waiting now (12, then 40) and arrivals the fleet carries (8 req/s, 4 replicas ready): the
+    backlog drains within a step, so nothing is shed and critical is on time (decision 0034's case 8 shed
+    critical here; its cause was the token mix read from a warming window, tests/core/test_estimate.py)."""
+    for backlog in (12.0, 40.0):
+        r = plan([pool(backlog=backlog)], 8.0)
+        assert r.plan.shed == {"critical": 0.0, "standard": 0.0, "sheddable": 0.0}, (backlog, r.plan.shed)
+        assert r.terms["late_frac_p50"]["critical"] < 0.005, (backlog, r.terms["late_frac_p50"])
+
 def test_capacity_short_moves_before_it_delays():
     """One pool pinned small, a sibling free: traffic moves to the sibling (and it grows); little is shed."""
     free = plan([pool("a", 0, lo=2, hi=2, target=2, ready=2), pool("b", 1, target=4, ready=4, warm_slots=8)], 30.0)

@@ -51,7 +51,8 @@ def _to_plan(ev: Evaluator, c: Candidates) -> Plan:
             max_num_seqs=int(c.mns[0, j]),
             max_num_batched_tokens=int(c.mbt[0, j]))
     active = bool(ev.traffic.shed_active(ready, ev.need)[0, 0])
-    shed = {cl.name: float(round(min(max(c.shed[0, k] if active else cl.min_shed, 0.0), 1.0), 4))
+    expected = ev.traffic.expected[0]  # a class the median expects no request of in the first step: nothing to shed
+    shed = {cl.name: float(round(min(max(c.shed[0, k] if active and expected[k] else cl.min_shed, 0.0), 1.0), 4))
             for k, cl in enumerate(ev.prob.classes)}
     return Plan(pools=pools, shed=shed)
 

@@ -9,7 +9,8 @@ use the pools with u < e, so for u between two consecutive thresholds the pools 
 upper one share it by weight (none: every pool of the hop). Example: a 70B pool (e = 1) and an 8B
 pool (e = 0.5 for standard) at equal weights: the 8B gets half of the eligible half, 25 % of the
 standard traffic, and none of the critical traffic if its e there is 0. Shedding applies only
-while some route group has fewer replicas ready than its planned-for load needs (`shed_active`).
+while some route group has fewer replicas ready than its planned-for load needs (`shed_active`), and
+only to a class the median forecast expects a request of in the step (`expected`).
 
 Must not: predict latency or price anything (latency.py, score.py), or change its inputs.
 """
@@ -76,6 +77,8 @@ class Traffic:
                           for m in [(gidx == g) & hop] if m.any()]
         self.group_masks = [gidx == g for g in range(len(groups))]
         self.floor = np.array([c.min_shed for c in cls])  # the breaker's shed floors
+        # (H,K) the steps where the median forecast expects a request of the class or more (`admit`)
+        self.expected = self.lam[0] * step_s >= 1.0
         # tier rules: elig[k, j] = share of class k's tasks pool j may serve (all 1: no rule, one split)
         self.elig = np.array([[dict(p.eligible).get(c.name, 1.0) for p in pools] for c in cls]).reshape(self.K, P)
         self.tiered = bool((self.elig < 1.0).any())
@@ -163,8 +166,14 @@ class Traffic:
         eff = cand.tw[:, None, :] * np.maximum(ready_hp, 1e-3)  # (C,H,P)
         share = self.class_shares(eff) if self.tiered else self.shares(eff)  # (C,H,P), or (K,C,H,P)
         active = self.shed_active(ready, need)  # (C,H): shedding holds until the capacity the load needs is ready
+        # Shedding acts at once and is planned again every tick, so it is for the load the median expects: a
+        # class the median expects less than one request of in a step has nothing to shed there, whatever the
+        # quantile planned for (capacity is bought for the quantile ahead of its start-up; a shed fraction is
+        # not). Without this, a median of 0 made shedding free: the expected terms saw no request, and a
+        # quantile past the fleet is late with or without shedding, so plans shed everything for nothing.
         floor = self.floor
-        shed = np.where(active[:, :, None], np.clip(cand.shed, 0.0, 1.0)[:, None, :], floor[None, None, :])
+        on = active[:, :, None] & self.expected[None]
+        shed = np.where(on, np.clip(cand.shed, 0.0, 1.0)[:, None, :], floor[None, None, :])
         rejected = shed ** (1 + self.client_retries)  # (C,H,K)
         adm = self.lam[None] * (1.0 - rejected)[:, None, :, :]  # (C,2,H,K)
         # Per pool and class, the class axis leads: (K,C,2,H,P). The per-pool arrays (C,2,H,P) then
