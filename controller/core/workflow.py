@@ -128,25 +128,18 @@ def profile_from_samples(task_steps: np.ndarray, step_index: np.ndarray, step_to
                          max_steps: int = MAX_PROFILE_STEPS) -> StepProfile | None:
     """A step profile from samples: the step counts of the tasks seen (`task_steps`, one per task) and each step
     seen arriving with its index and tokens (`step_index`, `step_tokens`; their shares are the profile's
-    `requests`). None without a task of more than one step (a
-    profile of single requests weighs as none). Example: tasks [1, 2], steps (0, 900), (0, 1100), (1, 3000) →
+    `requests`), counted into `profile_from_counts`: None without a task of more than one step (a profile of
+    single requests weighs as none). Example: tasks [1, 2], steps (0, 900), (0, 1100), (1, 3000) →
     tasks (0.5, 0.5), tokens (1000, 3000)."""
-    n = np.minimum(np.asarray(task_steps, dtype=np.int64), max_steps)
-    if n.size == 0 or n.max() <= 1:
+    n = np.asarray(task_steps, dtype=np.int64)
+    idx = np.asarray(step_index, dtype=np.int64)
+    if n.size == 0 or idx.size == 0:
         return None
-    size = int(n.max())
-    tasks = np.bincount(n - 1, minlength=size)[:size].astype(float)
-    idx = np.minimum(np.asarray(step_index, dtype=np.int64), size - 1)
-    tok = np.asarray(step_tokens, dtype=float)
-    seen = np.bincount(idx, minlength=size)[:size]
-    total = np.bincount(idx, weights=tok, minlength=size)[:size]
-    mean = np.where(seen > 0, total / np.maximum(seen, 1), np.nan)
-    if np.isnan(mean).all():
-        return None
-    mean = _fill_forward(mean)
-    return StepProfile(tasks=tuple(float(x) / float(tasks.sum()) for x in tasks),
-                       tokens=tuple(float(x) for x in mean), count=int(n.size),
-                       requests=tuple(float(x) / float(seen.sum()) for x in seen))
+    seen = np.bincount(idx)
+    total = np.bincount(idx, weights=np.asarray(step_tokens, dtype=float))
+    return profile_from_counts({int(k): float(v) for k, v in enumerate(np.bincount(n)) if v > 0},
+                               {s: float(v) for s, v in enumerate(seen) if v > 0},
+                               {s: float(total[s]) for s, v in enumerate(seen) if v > 0}, max_steps)
 
 
 def profile_from_counts(task_steps: Mapping[int, float], step_requests: Mapping[int, float],
